@@ -1,0 +1,93 @@
+//! The backend-neutral lock trait and its guard.
+
+use std::future::Future;
+
+use crate::{FencingToken, LockError, LockOptions, LossReason};
+
+/// A lock service: etcd, Redis, Redlock or PostgreSQL advisory locks.
+///
+/// An application or a benchmark switches backend by changing the constructor only.
+///
+/// ```no_run
+/// use fencelock::{LockBackend, LockGuard, LockOptions};
+///
+/// async fn charge_once<B: LockBackend>(locks: &B) -> Result<(), fencelock::LockError> {
+///     let guard = locks.lock("payment:8891", &LockOptions::new()).await?;
+///     // Pass the token to storage with every write it protects.
+///     println!("charging with fencing token {}", guard.token());
+///     guard.release().await?;
+///     Ok(())
+/// }
+/// ```
+pub trait LockBackend: Send + Sync {
+    /// The guard this backend hands out.
+    type Guard: LockGuard;
+
+    /// Takes the lock, waiting (in FIFO order where the backend supports it) until it is
+    /// free or the wait timeout of `options` runs out.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future (or timing it out) leaves no queue entry or lock key
+    /// behind; a grant that races with the drop is released in the background.
+    fn lock(
+        &self,
+        name: &str,
+        options: &LockOptions,
+    ) -> impl Future<Output = Result<Self::Guard, LockError>> + Send;
+
+    /// Takes the lock if it is free right now; `Ok(None)` if someone else holds it or
+    /// waits for it ahead of us.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`lock`](Self::lock).
+    fn try_lock(
+        &self,
+        name: &str,
+        options: &LockOptions,
+    ) -> impl Future<Output = Result<Option<Self::Guard>, LockError>> + Send;
+}
+
+/// Proof of holding a lock, as far as the backend can tell.
+///
+/// A guard cannot promise exclusion: its holder may pause past the lease. It carries the
+/// [`FencingToken`] that lets storage refuse the writes of a holder that lost the lock.
+/// Dropping a guard releases the lock in the background (best effort); call
+/// [`release`](Self::release) to know the outcome.
+pub trait LockGuard: Send + Sync + 'static {
+    /// This grant's fencing token: larger than every earlier grant's of the same lock.
+    fn token(&self) -> FencingToken;
+
+    /// The lock's name.
+    fn name(&self) -> &str;
+
+    /// Resolves when ownership may be gone (lease expired, revoked, connection lost).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only observes state; call it again to keep watching.
+    fn lost(&self) -> impl Future<Output = LossReason> + Send + '_;
+
+    /// Cheap local check: `false` once the loss is known or the lease's time has run out by
+    /// this process's clock. `true` is not a promise: use the token for correctness.
+    fn is_held(&self) -> bool;
+
+    /// Releases the lock, reporting whether we still owned it. Never removes another
+    /// holder's lock.
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped, the release is finished in the background.
+    fn release(self) -> impl Future<Output = Result<ReleaseOutcome, LockError>> + Send;
+}
+
+/// What [`LockGuard::release`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum ReleaseOutcome {
+    /// We still owned the lock, and now it is free.
+    Released,
+    /// The lock was no longer ours (lease expired or revoked); nothing was deleted.
+    NotHeld,
+}

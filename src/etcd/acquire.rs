@@ -1,0 +1,305 @@
+//! Taking an etcd lock: one transaction to join the queue, then FIFO waiting by watch.
+//!
+//! Every acquisition runs in a task of its own, and the caller awaits its answer. If the
+//! caller goes away (its future dropped or timed out) the task notices and removes its key,
+//! so no orphan key is ever left in the queue; if a grant races with the drop, the guard
+//! that nobody receives releases the lock as it is dropped.
+
+use etcd_client::{
+    Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+};
+use tokio::sync::oneshot;
+use tokio::time::{Duration, Instant};
+use tracing::Instrument;
+
+use super::call::{call, malformed};
+use super::guard::EtcdGuard;
+use super::keys;
+use super::session::{Session, SessionInner};
+use crate::{FencingToken, LockError, LossReason};
+
+/// Whether to wait for the lock, and until when.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Mode {
+    /// Return at once if someone is ahead of us.
+    Try,
+    /// Wait in line; `timeout` bounds the whole acquisition.
+    Wait { timeout: Option<Duration> },
+}
+
+/// Runs one acquisition in its own task and returns its outcome.
+///
+/// `owns_session`: the session was opened for this lock alone (no renewal) and ends with it.
+pub(crate) async fn acquire(
+    session: Session,
+    owns_session: bool,
+    name: &str,
+    mode: Mode,
+) -> Result<Option<EtcdGuard>, LockError> {
+    let (reply, answer) = oneshot::channel();
+    let span = tracing::Span::current();
+    let task = Acquisition {
+        prefix: keys::lock_prefix(&session.inner.config.namespace, name),
+        name: name.to_owned(),
+        session,
+        owns_session,
+        started: Instant::now(),
+    };
+    tokio::spawn(task.run(mode, reply).instrument(span));
+    answer.await.unwrap_or_else(|_| {
+        Err(LockError::Backend {
+            backend: crate::Backend::Etcd,
+            operation: "acquire",
+            lock: Some(name.to_owned()),
+            source: "the acquisition task stopped (runtime shutting down?)".into(),
+        })
+    })
+}
+
+type Reply = oneshot::Sender<Result<Option<EtcdGuard>, LockError>>;
+
+struct Acquisition {
+    session: Session,
+    owns_session: bool,
+    name: String,
+    prefix: String,
+    started: Instant,
+}
+
+/// Where my key stands in the queue of one lock.
+#[derive(Debug, PartialEq, Eq)]
+enum Place {
+    /// No key with a lower create revision: the lock is mine.
+    Head,
+    /// This key is the closest one ahead of mine.
+    Behind(Vec<u8>),
+    /// My key is gone (its lease expired or was revoked, or someone deleted it).
+    Gone,
+}
+
+impl Acquisition {
+    fn inner(&self) -> &SessionInner {
+        &self.session.inner
+    }
+
+    async fn run(self, mode: Mode, mut reply: Reply) {
+        let key = keys::waiter_key(&self.prefix, self.inner().lease_id(), self.inner().next_sequence());
+        let (token, place) = match self.enqueue(&key).await {
+            Ok(joined) => joined,
+            Err(err) => {
+                // No answer does not mean not applied: remove the key in case the put went
+                // through. It holds our lease id, so it can only be ours.
+                self.remove_unconditionally(&key).await;
+                let _ = reply.send(Err(err));
+                return;
+            }
+        };
+        let outcome = match (place, mode) {
+            (Place::Head, _) => Some(Ok(true)),
+            (Place::Gone, _) => Some(Err(self.lost_while_waiting())),
+            (Place::Behind(_), Mode::Try) => Some(Ok(false)),
+            (Place::Behind(ahead), Mode::Wait { timeout }) => {
+                let deadline = timeout.map(|t| self.started + t);
+                tokio::select! {
+                    waited = self.wait_turn(token, ahead) => Some(waited.map(|()| true)),
+                    _ = self.session.inner.lost() => Some(Err(self.lost_while_waiting())),
+                    _ = sleep_until_opt(deadline) => Some(Err(LockError::WaitTimeout {
+                        name: self.name.clone(),
+                        waited: timeout.unwrap_or_default(),
+                    })),
+                    _ = reply.closed() => None,
+                }
+            }
+        };
+        match outcome {
+            Some(Ok(true)) => {
+                tracing::debug!(%token, "lock acquired");
+                let guard = EtcdGuard::new(self.session, self.owns_session, self.name, key, token);
+                // If the caller is gone, the guard comes back and its drop releases.
+                let _ = reply.send(Ok(Some(guard)));
+            }
+            Some(Ok(false)) => {
+                self.remove_if_mine(&key, token).await;
+                let _ = reply.send(Ok(None));
+            }
+            Some(Err(err)) => {
+                self.remove_if_mine(&key, token).await;
+                let _ = reply.send(Err(err));
+            }
+            None => {
+                tracing::debug!("caller gave up waiting; leaving the queue");
+                self.remove_if_mine(&key, token).await;
+            }
+        }
+    }
+
+    /// Joins the queue in one transaction: put my key under the lease and read the two
+    /// newest keys of the lock in the same revision. My key is the newest key in the whole
+    /// store, so they are mine and the one right ahead of me, if any.
+    async fn enqueue(&self, key: &str) -> Result<(FencingToken, Place), LockError> {
+        let inner = self.inner();
+        let put = PutOptions::new().with_lease(inner.lease_id());
+        let newest_two = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(2)
+            .with_keys_only();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(key, [], Some(put)),
+                TxnOp::get(self.prefix.as_str(), Some(newest_two)),
+            ]);
+        let mut client = inner.client.clone();
+        let name = Some(self.name.as_str());
+        let response = call("acquire", name, inner.config.request_timeout, client.txn(txn)).await?;
+        if !response.succeeded() {
+            return Err(malformed("acquire", name, "a fresh lock key already existed"));
+        }
+        let token = response
+            .header()
+            .and_then(|h| FencingToken::from_revision(h.revision()))
+            .ok_or_else(|| malformed("acquire", name, "missing header revision"))?;
+        let Some(TxnOpResponse::Get(range)) = response.op_responses().into_iter().nth(1) else {
+            return Err(malformed("acquire", name, "missing range result"));
+        };
+        Ok((token, place_of(token, range.kvs())))
+    }
+
+    /// Waits until no key is ahead of mine, watching only the key right ahead (no herd).
+    ///
+    /// Each watch starts at the present and the queue is read after it is set up, so a
+    /// deletion cannot slip between the read and the watch. One read answers both "is a
+    /// key still ahead of me?" and "is my key still there?".
+    async fn wait_turn(&self, token: FencingToken, ahead: Vec<u8>) -> Result<(), LockError> {
+        let hub = &self.inner().hub;
+        let mut watch = hub.watch_deletion(ahead);
+        let mut backoff = Backoff::new();
+        if !watch.created().await {
+            backoff.wait().await;
+        }
+        loop {
+            let place = match self.read_place(token).await {
+                Ok(place) => place,
+                // A leader election or a member going down: keep our place and retry. The
+                // session's loss and the wait timeout bound how long.
+                Err(err) if err.is_unavailable() => {
+                    tracing::debug!(%err, "queue read failed; retrying");
+                    backoff.wait().await;
+                    continue;
+                }
+                Err(err) => return Err(err),
+            };
+            match place {
+                Place::Head => return Ok(()),
+                Place::Gone => return Err(self.lost_while_waiting()),
+                Place::Behind(ahead) if watch.has_ended() || watch.key() != ahead.as_slice() => {
+                    watch = hub.watch_deletion(ahead);
+                    if watch.created().await {
+                        backoff.reset();
+                    } else {
+                        backoff.wait().await;
+                    }
+                }
+                Place::Behind(_) => watch.deleted().await,
+            }
+        }
+    }
+
+    /// Reads my place: the keys of the lock up to my create revision, newest first.
+    async fn read_place(&self, token: FencingToken) -> Result<Place, LockError> {
+        let inner = self.inner();
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_max_create_revision(token.as_revision())
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(2)
+            .with_keys_only();
+        let mut client = inner.client.clone();
+        let response = call(
+            "wait",
+            Some(&self.name),
+            inner.config.request_timeout,
+            client.get(self.prefix.as_str(), Some(options)),
+        )
+        .await?;
+        Ok(place_of(token, response.kvs()))
+    }
+
+    fn lost_while_waiting(&self) -> LockError {
+        LockError::LeaseLost {
+            lock: Some(self.name.clone()),
+            reason: self.inner().loss_reason().unwrap_or(LossReason::Revoked),
+        }
+    }
+
+    async fn remove_if_mine(&self, key: &str, token: FencingToken) {
+        if let Err(err) = delete_if_owner(self.inner(), &self.name, key, token).await {
+            tracing::warn!(%err, key, "could not remove our queue entry; the lease will");
+        }
+    }
+
+    async fn remove_unconditionally(&self, key: &str) {
+        let inner = self.inner();
+        let mut client = inner.client.clone();
+        let timeout = inner.config.request_timeout;
+        if let Err(err) = call("acquire cleanup", Some(&self.name), timeout, client.delete(key, None)).await {
+            tracing::warn!(%err, key, "could not remove a possibly written key; the lease will");
+        }
+    }
+}
+
+/// Deletes `key` only while its create revision is `token`: a retried or late release can
+/// never remove a newer holder's key. Returns whether it deleted.
+pub(crate) async fn delete_if_owner(
+    inner: &SessionInner,
+    name: &str,
+    key: &str,
+    token: FencingToken,
+) -> Result<bool, LockError> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, token.as_revision())])
+        .and_then([TxnOp::delete(key, None)]);
+    let mut client = inner.client.clone();
+    let response = call("release", Some(name), inner.config.request_timeout, client.txn(txn)).await?;
+    Ok(response.succeeded())
+}
+
+/// Reads my place from keys sorted by create revision, newest first, none newer than mine.
+fn place_of(token: FencingToken, newest_first: &[etcd_client::KeyValue]) -> Place {
+    let mine = newest_first
+        .first()
+        .is_some_and(|kv| FencingToken::from_revision(kv.create_revision()) == Some(token));
+    match (mine, newest_first.get(1)) {
+        (false, _) => Place::Gone,
+        (true, None) => Place::Head,
+        (true, Some(ahead)) => Place::Behind(ahead.key().to_vec()),
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Delay between retries after a failure, doubling from 50 ms to 1 s.
+struct Backoff(Duration);
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(50);
+
+    fn new() -> Self {
+        Self(Self::FIRST)
+    }
+
+    fn reset(&mut self) {
+        self.0 = Self::FIRST;
+    }
+
+    async fn wait(&mut self) {
+        tokio::time::sleep(self.0).await;
+        self.0 = (self.0 * 2).min(Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,200 @@
+//! The etcd lock guard: token, loss, guarded release, owner-guarded transactions.
+
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnResponse};
+
+use super::acquire::delete_if_owner;
+use super::call::call;
+use super::session::Session;
+use crate::{FencingToken, LockError, LockGuard, LossReason, ReleaseOutcome};
+
+/// A held etcd lock.
+///
+/// Its [`token`](LockGuard::token) is the create revision of its key: strictly larger than
+/// the token of every earlier holder of the same lock, across leader failovers too.
+/// Dropping the guard releases the lock in the background (best effort; the lease expires
+/// it otherwise).
+#[derive(Debug)]
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct EtcdGuard {
+    session: Session,
+    owns_session: bool,
+    name: String,
+    key: String,
+    token: FencingToken,
+    released: bool,
+}
+
+impl EtcdGuard {
+    pub(crate) fn new(
+        session: Session,
+        owns_session: bool,
+        name: String,
+        key: String,
+        token: FencingToken,
+    ) -> Self {
+        Self {
+            session,
+            owns_session,
+            name,
+            key,
+            token,
+            released: false,
+        }
+    }
+
+    /// The full etcd key of this grant.
+    #[must_use]
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The lease the key is attached to.
+    #[must_use]
+    pub fn lease_id(&self) -> i64 {
+        self.session.lease_id()
+    }
+
+    /// The session that keeps this lock's lease alive.
+    #[must_use]
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// Runs `ops` in one etcd transaction that applies only while this guard still owns the
+    /// lock (its key still has this guard's create revision). Returns
+    /// [`LockError::NotHeld`] and applies nothing otherwise.
+    #[tracing::instrument(skip(self, ops), fields(backend = "etcd", lock = %self.name, token = %self.token))]
+    pub async fn txn_if_held(&self, ops: Vec<TxnOp>) -> Result<TxnResponse, LockError> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.key.as_str(),
+                CompareOp::Equal,
+                self.token.as_revision(),
+            )])
+            .and_then(ops);
+        let inner = &self.session.inner;
+        let mut client = inner.client.clone();
+        let timeout = inner.config.request_timeout;
+        let response = call("guarded txn", Some(&self.name), timeout, client.txn(txn)).await?;
+        if response.succeeded() {
+            Ok(response)
+        } else {
+            Err(LockError::NotHeld {
+                name: self.name.clone(),
+                token: self.token,
+            })
+        }
+    }
+
+    /// Puts `key = value` only while this guard owns the lock; see
+    /// [`txn_if_held`](Self::txn_if_held).
+    pub async fn put_if_held(
+        &self,
+        key: impl Into<Vec<u8>>,
+        value: impl Into<Vec<u8>>,
+    ) -> Result<(), LockError> {
+        let put = TxnOp::put(key, value, None::<PutOptions>);
+        self.txn_if_held(vec![put]).await.map(drop)
+    }
+
+    /// The parts a background release needs, leaving this guard marked released.
+    fn detach(&mut self) -> Detached {
+        self.released = true;
+        Detached {
+            session: self.session.clone(),
+            owns_session: self.owns_session,
+            name: std::mem::take(&mut self.name),
+            key: std::mem::take(&mut self.key),
+            token: self.token,
+        }
+    }
+}
+
+/// A release that outlives its guard.
+struct Detached {
+    session: Session,
+    owns_session: bool,
+    name: String,
+    key: String,
+    token: FencingToken,
+}
+
+impl Detached {
+    /// Retries the guarded delete until it gets through or the lease is gone: on a shared,
+    /// renewed session a key left behind would block the lock for as long as the client
+    /// lives.
+    async fn finish(self) {
+        let mut delay = std::time::Duration::from_millis(50);
+        while self.session.is_alive() {
+            match delete_if_owner(&self.session.inner, &self.name, &self.key, self.token).await {
+                Ok(_) => break,
+                Err(err) => {
+                    tracing::warn!(%err, lock = %self.name, "release failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(std::time::Duration::from_secs(1));
+                }
+            }
+        }
+        self.close_own_session().await;
+    }
+
+    async fn close_own_session(&self) {
+        if self.owns_session {
+            // This lease served this lock alone; its key is gone or was never ours.
+            let _ = self.session.close().await;
+        }
+    }
+}
+
+impl LockGuard for EtcdGuard {
+    fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn lost(&self) -> LossReason {
+        self.session.lost().await
+    }
+
+    fn is_held(&self) -> bool {
+        !self.released && self.session.is_alive()
+    }
+
+    #[tracing::instrument(skip(self), fields(backend = "etcd", lock = %self.name, token = %self.token))]
+    async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
+        // Until the answer is in, the guard stays armed: if this future is dropped, the
+        // guard's drop finishes the release in the background.
+        let outcome = delete_if_owner(&self.session.inner, &self.name, &self.key, self.token).await;
+        let detached = self.detach();
+        match outcome {
+            Ok(deleted) => {
+                detached.close_own_session().await;
+                Ok(if deleted {
+                    ReleaseOutcome::Released
+                } else {
+                    ReleaseOutcome::NotHeld
+                })
+            }
+            Err(err) => {
+                tokio::spawn(detached.finish());
+                Err(err)
+            }
+        }
+    }
+}
+
+impl Drop for EtcdGuard {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        // Outside a runtime there is nothing to run the release on: the lease (revoked
+        // when the session goes, or expired) frees the lock.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(self.detach().finish());
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! Lock key layout: `<namespace>/<name>/<lease id hex>-<local sequence>`.
+//!
+//! The lease id makes keys unique across clients; the local sequence makes them unique
+//! across acquisitions of one client, so two tasks sharing a session each get their own
+//! place in the queue and exclude each other (Go's mutex uses one key per session and
+//! does not).
+
+/// The prefix that holds every key (holder and waiters) of one lock.
+pub(crate) fn lock_prefix(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}/")
+}
+
+/// One acquisition's key under `prefix`.
+pub(crate) fn waiter_key(prefix: &str, lease_id: i64, sequence: u64) -> String {
+    format!("{prefix}{lease_id:016x}-{sequence}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_sit_under_their_lock_prefix() {
+        let prefix = lock_prefix("fencelock", "orders");
+        assert_eq!(prefix, "fencelock/orders/");
+        let key = waiter_key(&prefix, 0x694d_7f3c_2b1a, 7);
+        assert_eq!(key, "fencelock/orders/0000694d7f3c2b1a-7");
+        assert!(key.starts_with(&prefix));
+    }
+
+    #[test]
+    fn a_lock_prefix_never_contains_another_locks_keys() {
+        // Names cannot contain '/', so "a/" never prefixes the keys of "ab".
+        let a = lock_prefix("ns", "a");
+        let ab = waiter_key(&lock_prefix("ns", "ab"), 1, 1);
+        assert!(!ab.starts_with(&a));
+    }
+}

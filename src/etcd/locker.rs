@@ -1,0 +1,207 @@
+//! The etcd lock backend: a client, its sessions, and the [`LockBackend`] implementation.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client, GetOptions};
+
+use super::acquire::{Mode, acquire};
+use super::call::map_error;
+use super::{EtcdConfig, EtcdGuard, Session};
+use crate::{Backend, LockBackend, LockError, LockOptions, validate_name};
+
+/// The smallest TTL the etcd backend accepts: leases are whole seconds.
+pub const MIN_TTL: Duration = Duration::from_secs(1);
+
+/// Locks in etcd, fenced by create revision.
+///
+/// Locks taken with the same TTL share one [`Session`] (one lease, one keep-alive task);
+/// locks without renewal get a lease of their own that simply runs out. Cloning is cheap
+/// and shares the connection and the sessions.
+///
+/// ```no_run
+/// use fencelock::etcd::{EtcdConfig, EtcdLocker};
+/// use fencelock::{LockBackend, LockGuard, LockOptions};
+///
+/// # async fn run() -> Result<(), fencelock::LockError> {
+/// let locks = EtcdLocker::connect(EtcdConfig::new(["http://127.0.0.1:2379"])).await?;
+/// let guard = locks.lock("inventory:sku-1", &LockOptions::new()).await?;
+/// println!("token {}", guard.token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct EtcdLocker {
+    inner: Arc<LockerInner>,
+}
+
+struct LockerInner {
+    client: Client,
+    config: Arc<EtcdConfig>,
+    // Renewed sessions by TTL in whole seconds.
+    sessions: Mutex<HashMap<u64, Session>>,
+    // Serialises session creation so concurrent first locks share one lease.
+    opening: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for LockerInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdLocker")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdLocker {
+    /// Connects and proves the connection (and the credentials, and read access to the
+    /// namespace) with one read, all within the connect timeout.
+    #[tracing::instrument(fields(backend = "etcd"))]
+    pub async fn connect(config: EtcdConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        let timeout = config.connect_timeout;
+        let connecting = async {
+            let mut client = Client::connect(&config.endpoints, Some(config.connect_options()))
+                .await
+                .map_err(|err| map_error("connect", None, err))?;
+            let probe = GetOptions::new().with_prefix().with_count_only();
+            client
+                .get(format!("{}/", config.namespace), Some(probe))
+                .await
+                .map_err(|err| map_error("connect", None, err))?;
+            Ok::<_, LockError>(client)
+        };
+        let client = match tokio::time::timeout(timeout, connecting).await {
+            Ok(client) => client?,
+            Err(_) => {
+                return Err(LockError::Timeout {
+                    backend: Backend::Etcd,
+                    operation: "connect",
+                    lock: None,
+                    after: timeout,
+                });
+            }
+        };
+        Ok(Self {
+            inner: Arc::new(LockerInner {
+                client,
+                config: Arc::new(config),
+                sessions: Mutex::new(HashMap::new()),
+                opening: tokio::sync::Mutex::new(()),
+            }),
+        })
+    }
+
+    /// The underlying etcd client, for reads and writes beside the locks.
+    #[must_use]
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// The configuration this locker was made with.
+    #[must_use]
+    pub fn config(&self) -> &EtcdConfig {
+        &self.inner.config
+    }
+
+    /// The renewed session used for locks of this `ttl`, opened if there is none yet (or
+    /// the previous one was lost).
+    pub async fn session(&self, ttl: Duration) -> Result<Session, LockError> {
+        let seconds = ttl.as_millis().div_ceil(1000);
+        let seconds = u64::try_from(seconds).unwrap_or(u64::MAX);
+        if let Some(session) = self.live_session(seconds) {
+            return Ok(session);
+        }
+        let _opening = self.inner.opening.lock().await;
+        if let Some(session) = self.live_session(seconds) {
+            return Ok(session);
+        }
+        let session = Session::open(
+            self.inner.client.clone(),
+            self.inner.config.clone(),
+            Duration::from_secs(seconds),
+            true,
+        )
+        .await?;
+        self.sessions().insert(seconds, session.clone());
+        Ok(session)
+    }
+
+    /// Closes every session: their leases are revoked, which frees every lock they hold,
+    /// and their guards report [`LossReason::Closed`](crate::LossReason::Closed).
+    pub async fn close(&self) -> Result<(), LockError> {
+        let sessions: Vec<Session> = self.sessions().drain().map(|(_, s)| s).collect();
+        let mut result = Ok(());
+        for session in sessions {
+            if let Err(err) = session.close().await {
+                result = Err(err);
+            }
+        }
+        result
+    }
+
+    fn live_session(&self, seconds: u64) -> Option<Session> {
+        self.sessions()
+            .get(&seconds)
+            .filter(|s| s.is_alive())
+            .cloned()
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Session>> {
+        // The map stays consistent even if a holder panicked: recover it.
+        self.inner
+            .sessions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    async fn acquire(
+        &self,
+        name: &str,
+        options: &LockOptions,
+        mode: Mode,
+    ) -> Result<Option<EtcdGuard>, LockError> {
+        validate_name(name)?;
+        options.validate(MIN_TTL)?;
+        if options.renews() {
+            let session = self.session(options.ttl()).await?;
+            acquire(session, false, name, mode).await
+        } else {
+            let session = Session::open(
+                self.inner.client.clone(),
+                self.inner.config.clone(),
+                options.ttl(),
+                false,
+            )
+            .await?;
+            acquire(session, true, name, mode).await
+        }
+    }
+}
+
+impl LockBackend for EtcdLocker {
+    type Guard = EtcdGuard;
+
+    #[tracing::instrument(skip(self, options), fields(backend = "etcd"))]
+    async fn lock(&self, name: &str, options: &LockOptions) -> Result<EtcdGuard, LockError> {
+        let mode = Mode::Wait {
+            timeout: options.wait_timeout(),
+        };
+        let guard = self.acquire(name, options, mode).await?;
+        guard.ok_or_else(|| LockError::Backend {
+            backend: Backend::Etcd,
+            operation: "acquire",
+            lock: Some(name.to_owned()),
+            source: "a waiting acquisition returned without the lock".into(),
+        })
+    }
+
+    #[tracing::instrument(skip(self, options), fields(backend = "etcd"))]
+    async fn try_lock(
+        &self,
+        name: &str,
+        options: &LockOptions,
+    ) -> Result<Option<EtcdGuard>, LockError> {
+        self.acquire(name, options, Mode::Try).await
+    }
+}

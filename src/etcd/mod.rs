@@ -1,0 +1,22 @@
+//! The etcd backend: locks fenced by the create revision of their key.
+//!
+//! - A [`Session`] is one lease, kept alive by one task for all the locks of a client.
+//! - A lock is a key `<namespace>/<name>/<lease>-<seq>` put under the lease in one
+//!   transaction; its create revision is the [`FencingToken`](crate::FencingToken).
+//! - Waiters queue by create revision and each watches only the key right ahead of it.
+//! - Release deletes the key only if its create revision is still the token.
+//! - An uncontended lock + release costs exactly two round trips, one Raft write each.
+
+mod acquire;
+mod call;
+mod config;
+mod guard;
+mod keys;
+mod locker;
+mod session;
+mod watch_hub;
+
+pub use config::EtcdConfig;
+pub use guard::EtcdGuard;
+pub use locker::{EtcdLocker, MIN_TTL};
+pub use session::Session;

@@ -1,0 +1,403 @@
+//! The session: one lease per client, kept alive by one task for all of its locks.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::EtcdConfig;
+use super::call::{call, malformed};
+use super::watch_hub::WatchHub;
+use crate::loss::{LossNotifier, LossWatch, loss_channel};
+use crate::{LockError, LossReason};
+
+/// A lease shared by every lock a client takes with the same TTL.
+///
+/// One background task renews it every TTL/3 for all of them, so a client holding 10,000
+/// locks sends one keep-alive per tick, not 10,000. When the lease is lost (the server says
+/// it is gone, or no renewal is confirmed before its time runs out) every guard of the
+/// session learns it at once through [`lost`](Self::lost).
+///
+/// Cloning is cheap and shares the lease. When the last clone (and the last guard) is
+/// dropped, the lease is revoked in the background.
+#[derive(Clone, Debug)]
+pub struct Session {
+    pub(crate) inner: Arc<SessionInner>,
+}
+
+pub(crate) struct SessionInner {
+    pub(crate) client: Client,
+    pub(crate) config: Arc<EtcdConfig>,
+    lease_id: i64,
+    ttl: Duration,
+    sequence: AtomicU64,
+    notifier: Arc<LossNotifier>,
+    loss: LossWatch,
+    clock: Arc<LeaseClock>,
+    pub(crate) hub: WatchHub,
+    // Dropped with the last handle: tells the keep-alive task to revoke and stop.
+    _stop: oneshot::Sender<()>,
+}
+
+impl std::fmt::Debug for SessionInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("lease_id", &format_args!("{:x}", self.lease_id))
+            .field("ttl", &self.ttl)
+            .field("lost", &self.loss.current())
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for LeaseClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseClock")
+            .field("remaining", &self.deadline().saturating_duration_since(Instant::now()))
+            .finish()
+    }
+}
+
+/// The local deadline of the lease: the moment the last *confirmed* renewal was sent, plus
+/// the TTL. The server's lease cannot end before it, so trusting the lease until then is
+/// safe even if this process was paused.
+pub(crate) struct LeaseClock {
+    base: Instant,
+    deadline_nanos: AtomicU64,
+}
+
+impl LeaseClock {
+    fn new(deadline: Instant) -> Self {
+        let clock = Self {
+            base: Instant::now(),
+            deadline_nanos: AtomicU64::new(0),
+        };
+        clock.extend_to(deadline);
+        clock
+    }
+
+    fn extend_to(&self, deadline: Instant) {
+        let nanos = deadline.saturating_duration_since(self.base).as_nanos();
+        let nanos = u64::try_from(nanos).unwrap_or(u64::MAX);
+        self.deadline_nanos.fetch_max(nanos, Ordering::AcqRel);
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        self.base + Duration::from_nanos(self.deadline_nanos.load(Ordering::Acquire))
+    }
+}
+
+impl Session {
+    /// Grants a lease of `ttl` (rounded up to whole seconds) and, if `renew`, starts the
+    /// task that keeps it alive. Without renewal the lease simply runs out after its TTL.
+    #[tracing::instrument(skip(client, config), fields(backend = "etcd"))]
+    pub(crate) async fn open(
+        client: Client,
+        config: Arc<EtcdConfig>,
+        ttl: Duration,
+        renew: bool,
+    ) -> Result<Self, LockError> {
+        let timeout = config.request_timeout;
+        let seconds = i64::try_from(ttl.as_millis().div_ceil(1000)).unwrap_or(i64::MAX);
+        let sent = Instant::now();
+        let mut lease_client = client.clone();
+        let grant = call(
+            "lease grant",
+            None,
+            timeout,
+            lease_client.lease_grant(seconds, None),
+        )
+        .await?;
+        let granted = u64::try_from(grant.ttl())
+            .ok()
+            .filter(|s| *s > 0)
+            .ok_or_else(|| malformed("lease grant", None, "non-positive TTL"))?;
+        let ttl = Duration::from_secs(granted);
+        let lease_id = grant.id();
+        let clock = Arc::new(LeaseClock::new(sent + ttl));
+        let (notifier, loss) = loss_channel();
+        let notifier = Arc::new(notifier);
+        let (stop_tx, stop_rx) = oneshot::channel();
+
+        let task = KeepAlive {
+            client: client.clone(),
+            lease_id,
+            ttl,
+            timeout,
+            notifier: notifier.clone(),
+            loss: loss.clone(),
+            clock: clock.clone(),
+        };
+        let span = tracing::info_span!("etcd session", lease_id = format_args!("{lease_id:x}"));
+        if renew {
+            tokio::spawn(task.run(stop_rx).instrument(span));
+        } else {
+            tokio::spawn(task.expire(stop_rx).instrument(span));
+        }
+        tracing::debug!(lease_id, ?ttl, renew, "session opened");
+
+        let hub = WatchHub::start(client.clone());
+        Ok(Self {
+            inner: Arc::new(SessionInner {
+                client,
+                config,
+                lease_id,
+                ttl,
+                sequence: AtomicU64::new(0),
+                notifier,
+                loss,
+                clock,
+                hub,
+                _stop: stop_tx,
+            }),
+        })
+    }
+
+    /// The lease id; every lock key of this session is attached to it.
+    #[must_use]
+    pub fn lease_id(&self) -> i64 {
+        self.inner.lease_id
+    }
+
+    /// The TTL the server granted.
+    #[must_use]
+    pub fn ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    /// `false` once the lease is known lost or its local deadline has passed.
+    #[must_use]
+    pub fn is_alive(&self) -> bool {
+        self.inner.is_alive()
+    }
+
+    /// Resolves when the lease is lost, with the reason.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only observes.
+    pub async fn lost(&self) -> LossReason {
+        self.inner.lost().await
+    }
+
+    /// Revokes the lease (deleting every lock key of this session at once) and tells
+    /// every guard that the session is closed.
+    #[tracing::instrument(skip(self), fields(backend = "etcd", lease_id = self.inner.lease_id))]
+    pub async fn close(&self) -> Result<(), LockError> {
+        // Mark first: from now on no guard of this session may believe it holds a lock.
+        self.inner.notifier.mark(LossReason::Closed);
+        let mut client = self.inner.client.clone();
+        let revoked = call(
+            "lease revoke",
+            None,
+            self.inner.config.request_timeout,
+            client.lease_revoke(self.inner.lease_id),
+        )
+        .await;
+        match revoked {
+            Ok(_) => Ok(()),
+            // Already gone on the server: what closing wanted.
+            Err(LockError::Backend { source, .. })
+                if source.to_string().contains("requested lease not found") =>
+            {
+                Ok(())
+            }
+            Err(err) => Err(err),
+        }
+    }
+}
+
+impl SessionInner {
+    pub(crate) fn lease_id(&self) -> i64 {
+        self.lease_id
+    }
+
+    /// A fresh local sequence number for the next lock key.
+    pub(crate) fn next_sequence(&self) -> u64 {
+        self.sequence.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn is_alive(&self) -> bool {
+        self.loss.current().is_none() && Instant::now() < self.clock.deadline()
+    }
+
+    pub(crate) fn loss_reason(&self) -> Option<LossReason> {
+        self.loss.current().or_else(|| {
+            (Instant::now() >= self.clock.deadline()).then_some(LossReason::Expired)
+        })
+    }
+
+    pub(crate) async fn lost(&self) -> LossReason {
+        self.loss.wait().await
+    }
+}
+
+/// The background task behind one session's lease.
+struct KeepAlive {
+    client: Client,
+    lease_id: i64,
+    ttl: Duration,
+    timeout: Duration,
+    notifier: Arc<LossNotifier>,
+    loss: LossWatch,
+    clock: Arc<LeaseClock>,
+}
+
+/// A keep-alive stream and the send time of its one outstanding request, if any.
+struct Stream {
+    keeper: LeaseKeeper,
+    responses: LeaseKeepAliveStream,
+    outstanding: Option<Instant>,
+}
+
+impl KeepAlive {
+    /// Renews every TTL/3 until the session is dropped or closed, or the lease is lost.
+    async fn run(mut self, mut stop: oneshot::Receiver<()>) {
+        let interval = self.ttl / 3;
+        let mut stream: Option<Stream> = None;
+        let mut next_send = Instant::now() + interval;
+        let loss = self.loss.clone();
+        loop {
+            let deadline = self.clock.deadline();
+            tokio::select! {
+                biased;
+                _ = &mut stop => return self.revoke().await,
+                _ = loss.wait() => return,
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!("no renewal confirmed before the lease ran out");
+                    return self.notifier.mark(LossReason::Expired);
+                }
+                reply = next_reply(&mut stream) => match reply {
+                    Reply::Renewed(sent) => self.clock.extend_to(sent + self.ttl),
+                    Reply::Gone => {
+                        tracing::warn!("server reports the lease is gone");
+                        return self.notifier.mark(LossReason::Revoked);
+                    }
+                    Reply::Broken(why) => {
+                        tracing::debug!(%why, "keep-alive stream broke; reopening");
+                        stream = None;
+                        next_send = Instant::now() + retry_delay(interval);
+                    }
+                },
+                _ = tokio::time::sleep_until(next_send) => {
+                    next_send = Instant::now() + interval;
+                    match &mut stream {
+                        // An answer overdue by a whole interval: the member is stuck or cut
+                        // off. Reopen, which may reach another member.
+                        Some(s) if s.outstanding.is_some() => stream = None,
+                        Some(s) => {
+                            let sent = Instant::now();
+                            if s.keeper.keep_alive().await.is_ok() {
+                                s.outstanding = Some(sent);
+                            } else {
+                                stream = None;
+                            }
+                        }
+                        None => {}
+                    }
+                    if stream.is_none() {
+                        match self.reopen().await {
+                            Ok(s) => stream = Some(s),
+                            Err(Reopen::Gone) => {
+                                tracing::warn!("server reports the lease is gone");
+                                return self.notifier.mark(LossReason::Revoked);
+                            }
+                            Err(Reopen::Failed(why)) => {
+                                tracing::debug!(%why, "could not reopen keep-alive stream");
+                                next_send = Instant::now() + retry_delay(interval);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Without renewal: the lease is trusted until its TTL runs out, then lost.
+    async fn expire(self, mut stop: oneshot::Receiver<()>) {
+        let loss = self.loss.clone();
+        tokio::select! {
+            _ = &mut stop => self.revoke().await,
+            _ = loss.wait() => {}
+            _ = tokio::time::sleep_until(self.clock.deadline()) => {
+                self.notifier.mark(LossReason::Expired);
+            }
+        }
+    }
+
+    /// Opens a keep-alive stream; opening sends one keep-alive and waits for its answer,
+    /// but never past the lease's deadline, so that the loss is reported on time.
+    async fn reopen(&mut self) -> Result<Stream, Reopen> {
+        let sent = Instant::now();
+        let limit = self
+            .timeout
+            .min(self.clock.deadline().saturating_duration_since(sent));
+        let opened =
+            tokio::time::timeout(limit, self.client.lease_keep_alive(self.lease_id)).await;
+        match opened {
+            Ok(Ok((keeper, responses))) => {
+                self.clock.extend_to(sent + self.ttl);
+                Ok(Stream {
+                    keeper,
+                    responses,
+                    outstanding: None,
+                })
+            }
+            Ok(Err(etcd_client::Error::LeaseKeepAliveError(msg))) if msg.contains("not found") => {
+                Err(Reopen::Gone)
+            }
+            Ok(Err(err)) => Err(Reopen::Failed(err.to_string())),
+            Err(_) => Err(Reopen::Failed("timed out".into())),
+        }
+    }
+
+    /// Best effort: the lease dies by its TTL anyway if this does not get through.
+    async fn revoke(mut self) {
+        self.notifier.mark(LossReason::Closed);
+        let revoke = self.client.lease_revoke(self.lease_id);
+        match tokio::time::timeout(self.timeout, revoke).await {
+            Ok(Ok(_)) => tracing::debug!("lease revoked"),
+            Ok(Err(err)) => tracing::debug!(%err, "lease revoke failed"),
+            Err(_) => tracing::debug!("lease revoke timed out"),
+        }
+    }
+}
+
+enum Reply {
+    Renewed(Instant),
+    Gone,
+    Broken(String),
+}
+
+enum Reopen {
+    Gone,
+    Failed(String),
+}
+
+/// The next answer on the stream, if a request is outstanding; otherwise never resolves.
+async fn next_reply(stream: &mut Option<Stream>) -> Reply {
+    let Some(s) = stream else {
+        return std::future::pending().await;
+    };
+    let Some(sent) = s.outstanding else {
+        return std::future::pending().await;
+    };
+    match s.responses.message().await {
+        Ok(Some(resp)) if resp.ttl() > 0 => {
+            s.outstanding = None;
+            Reply::Renewed(sent)
+        }
+        Ok(Some(_)) => Reply::Gone,
+        Ok(None) => Reply::Broken("stream ended".into()),
+        Err(err) => Reply::Broken(err.to_string()),
+    }
+}
+
+/// Retry soon after a failure, but not in a tight loop.
+fn retry_delay(interval: Duration) -> Duration {
+    interval.min(Duration::from_millis(200))
+}

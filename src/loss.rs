@@ -1,0 +1,100 @@
+//! Loss of ownership: why a lease is gone, and the signal that tells every guard.
+
+use std::fmt;
+
+use tokio::sync::watch;
+
+/// Why a lock's lease (and so its ownership) is considered gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// No renewal was confirmed before the lease's time ran out (a partition, a paused
+    /// process, a server that stopped answering). Counted conservatively from the moment the
+    /// last confirmed renewal was *sent*, so the server's lease ends no earlier than this.
+    Expired,
+    /// The server reports that the lease no longer exists (revoked, or expired on its side).
+    Revoked,
+    /// The session was closed by this client.
+    Closed,
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Expired => "the lease ran out before a renewal was confirmed",
+            Self::Revoked => "the server reports the lease is gone",
+            Self::Closed => "the session was closed",
+        })
+    }
+}
+
+/// The sending half: marks the loss once, for every receiver at once.
+#[derive(Debug)]
+pub(crate) struct LossNotifier {
+    tx: watch::Sender<Option<LossReason>>,
+}
+
+/// The receiving half, cloned into every guard.
+#[derive(Clone, Debug)]
+pub(crate) struct LossWatch {
+    rx: watch::Receiver<Option<LossReason>>,
+}
+
+pub(crate) fn loss_channel() -> (LossNotifier, LossWatch) {
+    let (tx, rx) = watch::channel(None);
+    (LossNotifier { tx }, LossWatch { rx })
+}
+
+impl LossNotifier {
+    /// Records the loss; the first reason wins and later ones are ignored.
+    pub(crate) fn mark(&self, reason: LossReason) {
+        self.tx.send_if_modified(|state| {
+            if state.is_none() {
+                *state = Some(reason);
+                true
+            } else {
+                false
+            }
+        });
+    }
+}
+
+impl LossWatch {
+    /// The reason, if the loss has been marked.
+    pub(crate) fn current(&self) -> Option<LossReason> {
+        *self.rx.borrow()
+    }
+
+    /// Resolves once the loss is marked. If the notifier is dropped without marking
+    /// (its owner went away), the lease can no longer be vouched for: that counts as closed.
+    pub(crate) async fn wait(&self) -> LossReason {
+        let mut rx = self.rx.clone();
+        match rx.wait_for(Option::is_some).await {
+            Ok(state) => state.unwrap_or(LossReason::Closed),
+            Err(_) => LossReason::Closed,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn first_reason_wins_and_reaches_every_receiver() {
+        let (notifier, watch) = loss_channel();
+        let other = watch.clone();
+        assert_eq!(watch.current(), None);
+        notifier.mark(LossReason::Revoked);
+        notifier.mark(LossReason::Closed);
+        assert_eq!(watch.wait().await, LossReason::Revoked);
+        assert_eq!(other.wait().await, LossReason::Revoked);
+    }
+
+    #[tokio::test]
+    async fn dropped_notifier_counts_as_closed() {
+        let (notifier, watch) = loss_channel();
+        drop(notifier);
+        assert_eq!(watch.wait().await, LossReason::Closed);
+    }
+}

@@ -1,0 +1,409 @@
+//! Real etcd processes: a single node or a cluster, on free loopback ports in a temp dir.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use etcd_client::Client;
+use tempfile::TempDir;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+
+use super::TestkitError;
+use super::process::{ServerProcess, find_binary, free_port};
+use crate::etcd::EtcdConfig;
+
+/// Environment variable that overrides the path of the `etcd` binary.
+pub const ETCD_BIN_ENV: &str = "FENCELOCK_ETCD_BIN";
+
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How to start an [`EtcdCluster`].
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct EtcdClusterBuilder {
+    members: usize,
+    heartbeat: Duration,
+    election: Duration,
+    fsync: bool,
+}
+
+impl Default for EtcdClusterBuilder {
+    fn default() -> Self {
+        Self {
+            members: 1,
+            heartbeat: Duration::from_millis(25),
+            election: Duration::from_millis(250),
+            fsync: false,
+        }
+    }
+}
+
+impl EtcdClusterBuilder {
+    /// Number of members (default 1).
+    pub fn members(mut self, members: usize) -> Self {
+        self.members = members;
+        self
+    }
+
+    /// Raft heartbeat interval and election timeout. The defaults (25 ms / 250 ms) keep
+    /// starts and failovers fast and allow 1 s leases (etcd's minimum lease TTL is
+    /// 1.5 x the election timeout); etcd's own defaults are 100 ms / 1 s.
+    pub fn timing(mut self, heartbeat: Duration, election: Duration) -> Self {
+        self.heartbeat = heartbeat;
+        self.election = election;
+        self
+    }
+
+    /// Whether etcd fsyncs its WAL (default off, through `--unsafe-no-fsync`: killing a
+    /// process loses no written data either way, only a machine crash would).
+    pub fn fsync(mut self, fsync: bool) -> Self {
+        self.fsync = fsync;
+        self
+    }
+
+    /// Starts the members and waits until they agree on a leader. A port taken by someone
+    /// else between our probe and etcd's bind is retried with fresh ports.
+    pub async fn start(self) -> Result<EtcdCluster, TestkitError> {
+        if self.members == 0 {
+            return Err(TestkitError::Cluster("a cluster needs at least one member".into()));
+        }
+        let binary = find_binary("etcd", ETCD_BIN_ENV).ok_or(TestkitError::BinaryNotFound {
+            binary: "etcd",
+            package: "etcd-server",
+            env_var: ETCD_BIN_ENV,
+        })?;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut cluster = EtcdCluster::prepare(self.clone(), binary.clone())?;
+            match cluster.launch_all().await {
+                Ok(()) => return Ok(cluster),
+                Err(err) if attempt < 3 && cluster.lost_a_port() => {
+                    tracing::debug!(%err, "port taken while starting etcd; retrying");
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+}
+
+/// A running etcd cluster (or single node) for tests. Dropping it stops every member.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    settings: EtcdClusterBuilder,
+    binary: PathBuf,
+    members: Vec<Member>,
+    // Last: removed after the processes are gone.
+    dir: TempDir,
+}
+
+#[derive(Debug)]
+struct Member {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    process: Option<ServerProcess>,
+}
+
+impl EtcdCluster {
+    /// A builder for a cluster of any size.
+    pub fn builder() -> EtcdClusterBuilder {
+        EtcdClusterBuilder::default()
+    }
+
+    /// Starts a single-node etcd with the default settings.
+    pub async fn single() -> Result<Self, TestkitError> {
+        Self::builder().start().await
+    }
+
+    fn prepare(settings: EtcdClusterBuilder, binary: PathBuf) -> Result<Self, TestkitError> {
+        let dir = tempfile::Builder::new()
+            .prefix("fencelock-etcd-")
+            .tempdir()
+            .map_err(|e| TestkitError::io("creating the etcd temp dir", e))?;
+        let members = (0..settings.members)
+            .map(|i| {
+                Ok(Member {
+                    name: format!("m{i}"),
+                    client_port: free_port().map_err(|e| TestkitError::io("finding a port", e))?,
+                    peer_port: free_port().map_err(|e| TestkitError::io("finding a port", e))?,
+                    process: None,
+                })
+            })
+            .collect::<Result<Vec<_>, TestkitError>>()?;
+        Ok(Self {
+            settings,
+            binary,
+            members,
+            dir,
+        })
+    }
+
+    async fn launch_all(&mut self) -> Result<(), TestkitError> {
+        for i in 0..self.members.len() {
+            self.launch(i, "new")?;
+        }
+        let deadline = Instant::now() + START_TIMEOUT;
+        for i in 0..self.members.len() {
+            self.await_ready(i, deadline).await?;
+        }
+        Ok(())
+    }
+
+    fn launch(&mut self, i: usize, state: &str) -> Result<(), TestkitError> {
+        let initial_cluster = self
+            .members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let member = &self.members[i];
+        let client_url = format!("http://127.0.0.1:{}", member.client_port);
+        let peer_url = format!("http://127.0.0.1:{}", member.peer_port);
+        let data_dir = self.dir.path().join(&member.name);
+        let mut args = vec![
+            format!("--name={}", member.name),
+            format!("--data-dir={}", data_dir.display()),
+            format!("--listen-client-urls={client_url}"),
+            format!("--advertise-client-urls={client_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster={initial_cluster}"),
+            format!("--initial-cluster-state={state}"),
+            format!("--initial-cluster-token={}", self.cluster_token()),
+            format!("--heartbeat-interval={}", self.settings.heartbeat.as_millis()),
+            format!("--election-timeout={}", self.settings.election.as_millis()),
+            "--logger=zap".into(),
+            "--log-outputs=stderr".into(),
+        ];
+        if !self.settings.fsync {
+            args.push("--unsafe-no-fsync".into());
+        }
+        let log = self.log_path(i);
+        let process = ServerProcess::start(&self.binary, &args, &log)
+            .map_err(|e| TestkitError::io(format!("starting {}", self.binary.display()), e))?;
+        self.members[i].process = Some(process);
+        Ok(())
+    }
+
+    fn cluster_token(&self) -> String {
+        let dir = self.dir.path().file_name().unwrap_or_default();
+        format!("fencelock-{}", dir.to_string_lossy())
+    }
+
+    fn log_path(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("{}.log", self.members[i].name))
+    }
+
+    /// Waits until member `i` answers and knows a leader.
+    async fn await_ready(&mut self, i: usize, deadline: Instant) -> Result<(), TestkitError> {
+        let endpoint = self.endpoint(i);
+        loop {
+            if let Ok(Ok(leader)) =
+                tokio::time::timeout(PROBE_TIMEOUT, status_leader(&endpoint)).await
+            {
+                if leader.1 != 0 {
+                    return Ok(());
+                }
+            }
+            let exited = self.members[i]
+                .process
+                .as_mut()
+                .is_none_or(ServerProcess::has_exited);
+            if exited || Instant::now() >= deadline {
+                return Err(TestkitError::NotReady {
+                    what: format!("etcd member {} ({endpoint})", self.members[i].name),
+                    waited: START_TIMEOUT,
+                    log_tail: super::process::log_tail(&self.log_path(i), 20),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn lost_a_port(&self) -> bool {
+        (0..self.members.len()).any(|i| {
+            super::process::log_tail(&self.log_path(i), 50).contains("address already in use")
+        })
+    }
+
+    /// Number of members.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether the cluster has no members (never true for a started cluster).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// The client URL of member `i`.
+    #[must_use]
+    pub fn endpoint(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.members[i].client_port)
+    }
+
+    /// The client URLs of all members.
+    #[must_use]
+    pub fn endpoints(&self) -> Vec<String> {
+        (0..self.members.len()).map(|i| self.endpoint(i)).collect()
+    }
+
+    /// A lock configuration for this cluster with short timeouts, in `namespace`.
+    pub fn config(&self, namespace: &str) -> EtcdConfig {
+        EtcdConfig::new(self.endpoints())
+            .with_namespace(namespace)
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_request_timeout(Duration::from_secs(3))
+    }
+
+    /// A plain etcd client connected to all members.
+    pub async fn client(&self) -> Result<Client, TestkitError> {
+        Ok(Client::connect(self.endpoints(), None).await?)
+    }
+
+    /// The PID of member `i`, if it runs.
+    #[must_use]
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.members.get(i)?.process.as_ref().map(ServerProcess::pid)
+    }
+
+    fn process(&self, i: usize) -> Result<&ServerProcess, TestkitError> {
+        self.members
+            .get(i)
+            .and_then(|m| m.process.as_ref())
+            .ok_or_else(|| TestkitError::Cluster(format!("member {i} is not running")))
+    }
+
+    /// SIGKILLs member `i` and waits until it is gone.
+    pub fn kill(&mut self, i: usize) -> Result<(), TestkitError> {
+        let mut process = self
+            .members
+            .get_mut(i)
+            .and_then(|m| m.process.take())
+            .ok_or_else(|| TestkitError::Cluster(format!("member {i} is not running")))?;
+        process
+            .kill()
+            .map_err(|e| TestkitError::io(format!("killing member {i}"), e))
+    }
+
+    /// SIGSTOPs member `i`: it stops answering but keeps its sockets open.
+    pub fn pause(&self, i: usize) -> Result<(), TestkitError> {
+        self.process(i)?
+            .pause()
+            .map_err(|e| TestkitError::io(format!("pausing member {i}"), e))
+    }
+
+    /// SIGCONTs member `i` after [`pause`](Self::pause).
+    pub fn resume(&self, i: usize) -> Result<(), TestkitError> {
+        self.process(i)?
+            .resume()
+            .map_err(|e| TestkitError::io(format!("resuming member {i}"), e))
+    }
+
+    /// Starts a killed member again on its old ports and data, and waits until it is back.
+    pub async fn restart(&mut self, i: usize) -> Result<(), TestkitError> {
+        if i >= self.members.len() {
+            return Err(TestkitError::Cluster(format!("no member {i}")));
+        }
+        if let Some(mut old) = self.members[i].process.take() {
+            old.kill()
+                .map_err(|e| TestkitError::io(format!("stopping member {i}"), e))?;
+        }
+        self.launch(i, "existing")?;
+        self.await_ready(i, Instant::now() + START_TIMEOUT).await
+    }
+
+    /// The index of the current leader, asking the running members.
+    pub async fn leader(&self) -> Result<usize, TestkitError> {
+        let mut ids = Vec::new();
+        let mut leaders = Vec::new();
+        for i in 0..self.members.len() {
+            if self.members[i].process.is_none() {
+                continue;
+            }
+            if let Ok(Ok((id, leader))) =
+                tokio::time::timeout(PROBE_TIMEOUT, status_leader(&self.endpoint(i))).await
+            {
+                ids.push((i, id));
+                if leader != 0 {
+                    leaders.push(leader);
+                }
+            }
+        }
+        // A member may still remember a dead leader: trust only a leader that answered.
+        leaders
+            .iter()
+            .find_map(|leader| ids.iter().find(|(_, id)| id == leader).map(|(i, _)| *i))
+            .ok_or_else(|| TestkitError::Cluster("no member reports a live leader".into()))
+    }
+
+    /// Waits (up to 20 s) until the running members report a live leader.
+    pub async fn wait_for_leader(&self) -> Result<usize, TestkitError> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            match self.leader().await {
+                Ok(leader) => return Ok(leader),
+                Err(err) if Instant::now() >= deadline => return Err(err),
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    }
+
+    /// Compacts the keyspace at the current revision; returns that revision.
+    pub async fn compact(&self) -> Result<i64, TestkitError> {
+        let mut client = self.client().await?;
+        let revision = client
+            .get("compaction-probe", None)
+            .await?
+            .header()
+            .map(|h| h.revision())
+            .unwrap_or_default();
+        client
+            .compact(revision, Some(etcd_client::CompactionOptions::new().with_physical()))
+            .await?;
+        Ok(revision)
+    }
+
+    /// The Prometheus metrics text of member `i` (`GET /metrics` on its client port).
+    pub async fn metrics(&self, i: usize) -> Result<String, TestkitError> {
+        let port = self.members[i].client_port;
+        let io = |e| TestkitError::io(format!("reading metrics of member {i}"), e);
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map_err(io)?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .await
+            .map_err(io)?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.map_err(io)?;
+        Ok(response
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_owned())
+            .unwrap_or(response))
+    }
+}
+
+/// (member id, leader id) as reported by the member at `endpoint`.
+async fn status_leader(endpoint: &str) -> Result<(u64, u64), etcd_client::Error> {
+    let mut client = Client::connect([endpoint], None).await?;
+    let status = client.status().await?;
+    let id = status.header().map(|h| h.member_id()).unwrap_or_default();
+    Ok((id, status.leader()))
+}
+
+/// Sums a Prometheus counter over the samples whose labels contain all of `labels`
+/// (each given as `name="value"`).
+#[must_use]
+pub fn metric_sum(metrics: &str, name: &str, labels: &[&str]) -> f64 {
+    metrics
+        .lines()
+        .filter(|line| line.starts_with(name) && line[name.len()..].starts_with('{'))
+        .filter(|line| labels.iter().all(|label| line.contains(label)))
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}

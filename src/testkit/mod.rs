@@ -1,0 +1,78 @@
+//! A real-server harness: etcd processes on free loopback ports, and the faults to inject.
+//!
+//! Enabled by the `testkit` feature. The crate's own tests use it, the CLI's benchmark and
+//! chaos commands will, and so can your tests:
+//!
+//! ```no_run
+//! use fencelock::testkit::EtcdCluster;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut cluster = EtcdCluster::builder().members(3).start().await?;
+//! let leader = cluster.leader().await?;
+//! cluster.kill(leader)?;                  // SIGKILL the leader
+//! let new_leader = cluster.wait_for_leader().await?;
+//! assert_ne!(leader, new_leader);
+//! cluster.restart(leader).await?;         // it rejoins with its data
+//! # Ok(()) }
+//! ```
+//!
+//! Every process is stopped by its PID when its handle is dropped, and dies with the
+//! process that started it even if that one is killed outright.
+
+mod etcd;
+mod process;
+
+pub use etcd::{ETCD_BIN_ENV, EtcdCluster, EtcdClusterBuilder, metric_sum};
+pub use process::{ServerProcess, free_port};
+
+use std::time::Duration;
+
+/// What can go wrong while running test servers.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TestkitError {
+    /// The server binary is not installed.
+    #[error("`{binary}` not found on PATH: install the Debian/Ubuntu package `{package}` or set {env_var}")]
+    BinaryNotFound {
+        /// The binary looked for.
+        binary: &'static str,
+        /// The package that provides it.
+        package: &'static str,
+        /// The variable that overrides its path.
+        env_var: &'static str,
+    },
+    /// A process could not be started or signalled.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A server exited or did not become ready in time.
+    #[error("{what} did not become ready within {waited:?}; last log lines:\n{log_tail}")]
+    NotReady {
+        /// Which server.
+        what: String,
+        /// How long we waited.
+        waited: Duration,
+        /// The end of its log.
+        log_tail: String,
+    },
+    /// The cluster has no leader, or the member asked for does not exist or is down.
+    #[error("{0}")]
+    Cluster(String),
+    /// A request to a test server failed.
+    #[error("request to test server failed: {0}")]
+    Request(#[from] etcd_client::Error),
+}
+
+impl TestkitError {
+    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Server processes started by the harness: spawned so they die with us, stopped by PID.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+
+type SpawnRequest = (Command, mpsc::Sender<io::Result<Child>>);
+
+/// Spawns `command` from one long-lived thread, with `PR_SET_PDEATHSIG = SIGKILL`.
+///
+/// The kernel sends that signal when the *thread* that forked the child exits, so the
+/// fork must happen on a thread that lives as long as the process: then a test binary or a
+/// CLI killed outright (no destructors run) still takes its servers with it.
+fn spawn_supervised(command: Command) -> io::Result<Child> {
+    static LAUNCHER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    let launcher = LAUNCHER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("fencelock-launcher".into())
+            .spawn(move || {
+                for (mut command, reply) in rx {
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .map(|_| ())
+            .unwrap_or_else(|err| tracing::error!(%err, "cannot start the launcher thread"));
+        Mutex::new(tx)
+    });
+    let (reply, answer) = mpsc::channel();
+    launcher
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .send((command, reply))
+        .map_err(|_| io::Error::other("launcher thread is gone"))?;
+    answer
+        .recv()
+        .map_err(|_| io::Error::other("launcher thread is gone"))?
+}
+
+/// One running server process. Dropping it kills it (SIGKILL) and reaps it.
+#[derive(Debug)]
+pub struct ServerProcess {
+    child: Child,
+    log: PathBuf,
+}
+
+impl ServerProcess {
+    /// Starts `program` with `args`, stdout and stderr appended to `log`, in its own
+    /// process group (a Ctrl-C in the terminal reaches only us, and we stop it).
+    pub fn start(program: &Path, args: &[String], log: &Path) -> io::Result<Self> {
+        let out = File::options().create(true).append(true).open(log)?;
+        let err = out.try_clone()?;
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0);
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = spawn_supervised(command)?;
+        Ok(Self {
+            child,
+            log: log.to_owned(),
+        })
+    }
+
+    /// The process id.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` (a `libc::SIG*` number) to the process.
+    pub fn signal(&self, signal: i32) -> io::Result<()> {
+        let pid = libc::pid_t::try_from(self.child.id()).map_err(io::Error::other)?;
+        // SAFETY: kill(2) with a pid we spawned and have not reaped yet.
+        if unsafe { libc::kill(pid, signal) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// SIGSTOP: the process freezes, its sockets stay open (a paused or hung server).
+    pub fn pause(&self) -> io::Result<()> {
+        self.signal(libc::SIGSTOP)
+    }
+
+    /// SIGCONT after [`pause`](Self::pause).
+    pub fn resume(&self) -> io::Result<()> {
+        self.signal(libc::SIGCONT)
+    }
+
+    /// SIGKILL, then waits for the process to be gone.
+    pub fn kill(&mut self) -> io::Result<()> {
+        if self.child.try_wait()?.is_none() {
+            self.child.kill()?;
+        }
+        self.child.wait().map(drop)
+    }
+
+    /// Whether the process has exited (reaping it if so).
+    pub fn has_exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The last `lines` lines of the process's log, for error messages.
+    #[must_use]
+    pub fn log_tail(&self, lines: usize) -> String {
+        log_tail(&self.log, lines)
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        if let Err(err) = self.kill() {
+            tracing::warn!(%err, pid = self.child.id(), "could not stop server process");
+        }
+    }
+}
+
+/// The last `lines` lines of a log file (reading at most its last 64 KiB).
+pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
+    let read = || -> io::Result<String> {
+        let mut file = File::open(path)?;
+        let len = file.metadata()?.len();
+        file.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)))?;
+        let mut text = String::new();
+        file.read_to_string(&mut text)
+            .or_else(|_| Ok::<_, io::Error>(0))?;
+        Ok(text)
+    };
+    match read() {
+        Ok(text) => {
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(err) => format!("(no log at {}: {err})", path.display()),
+    }
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago and that this process has not
+/// handed out before (another process can still take it: starts retry on a bind error).
+pub fn free_port() -> io::Result<u16> {
+    static HANDED_OUT: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    let handed_out = HANDED_OUT.get_or_init(Default::default);
+    for _ in 0..64 {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let mut seen = handed_out
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if seen.insert(port) {
+            return Ok(port);
+        }
+    }
+    Err(io::Error::other("no free loopback port found"))
+}
+
+/// Finds `binary` (or the path in `env_var`, if set) on `PATH`.
+pub(crate) fn find_binary(binary: &str, env_var: &str) -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(env_var) {
+        return Some(PathBuf::from(path));
+    }
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|dir| dir.join(binary))
+        .find(|candidate| candidate.is_file())
+}
