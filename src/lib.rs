@@ -28,3 +28,8 @@ pub use loss::LossReason;
 pub use name::{MAX_NAME_LEN, validate_name};
 pub use options::{LockOptions, MAX_TTL};
 pub use token::FencingToken;
+
+// The README's examples compile as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -95,12 +95,18 @@ impl LockOptions {
     /// Checks the options against `min_ttl`, the smallest TTL the backend can honour.
     pub fn validate(&self, min_ttl: Duration) -> Result<(), LockError> {
         if self.ttl.is_zero() {
-            return Err(invalid("ttl", "zero: a lock needs a lease to expire by".into()));
+            return Err(invalid(
+                "ttl",
+                "zero: a lock needs a lease to expire by".into(),
+            ));
         }
         if self.ttl < min_ttl {
             return Err(invalid(
                 "ttl",
-                format!("{:?} is below this backend's minimum of {min_ttl:?}", self.ttl),
+                format!(
+                    "{:?} is below this backend's minimum of {min_ttl:?}",
+                    self.ttl
+                ),
             ));
         }
         if self.ttl > MAX_TTL {

@@ -74,7 +74,10 @@ mod tests {
     fn revisions_must_be_positive() {
         assert_eq!(FencingToken::from_revision(0), None);
         assert_eq!(FencingToken::from_revision(-3), None);
-        assert_eq!(FencingToken::from_revision(9).map(FencingToken::get), Some(9));
+        assert_eq!(
+            FencingToken::from_revision(9).map(FencingToken::get),
+            Some(9)
+        );
         assert_eq!(FencingToken::new(9).as_revision(), 9);
         assert_eq!(FencingToken::new(u64::MAX).as_revision(), i64::MAX);
     }

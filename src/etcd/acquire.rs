@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use tokio::time::{Duration, Instant};
 use tracing::Instrument;
 
-use super::call::{call, malformed};
+use super::call::{call_retrying, malformed};
 use super::guard::EtcdGuard;
 use super::keys;
 use super::session::{Session, SessionInner};
@@ -83,7 +83,11 @@ impl Acquisition {
     }
 
     async fn run(self, mode: Mode, mut reply: Reply) {
-        let key = keys::waiter_key(&self.prefix, self.inner().lease_id(), self.inner().next_sequence());
+        let key = keys::waiter_key(
+            &self.prefix,
+            self.inner().lease_id(),
+            self.inner().next_sequence(),
+        );
         let (token, place) = match self.enqueue(&key).await {
             Ok(joined) => joined,
             Err(err) => {
@@ -136,6 +140,10 @@ impl Acquisition {
     /// Joins the queue in one transaction: put my key under the lease and read the two
     /// newest keys of the lock in the same revision. My key is the newest key in the whole
     /// store, so they are mine and the one right ahead of me, if any.
+    ///
+    /// The put is guarded by "my key does not exist yet", so the request can be retried
+    /// after a connection failure: if an earlier attempt got through, the retry reads my key
+    /// back instead, and my place is read separately.
     async fn enqueue(&self, key: &str) -> Result<(FencingToken, Place), LockError> {
         let inner = self.inner();
         let put = PutOptions::new().with_lease(inner.lease_id());
@@ -149,12 +157,25 @@ impl Acquisition {
             .and_then([
                 TxnOp::put(key, [], Some(put)),
                 TxnOp::get(self.prefix.as_str(), Some(newest_two)),
-            ]);
-        let mut client = inner.client.clone();
+            ])
+            .or_else([TxnOp::get(key, Some(GetOptions::new().with_keys_only()))]);
         let name = Some(self.name.as_str());
-        let response = call("acquire", name, inner.config.request_timeout, client.txn(txn)).await?;
+        let response = call_retrying("acquire", name, inner.config.request_timeout, || {
+            let mut client = inner.client.clone();
+            let txn = txn.clone();
+            async move { client.txn(txn).await }
+        })
+        .await?;
         if !response.succeeded() {
-            return Err(malformed("acquire", name, "a fresh lock key already existed"));
+            let Some(TxnOpResponse::Get(mine)) = response.op_responses().into_iter().next() else {
+                return Err(malformed("acquire", name, "missing range result"));
+            };
+            let token = mine
+                .kvs()
+                .first()
+                .and_then(|kv| FencingToken::from_revision(kv.create_revision()))
+                .ok_or_else(|| malformed("acquire", name, "existing key without revision"))?;
+            return Ok((token, self.read_place(token).await?));
         }
         let token = response
             .header()
@@ -215,12 +236,15 @@ impl Acquisition {
             .with_sort(SortTarget::Create, SortOrder::Descend)
             .with_limit(2)
             .with_keys_only();
-        let mut client = inner.client.clone();
-        let response = call(
+        let response = call_retrying(
             "wait",
             Some(&self.name),
             inner.config.request_timeout,
-            client.get(self.prefix.as_str(), Some(options)),
+            || {
+                let mut client = inner.client.clone();
+                let options = options.clone();
+                async move { client.get(self.prefix.as_str(), Some(options)).await }
+            },
         )
         .await?;
         Ok(place_of(token, response.kvs()))
@@ -241,9 +265,12 @@ impl Acquisition {
 
     async fn remove_unconditionally(&self, key: &str) {
         let inner = self.inner();
-        let mut client = inner.client.clone();
         let timeout = inner.config.request_timeout;
-        if let Err(err) = call("acquire cleanup", Some(&self.name), timeout, client.delete(key, None)).await {
+        let delete = call_retrying("acquire cleanup", Some(&self.name), timeout, || {
+            let mut client = inner.client.clone();
+            async move { client.delete(key, None).await }
+        });
+        if let Err(err) = delete.await {
             tracing::warn!(%err, key, "could not remove a possibly written key; the lease will");
         }
     }
@@ -258,10 +285,18 @@ pub(crate) async fn delete_if_owner(
     token: FencingToken,
 ) -> Result<bool, LockError> {
     let txn = Txn::new()
-        .when([Compare::create_revision(key, CompareOp::Equal, token.as_revision())])
+        .when([Compare::create_revision(
+            key,
+            CompareOp::Equal,
+            token.as_revision(),
+        )])
         .and_then([TxnOp::delete(key, None)]);
-    let mut client = inner.client.clone();
-    let response = call("release", Some(name), inner.config.request_timeout, client.txn(txn)).await?;
+    let response = call_retrying("release", Some(name), inner.config.request_timeout, || {
+        let mut client = inner.client.clone();
+        let txn = txn.clone();
+        async move { client.txn(txn).await }
+    })
+    .await?;
     Ok(response.succeeded())
 }
 

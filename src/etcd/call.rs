@@ -30,6 +30,39 @@ pub(crate) async fn call<T>(
     }
 }
 
+/// Like [`call`], but retries a request that found its member unreachable (connection
+/// refused or reset while another member may answer) up to three times with a short
+/// pause, and a request that timed out once (a proposal dropped by a dying leader is
+/// never answered). Only for requests that are safe to apply twice: reads, and
+/// transactions guarded by a compare that an earlier attempt would make fail.
+pub(crate) async fn call_retrying<T, F, Fut>(
+    operation: &'static str,
+    lock: Option<&str>,
+    timeout: Duration,
+    mut request: F,
+) -> Result<T, LockError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    let mut attempt: u32 = 0;
+    let mut timed_out = false;
+    loop {
+        match call(operation, lock, timeout, request()).await {
+            Err(err @ LockError::Unavailable { .. }) if attempt < 3 => {
+                attempt += 1;
+                tracing::debug!(%err, attempt, "member unreachable; retrying");
+                tokio::time::sleep(Duration::from_millis(50) * attempt).await;
+            }
+            Err(err @ LockError::Timeout { .. }) if !timed_out => {
+                timed_out = true;
+                tracing::debug!(%err, "no answer; retrying once");
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
 /// Sorts an etcd client error into the kinds callers branch on.
 pub(crate) fn map_error(
     operation: &'static str,
@@ -43,9 +76,14 @@ pub(crate) fn map_error(
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted => {
                 Kind::Unavailable
             }
+            // A connection reset mid-request surfaces as Unknown "transport error".
+            Code::Unknown if status.message().contains("transport error") => Kind::Unavailable,
             Code::PermissionDenied | Code::Unauthenticated => Kind::Denied(status.message()),
-            // etcd answers a wrong user or password with InvalidArgument.
-            Code::InvalidArgument if status.message().contains("authentication failed") => {
+            // etcd answers a wrong password, or no user at all, with InvalidArgument.
+            Code::InvalidArgument
+                if status.message().contains("authentication failed")
+                    || status.message().contains("user name is empty") =>
+            {
                 Kind::Denied(status.message())
             }
             _ => Kind::Other,

@@ -75,7 +75,11 @@ impl EtcdConfig {
     }
 
     /// Authenticates as `user` (etcd's built-in user/password auth).
-    pub fn with_credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+    pub fn with_credentials(
+        mut self,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
         self.credentials = Some((user.into(), password.into()));
         self
     }
@@ -175,9 +179,14 @@ mod tests {
         let malformed = EtcdConfig::new(["http://127.0.0.1"]);
         let bad_port = EtcdConfig::new(["127.0.0.1:99999"]);
         let bad_namespace = EtcdConfig::new(["127.0.0.1:2379"]).with_namespace("locks/");
-        let zero_timeout =
-            EtcdConfig::new(["127.0.0.1:2379"]).with_request_timeout(Duration::ZERO);
-        for config in [no_endpoints, malformed, bad_port, bad_namespace, zero_timeout] {
+        let zero_timeout = EtcdConfig::new(["127.0.0.1:2379"]).with_request_timeout(Duration::ZERO);
+        for config in [
+            no_endpoints,
+            malformed,
+            bad_port,
+            bad_namespace,
+            zero_timeout,
+        ] {
             let err = config.validate().expect_err("must be refused");
             assert!(err.is_invalid_input(), "{err}");
         }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use etcd_client::{Client, GetOptions};
 
 use super::acquire::{Mode, acquire};
-use super::call::map_error;
+use super::call::{call_retrying, map_error};
 use super::{EtcdConfig, EtcdGuard, Session};
 use crate::{Backend, LockBackend, LockError, LockOptions, validate_name};
 
@@ -61,14 +61,18 @@ impl EtcdLocker {
         config.validate()?;
         let timeout = config.connect_timeout;
         let connecting = async {
-            let mut client = Client::connect(&config.endpoints, Some(config.connect_options()))
+            let client = Client::connect(&config.endpoints, Some(config.connect_options()))
                 .await
                 .map_err(|err| map_error("connect", None, err))?;
             let probe = GetOptions::new().with_prefix().with_count_only();
-            client
-                .get(format!("{}/", config.namespace), Some(probe))
-                .await
-                .map_err(|err| map_error("connect", None, err))?;
+            let prefix = format!("{}/", config.namespace);
+            // One member down must not fail the connect: retry on another.
+            call_retrying("connect", None, timeout, || {
+                let mut client = client.clone();
+                let (prefix, probe) = (prefix.clone(), probe.clone());
+                async move { client.get(prefix, Some(probe)).await }
+            })
+            .await?;
             Ok::<_, LockError>(client)
         };
         let client = match tokio::time::timeout(timeout, connecting).await {
@@ -99,7 +103,6 @@ impl EtcdLocker {
     }
 
     /// The configuration this locker was made with.
-    #[must_use]
     pub fn config(&self) -> &EtcdConfig {
         &self.inner.config
     }

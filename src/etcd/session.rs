@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::EtcdConfig;
-use super::call::{call, malformed};
+use super::call::{call, call_retrying, malformed};
 use super::watch_hub::WatchHub;
 use crate::loss::{LossNotifier, LossWatch, loss_channel};
 use crate::{LockError, LossReason};
@@ -57,7 +57,10 @@ impl std::fmt::Debug for SessionInner {
 impl std::fmt::Debug for LeaseClock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LeaseClock")
-            .field("remaining", &self.deadline().saturating_duration_since(Instant::now()))
+            .field(
+                "remaining",
+                &self.deadline().saturating_duration_since(Instant::now()),
+            )
             .finish()
     }
 }
@@ -104,13 +107,11 @@ impl Session {
         let timeout = config.request_timeout;
         let seconds = i64::try_from(ttl.as_millis().div_ceil(1000)).unwrap_or(i64::MAX);
         let sent = Instant::now();
-        let mut lease_client = client.clone();
-        let grant = call(
-            "lease grant",
-            None,
-            timeout,
-            lease_client.lease_grant(seconds, None),
-        )
+        // A retried grant can at worst leave an unused lease to run out.
+        let grant = call_retrying("lease grant", None, timeout, || {
+            let mut client = client.clone();
+            async move { client.lease_grant(seconds, None).await }
+        })
         .await?;
         let granted = u64::try_from(grant.ttl())
             .ok()
@@ -226,9 +227,9 @@ impl SessionInner {
     }
 
     pub(crate) fn loss_reason(&self) -> Option<LossReason> {
-        self.loss.current().or_else(|| {
-            (Instant::now() >= self.clock.deadline()).then_some(LossReason::Expired)
-        })
+        self.loss
+            .current()
+            .or_else(|| (Instant::now() >= self.clock.deadline()).then_some(LossReason::Expired))
     }
 
     pub(crate) async fn lost(&self) -> LossReason {
@@ -336,8 +337,7 @@ impl KeepAlive {
         let limit = self
             .timeout
             .min(self.clock.deadline().saturating_duration_since(sent));
-        let opened =
-            tokio::time::timeout(limit, self.client.lease_keep_alive(self.lease_id)).await;
+        let opened = tokio::time::timeout(limit, self.client.lease_keep_alive(self.lease_id)).await;
         match opened {
             Ok(Ok((keeper, responses))) => {
                 self.clock.extend_to(sent + self.ttl);

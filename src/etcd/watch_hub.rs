@@ -128,7 +128,10 @@ impl Registration {
 
     /// Waits until the key is deleted or the watch ends.
     pub(crate) async fn deleted(&mut self) {
-        while !matches!(self.next().await, WatchSignal::Deleted | WatchSignal::Ended(_)) {}
+        while !matches!(
+            self.next().await,
+            WatchSignal::Deleted | WatchSignal::Ended(_)
+        ) {}
     }
 }
 

@@ -66,7 +66,9 @@ impl EtcdClusterBuilder {
     /// else between our probe and etcd's bind is retried with fresh ports.
     pub async fn start(self) -> Result<EtcdCluster, TestkitError> {
         if self.members == 0 {
-            return Err(TestkitError::Cluster("a cluster needs at least one member".into()));
+            return Err(TestkitError::Cluster(
+                "a cluster needs at least one member".into(),
+            ));
         }
         let binary = find_binary("etcd", ETCD_BIN_ENV).ok_or(TestkitError::BinaryNotFound {
             binary: "etcd",
@@ -172,7 +174,10 @@ impl EtcdCluster {
             format!("--initial-cluster={initial_cluster}"),
             format!("--initial-cluster-state={state}"),
             format!("--initial-cluster-token={}", self.cluster_token()),
-            format!("--heartbeat-interval={}", self.settings.heartbeat.as_millis()),
+            format!(
+                "--heartbeat-interval={}",
+                self.settings.heartbeat.as_millis()
+            ),
             format!("--election-timeout={}", self.settings.election.as_millis()),
             "--logger=zap".into(),
             "--log-outputs=stderr".into(),
@@ -193,7 +198,9 @@ impl EtcdCluster {
     }
 
     fn log_path(&self, i: usize) -> PathBuf {
-        self.dir.path().join(format!("{}.log", self.members[i].name))
+        self.dir
+            .path()
+            .join(format!("{}.log", self.members[i].name))
     }
 
     /// Waits until member `i` answers and knows a leader.
@@ -268,7 +275,11 @@ impl EtcdCluster {
     /// The PID of member `i`, if it runs.
     #[must_use]
     pub fn pid(&self, i: usize) -> Option<u32> {
-        self.members.get(i)?.process.as_ref().map(ServerProcess::pid)
+        self.members
+            .get(i)?
+            .process
+            .as_ref()
+            .map(ServerProcess::pid)
     }
 
     fn process(&self, i: usize) -> Result<&ServerProcess, TestkitError> {
@@ -363,7 +374,10 @@ impl EtcdCluster {
             .map(|h| h.revision())
             .unwrap_or_default();
         client
-            .compact(revision, Some(etcd_client::CompactionOptions::new().with_physical()))
+            .compact(
+                revision,
+                Some(etcd_client::CompactionOptions::new().with_physical()),
+            )
             .await?;
         Ok(revision)
     }

@@ -32,7 +32,9 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum TestkitError {
     /// The server binary is not installed.
-    #[error("`{binary}` not found on PATH: install the Debian/Ubuntu package `{package}` or set {env_var}")]
+    #[error(
+        "`{binary}` not found on PATH: install the Debian/Ubuntu package `{package}` or set {env_var}"
+    )]
     BinaryNotFound {
         /// The binary looked for.
         binary: &'static str,

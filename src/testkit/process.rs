@@ -139,10 +139,10 @@ pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
         let mut file = File::open(path)?;
         let len = file.metadata()?.len();
         file.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)))?;
-        let mut text = String::new();
-        file.read_to_string(&mut text)
-            .or_else(|_| Ok::<_, io::Error>(0))?;
-        Ok(text)
+        // The seek may land inside a UTF-8 sequence: decode lossily.
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
     };
     match read() {
         Ok(text) => {

@@ -1,0 +1,22 @@
+//! Tests of the etcd backend against real etcd processes, one behaviour per module.
+//!
+//! Each test starts its own etcd (about 50 ms with the harness's fast Raft timing), so
+//! tests that kill, pause, revoke or compact cannot disturb each other.
+
+mod support;
+
+mod auth;
+mod cancel_safety;
+mod compaction_while_waiting;
+mod fifo_order;
+mod guarded_txn;
+mod invalid_input;
+mod leader_failover;
+mod lease_revoked;
+mod mutual_exclusion;
+mod round_trips;
+mod session_dies_while_waiting;
+mod shared_session;
+mod tokens_increase;
+mod try_lock;
+mod unreachable;

@@ -1,0 +1,118 @@
+//! Helpers shared by the etcd tests.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use etcd_client::{Client, EventType, GetOptions, WatchOptions, WatchStream};
+use fencelock::etcd::EtcdLocker;
+use fencelock::testkit::EtcdCluster;
+use fencelock::{LockError, ReleaseOutcome};
+
+/// A single-node etcd of this test's own.
+pub async fn etcd() -> EtcdCluster {
+    EtcdCluster::single().await.expect("start etcd")
+}
+
+/// A namespace no other test uses.
+pub fn namespace(test: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!("test-{test}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+pub async fn locker(cluster: &EtcdCluster, namespace: &str) -> EtcdLocker {
+    EtcdLocker::connect(cluster.config(namespace))
+        .await
+        .expect("connect to etcd")
+}
+
+/// The keys under `prefix`, in create-revision order.
+pub async fn keys(client: &mut Client, prefix: &str) -> Vec<String> {
+    let options = GetOptions::new().with_prefix().with_sort(
+        etcd_client::SortTarget::Create,
+        etcd_client::SortOrder::Ascend,
+    );
+    client
+        .get(prefix, Some(options))
+        .await
+        .expect("range read")
+        .kvs()
+        .iter()
+        .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+        .collect()
+}
+
+/// Fails the test if `future` takes longer than `limit`: a bound on a wait for an event,
+/// never a way to let time pass.
+pub async fn within<T>(limit: Duration, what: &str, future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not done within {limit:?}"))
+}
+
+/// Watches every key under `prefix`, from now on.
+pub struct PrefixWatch(WatchStream, VecDeque<(bool, String)>);
+
+impl PrefixWatch {
+    pub async fn start(client: &mut Client, prefix: &str) -> Self {
+        let stream = client
+            .watch(prefix, Some(WatchOptions::new().with_prefix()))
+            .await
+            .expect("watch");
+        let mut watch = Self(stream, VecDeque::new());
+        // The first message confirms the watch exists; events after it are all seen.
+        let created = watch
+            .0
+            .message()
+            .await
+            .expect("watch response")
+            .expect("open");
+        assert!(created.created());
+        watch
+    }
+
+    /// The next event: (is a put, key).
+    pub async fn next(&mut self) -> (bool, String) {
+        loop {
+            if let Some(event) = self.1.pop_front() {
+                return event;
+            }
+            let response = self.0.message().await.expect("watch").expect("watch open");
+            for event in response.events() {
+                let key = event
+                    .kv()
+                    .map(|kv| String::from_utf8_lossy(kv.key()).into_owned());
+                self.1.push_back((
+                    event.event_type() == EventType::Put,
+                    key.unwrap_or_default(),
+                ));
+            }
+        }
+    }
+
+    /// Waits for the next put and returns its key.
+    pub async fn next_put(&mut self) -> String {
+        loop {
+            if let (true, key) = self.next().await {
+                return key;
+            }
+        }
+    }
+
+    /// Waits until `key` is deleted.
+    pub async fn deleted(&mut self, key: &str) {
+        loop {
+            if let (false, deleted) = self.next().await {
+                if deleted == key {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Asserts a release found the lock still ours and freed it.
+pub fn released(outcome: Result<ReleaseOutcome, LockError>) {
+    assert_eq!(outcome.expect("release"), ReleaseOutcome::Released);
+}
