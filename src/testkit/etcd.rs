@@ -26,6 +26,7 @@ pub struct EtcdClusterBuilder {
     heartbeat: Duration,
     election: Duration,
     fsync: bool,
+    binary: Option<PathBuf>,
 }
 
 impl Default for EtcdClusterBuilder {
@@ -35,6 +36,7 @@ impl Default for EtcdClusterBuilder {
             heartbeat: Duration::from_millis(25),
             election: Duration::from_millis(250),
             fsync: false,
+            binary: None,
         }
     }
 }
@@ -62,6 +64,12 @@ impl EtcdClusterBuilder {
         self
     }
 
+    /// The `etcd` binary to run (default: `$FENCELOCK_ETCD_BIN`, else `etcd` on `PATH`).
+    pub fn binary(mut self, path: impl Into<PathBuf>) -> Self {
+        self.binary = Some(path.into());
+        self
+    }
+
     /// Starts the members and waits until they agree on a leader. A port taken by someone
     /// else between our probe and etcd's bind is retried with fresh ports.
     pub async fn start(self) -> Result<EtcdCluster, TestkitError> {
@@ -70,7 +78,11 @@ impl EtcdClusterBuilder {
                 "a cluster needs at least one member".into(),
             ));
         }
-        let binary = find_binary("etcd", ETCD_BIN_ENV).ok_or(TestkitError::BinaryNotFound {
+        let found = self
+            .binary
+            .clone()
+            .or_else(|| find_binary("etcd", ETCD_BIN_ENV));
+        let binary = found.ok_or(TestkitError::BinaryNotFound {
             binary: "etcd",
             package: "etcd-server",
             env_var: ETCD_BIN_ENV,

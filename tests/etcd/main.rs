@@ -10,6 +10,7 @@ mod cancel_safety;
 mod compaction_while_waiting;
 mod fifo_order;
 mod guarded_txn;
+mod harness;
 mod invalid_input;
 mod leader_failover;
 mod lease_revoked;

@@ -1,0 +1,55 @@
+//! The harness itself: faults on a 3-node cluster, and a failing start that says why.
+
+use std::os::unix::fs::PermissionsExt;
+
+use fencelock::testkit::{EtcdCluster, TestkitError};
+
+#[tokio::test]
+async fn members_can_be_paused_resumed_killed_and_restarted() {
+    let mut cluster = EtcdCluster::builder()
+        .members(3)
+        .start()
+        .await
+        .expect("cluster");
+    let mut client = cluster.client().await.expect("client");
+    let leader = cluster.leader().await.expect("leader");
+    let follower = (leader + 1) % cluster.len();
+
+    // A paused follower: the majority still commits writes.
+    cluster.pause(follower).expect("pause");
+    client.put("k", "while-paused", None).await.expect("put");
+    cluster.resume(follower).expect("resume");
+
+    // A killed member comes back with its data and serves reads of later writes.
+    let pid = cluster.pid(follower).expect("running");
+    cluster.kill(follower).expect("kill");
+    assert_eq!(cluster.pid(follower), None);
+    client.put("k", "while-dead", None).await.expect("put");
+    cluster.restart(follower).await.expect("restart");
+    assert_ne!(cluster.pid(follower), Some(pid));
+    let mut direct = etcd_client::Client::connect([cluster.endpoint(follower)], None)
+        .await
+        .expect("connect");
+    let value = direct.get("k", None).await.expect("get");
+    assert_eq!(value.kvs()[0].value(), b"while-dead");
+}
+
+#[tokio::test]
+async fn a_failing_start_reports_the_servers_last_words() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = dir.path().join("etcd");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho 'fake etcd: cannot start' >&2\nexit 3\n",
+    )
+    .expect("write");
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+
+    let err = EtcdCluster::builder()
+        .binary(&fake)
+        .start()
+        .await
+        .expect_err("must fail");
+    assert!(matches!(err, TestkitError::NotReady { .. }), "{err}");
+    assert!(err.to_string().contains("fake etcd: cannot start"), "{err}");
+}
