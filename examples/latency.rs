@@ -1,7 +1,8 @@
-//! Measures, in one run against a local single-node etcd this example starts itself:
-//! the median latency of an uncontended lock + release, of a plain put, and the median
-//! handoff latency (release by one holder to the next holder running) with 8 tasks
-//! contending for one lock.
+//! Measures, in one run against a local single-node etcd and a local redis-server that
+//! this example starts itself: the median latency of an uncontended etcd lock + release
+//! next to a plain put, the median etcd handoff latency (release by one holder to the next
+//! holder running) with 8 tasks contending for one lock, and the Redis lock + release next
+//! to a bare `SET NX PX` + compare-and-delete cycle.
 //!
 //! `cargo run --release --example latency [-- --fsync]`
 
@@ -9,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fencelock::etcd::EtcdLocker;
-use fencelock::testkit::EtcdCluster;
+use fencelock::redis::RedisLocker;
+use fencelock::testkit::{EtcdCluster, RedisServer};
 use fencelock::{FencingToken, LockBackend, LockGuard, LockOptions};
 
 const CYCLES: usize = 2000;
@@ -95,5 +97,49 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         median(handoffs).as_secs_f64() / median(puts).as_secs_f64()
     );
     locks.close().await?;
+
+    let server = RedisServer::start().await?;
+    let redis_locks = RedisLocker::connect(server.config("latency")).await?;
+    let mut conn = server.connection().await?;
+    let compare_and_delete = redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    );
+    let mut bare = Vec::with_capacity(CYCLES);
+    let mut ours = Vec::with_capacity(CYCLES);
+    for i in 0..CYCLES {
+        let owner = format!("owner-{i}");
+        let started = Instant::now();
+        let _: Option<String> = redis::cmd("SET")
+            .arg("bare-lock")
+            .arg(&owner)
+            .arg("NX")
+            .arg("PX")
+            .arg(10_000)
+            .query_async(&mut conn)
+            .await?;
+        let _: i64 = compare_and_delete
+            .key("bare-lock")
+            .arg(&owner)
+            .invoke_async(&mut conn)
+            .await?;
+        bare.push(started.elapsed());
+        let started = Instant::now();
+        let guard = redis_locks.lock("uncontended", &options).await?;
+        let _ = guard.release().await?;
+        ours.push(started.elapsed());
+    }
+    println!("redis {}", server.url());
+    println!(
+        "bare SET NX PX + CAD   median {:?} over {CYCLES}",
+        median(bare.clone())
+    );
+    println!(
+        "redis lock + release   median {:?} over {CYCLES}",
+        median(ours.clone())
+    );
+    println!(
+        "ratio: redis lock+release / bare cycle = {:.2}",
+        median(ours).as_secs_f64() / median(bare).as_secs_f64()
+    );
     Ok(())
 }

@@ -13,12 +13,14 @@
 
 mod backend;
 mod error;
+mod lease_clock;
 mod loss;
 mod name;
 mod options;
 mod token;
 
 pub mod etcd;
+pub mod redis;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 

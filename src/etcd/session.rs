@@ -12,6 +12,7 @@ use tracing::Instrument;
 use super::EtcdConfig;
 use super::call::{call, call_retrying, malformed};
 use super::watch_hub::WatchHub;
+use crate::lease_clock::LeaseClock;
 use crate::loss::{LossNotifier, LossWatch, loss_channel};
 use crate::{LockError, LossReason};
 
@@ -51,46 +52,6 @@ impl std::fmt::Debug for SessionInner {
             .field("lost", &self.loss.current())
             .field("clock", &self.clock)
             .finish_non_exhaustive()
-    }
-}
-
-impl std::fmt::Debug for LeaseClock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LeaseClock")
-            .field(
-                "remaining",
-                &self.deadline().saturating_duration_since(Instant::now()),
-            )
-            .finish()
-    }
-}
-
-/// The local deadline of the lease: the moment the last *confirmed* renewal was sent, plus
-/// the TTL. The server's lease cannot end before it, so trusting the lease until then is
-/// safe even if this process was paused.
-pub(crate) struct LeaseClock {
-    base: Instant,
-    deadline_nanos: AtomicU64,
-}
-
-impl LeaseClock {
-    fn new(deadline: Instant) -> Self {
-        let clock = Self {
-            base: Instant::now(),
-            deadline_nanos: AtomicU64::new(0),
-        };
-        clock.extend_to(deadline);
-        clock
-    }
-
-    fn extend_to(&self, deadline: Instant) {
-        let nanos = deadline.saturating_duration_since(self.base).as_nanos();
-        let nanos = u64::try_from(nanos).unwrap_or(u64::MAX);
-        self.deadline_nanos.fetch_max(nanos, Ordering::AcqRel);
-    }
-
-    pub(crate) fn deadline(&self) -> Instant {
-        self.base + Duration::from_nanos(self.deadline_nanos.load(Ordering::Acquire))
     }
 }
 

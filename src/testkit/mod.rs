@@ -1,4 +1,5 @@
-//! A real-server harness: etcd processes on free loopback ports, and the faults to inject.
+//! A real-server harness: etcd and Redis processes on free loopback ports, and the faults
+//! to inject.
 //!
 //! Enabled by the `testkit` feature. The crate's own tests use it, the CLI's benchmark and
 //! chaos commands will, and so can your tests:
@@ -21,9 +22,11 @@
 
 mod etcd;
 mod process;
+mod redis;
 
 pub use etcd::{ETCD_BIN_ENV, EtcdCluster, EtcdClusterBuilder, metric_sum};
 pub use process::{ServerProcess, free_port};
+pub use redis::{REDIS_BIN_ENV, RedisServer};
 
 use std::time::Duration;
 

@@ -1,0 +1,154 @@
+//! Connection settings for the Redis backends.
+
+use std::time::Duration;
+
+use crate::{Backend, LockError};
+
+/// Where Redis is and how to talk to it; one URL per master for Redlock.
+///
+/// ```
+/// use std::time::Duration;
+/// use fencelock::redis::RedisConfig;
+///
+/// let config = RedisConfig::new("redis://127.0.0.1:6379/")
+///     .with_prefix("billing")
+///     .with_request_timeout(Duration::from_millis(500));
+/// assert_eq!(config.prefix(), "billing");
+/// ```
+#[derive(Clone)]
+#[must_use]
+pub struct RedisConfig {
+    pub(crate) urls: Vec<String>,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) request_timeout: Duration,
+    pub(crate) prefix: String,
+    pub(crate) max_wait_sleep: Duration,
+    pub(crate) clock_drift_factor: f64,
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // URLs may carry a password: show only where they point.
+        let hosts: Vec<&str> = self
+            .urls
+            .iter()
+            .map(|url| url.rsplit_once('@').map_or(url.as_str(), |(_, host)| host))
+            .collect();
+        f.debug_struct("RedisConfig")
+            .field("urls", &hosts)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("prefix", &self.prefix)
+            .field("max_wait_sleep", &self.max_wait_sleep)
+            .finish()
+    }
+}
+
+impl RedisConfig {
+    /// One Redis server, as a `redis://[user:password@]host:port/[db]` URL.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self::masters([url])
+    }
+
+    /// Several independent masters, for [`RedlockLocker`](super::RedlockLocker).
+    pub fn masters<I, S>(urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            urls: urls.into_iter().map(Into::into).collect(),
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(2),
+            prefix: "fencelock".into(),
+            max_wait_sleep: Duration::from_secs(2),
+            clock_drift_factor: 0.01,
+        }
+    }
+
+    /// How long connecting may take (default 5 s).
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long one command may take (default 2 s).
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Prefix of every key and channel (default `fencelock`).
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The longest a waiter sleeps between attempts when no release message arrives
+    /// (default 2 s). Waiters normally wake on the release message; this bounds what a
+    /// lost message costs. A waiter never sleeps past the holder's remaining TTL.
+    pub fn with_max_wait_sleep(mut self, sleep: Duration) -> Self {
+        self.max_wait_sleep = sleep;
+        self
+    }
+
+    /// The prefix of keys and channels.
+    #[must_use]
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub(crate) fn validate(&self, backend: Backend) -> Result<(), LockError> {
+        let fail = |reason: String| Err(LockError::InvalidConfig { backend, reason });
+        if self.urls.is_empty() {
+            return fail("no server URL given".into());
+        }
+        for url in &self.urls {
+            if let Err(err) = ::redis::Client::open(url.as_str()) {
+                return fail(format!("{url:?} is not a Redis URL: {err}"));
+            }
+        }
+        if self.connect_timeout.is_zero() || self.request_timeout.is_zero() {
+            return fail("timeouts must be above zero".into());
+        }
+        if self.max_wait_sleep < Duration::from_millis(10) {
+            return fail("max_wait_sleep must be at least 10ms".into());
+        }
+        let prefix = &self.prefix;
+        if prefix.is_empty() || prefix.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return fail(format!(
+                "prefix {prefix:?} must be non-empty, without spaces"
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_unusable_settings() {
+        for config in [
+            RedisConfig::masters(Vec::<String>::new()),
+            RedisConfig::new("http://127.0.0.1:6379"),
+            RedisConfig::new("redis://127.0.0.1:6379").with_prefix(""),
+            RedisConfig::new("redis://127.0.0.1:6379").with_request_timeout(Duration::ZERO),
+        ] {
+            let err = config.validate(Backend::Redis).expect_err("refused");
+            assert!(err.is_invalid_input(), "{err}");
+        }
+        assert!(
+            RedisConfig::new("redis://127.0.0.1:6379/")
+                .validate(Backend::Redis)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn debug_hides_passwords() {
+        let config = RedisConfig::new("redis://user:hunter2@127.0.0.1:6379/");
+        assert!(!format!("{config:?}").contains("hunter2"));
+    }
+}

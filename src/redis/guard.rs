@@ -1,0 +1,143 @@
+//! The guard of a Redis or Redlock lock.
+
+use std::sync::Arc;
+
+use super::core::Core;
+use super::keys::LockKeys;
+use super::renewer::Registration;
+use crate::{FencingToken, LockError, LockGuard, LossReason, ReleaseOutcome};
+
+/// A held Redis (or Redlock) lock.
+///
+/// Its token comes from a per-lock `INCR` counter. Unlike etcd's revision it is not
+/// replicated synchronously: after a failover the counter can repeat (two holders with
+/// the same token) and storage with a strict `<` check then wrongly *rejects*, never
+/// wrongly accepts. For Redlock it is the largest counter among the agreeing masters.
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct RedisGuard {
+    core: Arc<Core>,
+    name: String,
+    keys: LockKeys,
+    owner: String,
+    token: FencingToken,
+    registration: Registration,
+    released: bool,
+}
+
+impl std::fmt::Debug for RedisGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisGuard")
+            .field("backend", &self.core.backend)
+            .field("name", &self.name)
+            .field("token", &self.token)
+            .field("lost", &self.registration.loss.current())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisGuard {
+    pub(crate) fn new(
+        core: Arc<Core>,
+        name: String,
+        keys: LockKeys,
+        owner: String,
+        token: FencingToken,
+        registration: Registration,
+    ) -> Self {
+        Self {
+            core,
+            name,
+            keys,
+            owner,
+            token,
+            registration,
+            released: false,
+        }
+    }
+
+    /// The Redis key of the lock.
+    #[must_use]
+    pub fn key(&self) -> &str {
+        &self.keys.lock
+    }
+
+    /// The random owner value stored in the lock key (128 bits, hex).
+    #[must_use]
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    fn detach(&mut self) -> Detached {
+        self.released = true;
+        self.core.renewer.unregister(self.registration.id);
+        Detached {
+            core: self.core.clone(),
+            name: std::mem::take(&mut self.name),
+            keys: self.keys.clone(),
+            owner: std::mem::take(&mut self.owner),
+        }
+    }
+}
+
+/// A release that outlives its guard.
+struct Detached {
+    core: Arc<Core>,
+    name: String,
+    keys: LockKeys,
+    owner: String,
+}
+
+impl Detached {
+    async fn run(self) {
+        // Unlike etcd's renewed session, a key left behind here expires by its TTL: one
+        // attempt is enough.
+        if let Err(err) = self.core.release(&self.keys, &self.owner, &self.name).await {
+            tracing::warn!(%err, lock = %self.name, "background release failed; the TTL will free the lock");
+        }
+    }
+}
+
+impl LockGuard for RedisGuard {
+    fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn lost(&self) -> LossReason {
+        self.registration.loss.wait().await
+    }
+
+    fn is_held(&self) -> bool {
+        !self.released
+            && self.registration.loss.current().is_none()
+            && !self.registration.clock.has_passed()
+    }
+
+    #[tracing::instrument(skip(self), fields(backend = %self.core.backend, lock = %self.name, token = %self.token))]
+    async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
+        // The guard stays armed until the answer is in: dropping this future releases in
+        // the background instead.
+        let deleted = self.core.release(&self.keys, &self.owner, &self.name).await;
+        drop(self.detach());
+        Ok(if deleted? {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+}
+
+impl Drop for RedisGuard {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        let detached = self.detach();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(detached.run());
+        }
+    }
+}

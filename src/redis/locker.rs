@@ -1,0 +1,186 @@
+//! The single-instance Redis lock and the Redlock lock, behind the common trait.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+
+use super::acquire::acquire;
+use super::core::Core;
+use super::subscriber::Subscriber;
+use super::{RedisConfig, RedisGuard};
+use crate::{Backend, LockBackend, LockError, LockOptions, validate_name};
+
+/// The smallest TTL the Redis backends accept.
+pub const MIN_TTL: Duration = Duration::from_millis(100);
+
+/// A lock on one Redis server (or a master whose replicas may take over, which is
+/// exactly when it fails: see the README's comparison).
+///
+/// `SET NX PX` with a random owner value and an `INCR` token in one script call;
+/// compare-and-delete release that wakes waiters over pub/sub; one renewal task for all
+/// held locks. Waiting is not fair: on a release every waiter retries and one wins.
+///
+/// ```no_run
+/// use fencelock::redis::{RedisConfig, RedisLocker};
+/// use fencelock::{LockBackend, LockGuard, LockOptions};
+///
+/// # async fn run() -> Result<(), fencelock::LockError> {
+/// let locks = RedisLocker::connect(RedisConfig::new("redis://127.0.0.1:6379/")).await?;
+/// let guard = locks.lock("inventory:sku-1", &LockOptions::new()).await?;
+/// println!("token {}", guard.token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisLocker {
+    core: Arc<Core>,
+    subscriber: Arc<Subscriber>,
+}
+
+impl std::fmt::Debug for RedisLocker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLocker")
+            .field("config", &self.core.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisLocker {
+    /// Connects to one Redis server and loads the lock scripts.
+    #[tracing::instrument(fields(backend = "redis"))]
+    pub async fn connect(config: RedisConfig) -> Result<Self, LockError> {
+        if config.urls.len() != 1 {
+            return Err(LockError::InvalidConfig {
+                backend: Backend::Redis,
+                reason: format!(
+                    "a Redis lock takes one server URL, got {}: use RedlockLocker for several",
+                    config.urls.len()
+                ),
+            });
+        }
+        let client = redis::Client::open(config.urls[0].as_str()).map_err(|err| {
+            LockError::InvalidConfig {
+                backend: Backend::Redis,
+                reason: err.to_string(),
+            }
+        })?;
+        let core = Core::connect(config, Backend::Redis).await?;
+        Ok(Self {
+            core: Arc::new(core),
+            subscriber: Arc::new(Subscriber::new(client)),
+        })
+    }
+
+    /// A connection to the server, for commands beside the locks.
+    #[must_use]
+    pub fn connection(&self) -> ConnectionManager {
+        self.core.nodes[0].connection()
+    }
+
+    /// How many locks the renewal task is tracking.
+    #[must_use]
+    pub fn held_locks(&self) -> usize {
+        self.core.renewer.len()
+    }
+}
+
+impl LockBackend for RedisLocker {
+    type Guard = RedisGuard;
+
+    #[tracing::instrument(skip(self, options), fields(backend = "redis"))]
+    async fn lock(&self, name: &str, options: &LockOptions) -> Result<RedisGuard, LockError> {
+        validate(name, options)?;
+        let guard = acquire(
+            self.core.clone(),
+            Some(self.subscriber.clone()),
+            name,
+            options,
+            true,
+        );
+        guard.await?.ok_or_else(|| no_lock(Backend::Redis, name))
+    }
+
+    #[tracing::instrument(skip(self, options), fields(backend = "redis"))]
+    async fn try_lock(
+        &self,
+        name: &str,
+        options: &LockOptions,
+    ) -> Result<Option<RedisGuard>, LockError> {
+        validate(name, options)?;
+        acquire(self.core.clone(), None, name, options, false).await
+    }
+}
+
+/// Redlock: the same lock on N independent Redis masters, granted when a majority agrees
+/// within the lock's validity (TTL minus the time the attempt took minus clock drift).
+///
+/// It relies on the masters' clocks advancing at the same rate: a clock that jumps can let
+/// two clients hold the lock at once (the chaos command's S5 shows it). Its token is the
+/// largest of the masters' counters, which is not a fencing token you can rely on. Waiters
+/// retry after a jittered sleep.
+#[derive(Clone)]
+pub struct RedlockLocker {
+    core: Arc<Core>,
+}
+
+impl std::fmt::Debug for RedlockLocker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedlockLocker")
+            .field("config", &self.core.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedlockLocker {
+    /// Connects to every master (all must be reachable now; later a majority suffices)
+    /// and loads the lock scripts on each.
+    #[tracing::instrument(fields(backend = "redlock"))]
+    pub async fn connect(config: RedisConfig) -> Result<Self, LockError> {
+        let core = Core::connect(config, Backend::Redlock).await?;
+        Ok(Self {
+            core: Arc::new(core),
+        })
+    }
+
+    /// How many masters must agree.
+    #[must_use]
+    pub fn quorum(&self) -> usize {
+        self.core.quorum
+    }
+}
+
+impl LockBackend for RedlockLocker {
+    type Guard = RedisGuard;
+
+    #[tracing::instrument(skip(self, options), fields(backend = "redlock"))]
+    async fn lock(&self, name: &str, options: &LockOptions) -> Result<RedisGuard, LockError> {
+        validate(name, options)?;
+        let guard = acquire(self.core.clone(), None, name, options, true).await?;
+        guard.ok_or_else(|| no_lock(Backend::Redlock, name))
+    }
+
+    #[tracing::instrument(skip(self, options), fields(backend = "redlock"))]
+    async fn try_lock(
+        &self,
+        name: &str,
+        options: &LockOptions,
+    ) -> Result<Option<RedisGuard>, LockError> {
+        validate(name, options)?;
+        acquire(self.core.clone(), None, name, options, false).await
+    }
+}
+
+fn validate(name: &str, options: &LockOptions) -> Result<(), LockError> {
+    validate_name(name)?;
+    options.validate(MIN_TTL)
+}
+
+fn no_lock(backend: Backend, name: &str) -> LockError {
+    LockError::Backend {
+        backend,
+        operation: "acquire",
+        lock: Some(name.to_owned()),
+        source: "a waiting acquisition returned without the lock".into(),
+    }
+}

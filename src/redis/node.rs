@@ -1,0 +1,271 @@
+//! One Redis server: its connection, the lock scripts, and error mapping.
+
+use std::future::Future;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+use super::RedisConfig;
+use super::keys::LockKeys;
+use super::scripts;
+use crate::{Backend, FencingToken, LockError};
+
+/// How many locks one renewal script call covers; a tick sends one call per chunk, all
+/// in one pipeline.
+pub(crate) const RENEW_CHUNK: usize = 1000;
+
+/// What one acquire attempt on one server found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    /// The lock was free and is now ours.
+    Granted(FencingToken),
+    /// Someone holds it; it expires in this long unless renewed.
+    Held { remaining: Duration },
+}
+
+/// A connection to one Redis server (one master of a Redlock set).
+#[derive(Clone)]
+pub(crate) struct Node {
+    pub(crate) address: String,
+    conn: ConnectionManager,
+    timeout: Duration,
+    backend: Backend,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("address", &self.address)
+            .finish()
+    }
+}
+
+impl Node {
+    /// Connects (within the connect timeout) and loads the scripts, so that every later
+    /// call is a plain `EVALSHA`.
+    pub(crate) async fn connect(
+        url: &str,
+        config: &RedisConfig,
+        backend: Backend,
+    ) -> Result<Self, LockError> {
+        let client = redis::Client::open(url).map_err(|err| LockError::InvalidConfig {
+            backend,
+            reason: err.to_string(),
+        })?;
+        let address = client.get_connection_info().addr().to_string();
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout))
+            .set_response_timeout(Some(config.request_timeout))
+            .set_number_of_retries(1);
+        let connecting = async {
+            let mut conn = ConnectionManager::new_with_config(client, manager_config).await?;
+            for script in scripts::all() {
+                script.prepare_invoke().load_async(&mut conn).await?;
+            }
+            Ok::<_, RedisError>(conn)
+        };
+        let conn = match tokio::time::timeout(config.connect_timeout, connecting).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(err)) => return Err(map_error(backend, "connect", None, err)),
+            Err(_) => {
+                return Err(LockError::Timeout {
+                    backend,
+                    operation: "connect",
+                    lock: None,
+                    after: config.connect_timeout,
+                });
+            }
+        };
+        Ok(Self {
+            address,
+            conn,
+            timeout: config.request_timeout,
+            backend,
+        })
+    }
+
+    /// A clone of the connection, for the caller's own commands.
+    pub(crate) fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    async fn call<T>(
+        &self,
+        operation: &'static str,
+        lock: Option<&str>,
+        request: impl Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, LockError> {
+        match tokio::time::timeout(self.timeout, request).await {
+            Ok(result) => result.map_err(|err| map_error(self.backend, operation, lock, err)),
+            Err(_) => Err(LockError::Timeout {
+                backend: self.backend,
+                operation,
+                lock: lock.map(str::to_owned),
+                after: self.timeout,
+            }),
+        }
+    }
+
+    /// One acquire attempt: `SET NX PX` + `INCR` in one script call.
+    pub(crate) async fn acquire(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        ttl: Duration,
+        lock: &str,
+    ) -> Result<Attempt, LockError> {
+        let mut conn = self.conn.clone();
+        let mut invocation = scripts::ACQUIRE.prepare_invoke();
+        invocation
+            .key(&keys.lock)
+            .key(&keys.counter)
+            .arg(owner)
+            .arg(millis(ttl));
+        let reply: Vec<i64> = self
+            .call("acquire", Some(lock), invocation.invoke_async(&mut conn))
+            .await?;
+        match reply.as_slice() {
+            [1, token] => u64::try_from(*token)
+                .ok()
+                .map(|t| Attempt::Granted(FencingToken::new(t)))
+                .ok_or_else(|| malformed(self.backend, "acquire", lock)),
+            // PTTL is -1 for a key without expiry (not ours to fix) and -2 if it vanished
+            // in between: retry soon in both cases.
+            [0, pttl] => Ok(Attempt::Held {
+                remaining: Duration::from_millis(u64::try_from(*pttl).unwrap_or(0)),
+            }),
+            _ => Err(malformed(self.backend, "acquire", lock)),
+        }
+    }
+
+    /// Compare-and-delete, then publish the release. `true` if the lock was still ours.
+    pub(crate) async fn release(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        lock: &str,
+    ) -> Result<bool, LockError> {
+        let mut conn = self.conn.clone();
+        let mut invocation = scripts::RELEASE.prepare_invoke();
+        invocation.key(&keys.lock).arg(owner).arg(&keys.channel);
+        let deleted: i64 = self
+            .call("release", Some(lock), invocation.invoke_async(&mut conn))
+            .await?;
+        Ok(deleted == 1)
+    }
+
+    /// Renews every `(lock key, owner, ttl)` in one pipeline: one script call per chunk of
+    /// [`RENEW_CHUNK`] locks. Returns, per lock, whether it was still ours.
+    pub(crate) async fn renew(
+        &self,
+        locks: &[(&str, &str, Duration)],
+    ) -> Result<Vec<bool>, LockError> {
+        if locks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for chunk in locks.chunks(RENEW_CHUNK) {
+            let mut invocation = scripts::RENEW.prepare_invoke();
+            for (key, owner, ttl) in chunk {
+                invocation.key(*key).arg(*owner).arg(millis(*ttl));
+            }
+            pipe.invoke_script(&invocation);
+        }
+        let mut conn = self.conn.clone();
+        let first = self
+            .call("renew", None, pipe.query_async::<Vec<Vec<i64>>>(&mut conn))
+            .await;
+        let replies = match first {
+            // The server lost its scripts (restart, failover, SCRIPT FLUSH): load, retry.
+            Err(LockError::Backend { ref source, .. })
+                if source.to_string().contains("NOSCRIPT") =>
+            {
+                self.call(
+                    "renew",
+                    None,
+                    scripts::RENEW.prepare_invoke().load_async(&mut conn),
+                )
+                .await?;
+                self.call("renew", None, pipe.query_async::<Vec<Vec<i64>>>(&mut conn))
+                    .await?
+            }
+            other => other?,
+        };
+        Ok(replies.into_iter().flatten().map(|r| r == 1).collect())
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn malformed(backend: Backend, operation: &'static str, lock: &str) -> LockError {
+    LockError::Backend {
+        backend,
+        operation,
+        lock: Some(lock.to_owned()),
+        source: "malformed script reply".into(),
+    }
+}
+
+/// Sorts a Redis client error into the kinds callers branch on.
+pub(crate) fn map_error(
+    backend: Backend,
+    operation: &'static str,
+    lock: Option<&str>,
+    err: RedisError,
+) -> LockError {
+    let lock = lock.map(str::to_owned);
+    if err.is_timeout() {
+        return LockError::Unavailable {
+            backend,
+            operation,
+            lock,
+            source: Box::new(err),
+        };
+    }
+    match err.kind() {
+        ErrorKind::AuthenticationFailed | ErrorKind::Server(ServerErrorKind::NoPerm) => {
+            LockError::PermissionDenied {
+                backend,
+                operation,
+                lock,
+                message: err.to_string(),
+            }
+        }
+        ErrorKind::InvalidClientConfig => LockError::InvalidConfig {
+            backend,
+            reason: err.to_string(),
+        },
+        ErrorKind::Io | ErrorKind::Server(ServerErrorKind::BusyLoading) => LockError::Unavailable {
+            backend,
+            operation,
+            lock,
+            source: Box::new(err),
+        },
+        _ if err.is_connection_dropped() || err.is_connection_refusal() || err.is_io_error() => {
+            LockError::Unavailable {
+                backend,
+                operation,
+                lock,
+                source: Box::new(err),
+            }
+        }
+        // "NOAUTH Authentication required." arrives as a plain response error.
+        _ if err.code() == Some("NOAUTH") || err.code() == Some("WRONGPASS") => {
+            LockError::PermissionDenied {
+                backend,
+                operation,
+                lock,
+                message: err.to_string(),
+            }
+        }
+        _ => LockError::Backend {
+            backend,
+            operation,
+            lock,
+            source: Box::new(err),
+        },
+    }
+}

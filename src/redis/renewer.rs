@@ -1,0 +1,220 @@
+//! One renewal task per client, for all the locks it holds.
+//!
+//! Every tick (a third of the shortest TTL held) it renews every held lock on every node
+//! in one pipeline per node, one script call per chunk of 1,000 locks: a client holding
+//! 1,000 locks sends one command per tick, not 1,000 timers' worth. A lock that a quorum
+//! of nodes no longer holds for us is marked lost at once; one that cannot be renewed
+//! (nodes unreachable) is marked lost when its local deadline passes.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
+
+use super::node::Node;
+use crate::LossReason;
+use crate::lease_clock::LeaseClock;
+use crate::loss::{LossNotifier, LossWatch, loss_channel};
+
+/// Never tick more often than this, whatever the TTLs.
+const MIN_INTERVAL: Duration = Duration::from_millis(10);
+
+struct Held {
+    key: String,
+    owner: String,
+    ttl: Duration,
+    renew: bool,
+    notifier: LossNotifier,
+    clock: Arc<LeaseClock>,
+}
+
+struct Shared {
+    nodes: Arc<[Node]>,
+    quorum: usize,
+    drift_factor: f64,
+    held: Mutex<HashMap<u64, Held>>,
+    next_id: AtomicU64,
+    changed: Notify,
+}
+
+/// Handle to the renewal task; the task stops when the handle is dropped.
+pub(crate) struct Renewer {
+    shared: Arc<Shared>,
+    _stop: oneshot::Sender<()>,
+}
+
+/// What a held lock keeps from its registration.
+#[derive(Debug)]
+pub(crate) struct Registration {
+    pub(crate) id: u64,
+    pub(crate) loss: LossWatch,
+    pub(crate) clock: Arc<LeaseClock>,
+}
+
+impl Renewer {
+    pub(crate) fn start(nodes: Arc<[Node]>, quorum: usize, drift_factor: f64) -> Self {
+        let shared = Arc::new(Shared {
+            nodes,
+            quorum,
+            drift_factor,
+            held: Mutex::default(),
+            next_id: AtomicU64::new(1),
+            changed: Notify::new(),
+        });
+        let (stop_tx, stop_rx) = oneshot::channel();
+        tokio::spawn(run(shared.clone(), stop_rx));
+        Self {
+            shared,
+            _stop: stop_tx,
+        }
+    }
+
+    /// The safety margin subtracted from a TTL for clock drift between us and the servers.
+    pub(crate) fn drift(&self, ttl: Duration) -> Duration {
+        drift(ttl, self.shared.drift_factor)
+    }
+
+    /// Starts tracking a lock granted by a request sent at `sent`. With `renew` it is
+    /// renewed every tick; either way it is reported lost when its time runs out.
+    pub(crate) fn register(
+        &self,
+        key: String,
+        owner: String,
+        ttl: Duration,
+        renew: bool,
+        sent: Instant,
+    ) -> Registration {
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let clock = Arc::new(LeaseClock::new(sent + ttl.saturating_sub(self.drift(ttl))));
+        let (notifier, loss) = loss_channel();
+        held(&self.shared).insert(
+            id,
+            Held {
+                key,
+                owner,
+                ttl,
+                renew,
+                notifier,
+                clock: clock.clone(),
+            },
+        );
+        self.shared.changed.notify_one();
+        Registration { id, loss, clock }
+    }
+
+    /// Stops tracking a lock (it is being released).
+    pub(crate) fn unregister(&self, id: u64) {
+        held(&self.shared).remove(&id);
+    }
+
+    /// How many locks are tracked.
+    pub(crate) fn len(&self) -> usize {
+        held(&self.shared).len()
+    }
+}
+
+fn held(shared: &Shared) -> MutexGuard<'_, HashMap<u64, Held>> {
+    shared.held.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn drift(ttl: Duration, factor: f64) -> Duration {
+    ttl.mul_f64(factor) + Duration::from_millis(2)
+}
+
+const FAR: Duration = Duration::from_secs(24 * 60 * 60);
+
+async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
+    let mut next_tick = Instant::now() + FAR;
+    loop {
+        let (interval, earliest) = schedule(&shared);
+        next_tick = next_tick.min(Instant::now() + interval);
+        tokio::select! {
+            biased;
+            _ = &mut stop => return,
+            () = shared.changed.notified() => {}
+            () = tokio::time::sleep_until(earliest) => expire_due(&shared),
+            () = tokio::time::sleep_until(next_tick) => {
+                renew_all(&shared).await;
+                expire_due(&shared);
+                next_tick = Instant::now() + schedule(&shared).0;
+            }
+        }
+    }
+}
+
+/// (tick interval, earliest deadline) over the tracked locks.
+fn schedule(shared: &Shared) -> (Duration, Instant) {
+    let held = held(shared);
+    let interval = held
+        .values()
+        .filter(|h| h.renew)
+        .map(|h| (h.ttl / 3).max(MIN_INTERVAL))
+        .min()
+        .unwrap_or(FAR);
+    let earliest = held
+        .values()
+        .map(|h| h.clock.deadline())
+        .min()
+        .unwrap_or_else(|| Instant::now() + FAR);
+    (interval, earliest)
+}
+
+async fn renew_all(shared: &Shared) {
+    let batch: Vec<(u64, String, String, Duration)> = held(shared)
+        .iter()
+        .filter(|(_, h)| h.renew)
+        .map(|(id, h)| (*id, h.key.clone(), h.owner.clone(), h.ttl))
+        .collect();
+    if batch.is_empty() {
+        return;
+    }
+    let items: Vec<(&str, &str, Duration)> = batch
+        .iter()
+        .map(|(_, key, owner, ttl)| (key.as_str(), owner.as_str(), *ttl))
+        .collect();
+    let sent = Instant::now();
+    let replies = join_all(shared.nodes.iter().map(|node| node.renew(&items))).await;
+    let node_count = shared.nodes.len();
+    let mut held = held(shared);
+    for (i, (id, _, _, ttl)) in batch.iter().enumerate() {
+        let mut yes = 0;
+        let mut no = 0;
+        for reply in &replies {
+            match reply.as_ref().map(|r| r.get(i).copied()) {
+                Ok(Some(true)) => yes += 1,
+                Ok(_) => no += 1,
+                Err(_) => {}
+            }
+        }
+        let Some(lock) = held.get(id) else { continue };
+        if yes >= shared.quorum {
+            lock.clock
+                .extend_to(sent + ttl.saturating_sub(drift(*ttl, shared.drift_factor)));
+        } else if no > node_count - shared.quorum {
+            // Enough servers say the lock is no longer ours that a quorum cannot.
+            tracing::warn!(key = %lock.key, "lock no longer ours at renewal");
+            lock.notifier.mark(LossReason::Revoked);
+            held.remove(id);
+        }
+    }
+    for reply in replies {
+        if let Err(err) = reply {
+            tracing::debug!(%err, "renewal failed on a node");
+        }
+    }
+}
+
+fn expire_due(shared: &Shared) {
+    held(shared).retain(|_, lock| {
+        if lock.clock.has_passed() {
+            lock.notifier.mark(LossReason::Expired);
+            false
+        } else {
+            true
+        }
+    });
+}

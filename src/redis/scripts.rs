@@ -1,0 +1,59 @@
+//! The Lua scripts of the Redis lock. Each runs atomically on the server, in one round trip.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// `KEYS[1]` lock, `KEYS[2]` counter; `ARGV[1]` owner value, `ARGV[2]` TTL in ms.
+/// `SET NX PX`; only when it set, `INCR` the counter: returns `{1, token}`. Otherwise
+/// returns `{0, remaining ttl of the holder in ms}` so a waiter knows how long to sleep.
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, redis.call('INCR', KEYS[2])}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+",
+    )
+});
+
+/// `KEYS[1]` lock; `ARGV[1]` owner value, `ARGV[2]` release channel.
+/// Deletes the lock only if it still holds our owner value, then wakes the waiters.
+/// Returns 1 if it deleted, 0 if the lock was no longer ours (it is left alone).
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], 'released')
+  return 1
+end
+return 0
+",
+    )
+});
+
+/// `KEYS` the locks to renew; `ARGV` owner value and TTL in ms, for each key in turn.
+/// `PEXPIRE`s each lock that still holds our owner value; returns 1 or 0 per key.
+/// One call renews many locks: the renewal task sends one call per chunk of keys.
+pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local renewed = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[2 * i - 1] then
+    renewed[i] = redis.call('PEXPIRE', key, ARGV[2 * i])
+  else
+    renewed[i] = 0
+  end
+end
+return renewed
+",
+    )
+});
+
+/// All scripts, for loading them once at connect.
+pub(crate) fn all() -> [&'static Script; 3] {
+    [&ACQUIRE, &RELEASE, &RENEW]
+}

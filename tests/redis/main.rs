@@ -1,0 +1,14 @@
+//! Tests of the Redis and Redlock backends against real `redis-server` processes, one
+//! behaviour per module. Each test starts its own servers (a few milliseconds each).
+
+mod support;
+
+mod exclusion;
+mod failover;
+mod invalid_input;
+mod redlock;
+mod release_not_owner;
+mod renewal_traffic;
+mod tokens_increase;
+mod waiter_wakes_on_release;
+mod watchdog;

@@ -1,0 +1,37 @@
+//! Helpers shared by the Redis tests.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use fencelock::redis::RedisLocker;
+use fencelock::testkit::RedisServer;
+use fencelock::{LockError, ReleaseOutcome};
+
+pub async fn redis() -> RedisServer {
+    RedisServer::start().await.expect("start redis-server")
+}
+
+/// A key prefix no other test uses.
+pub fn prefix(test: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!("test-{test}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+pub async fn locker(server: &RedisServer, prefix: &str) -> RedisLocker {
+    RedisLocker::connect(server.config(prefix))
+        .await
+        .expect("connect to redis")
+}
+
+/// Fails the test if `future` takes longer than `limit`.
+pub async fn within<T>(limit: Duration, what: &str, future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(limit, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not done within {limit:?}"))
+}
+
+/// Asserts a release found the lock still ours and freed it.
+pub fn released(outcome: Result<ReleaseOutcome, LockError>) {
+    assert_eq!(outcome.expect("release"), ReleaseOutcome::Released);
+}

@@ -1,0 +1,62 @@
+//! A waiter sleeps until the release message wakes it: the commands it sends while the
+//! lock is held are counted by the server, and there are none beyond its first attempts.
+
+use std::time::Duration;
+
+use fencelock::{LockBackend, LockGuard, LockOptions};
+use futures_util::StreamExt;
+
+use crate::support::{locker, prefix, redis, released, within};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_wakes_on_the_release_message_without_polling() {
+    let server = redis().await;
+    let prefix = prefix("wake");
+    let holder_locks = locker(&server, &prefix).await;
+    // A waiter that would sleep a minute between attempts if no message came.
+    let config = server
+        .config(&prefix)
+        .with_max_wait_sleep(Duration::from_secs(60));
+    let waiter_locks = fencelock::redis::RedisLocker::connect(config)
+        .await
+        .expect("connect");
+    let options = LockOptions::new().with_ttl(Duration::from_secs(30));
+
+    let held = holder_locks.lock("door", &options).await.expect("lock");
+    server.reset_stats().await.expect("reset");
+    // MONITOR is on once this returns: every later command is seen.
+    let monitor = redis::Client::open(server.url())
+        .expect("client")
+        .get_async_monitor()
+        .await
+        .expect("monitor");
+    let mut commands = monitor.into_on_message::<String>();
+
+    let waiter = {
+        let options = options.clone();
+        tokio::spawn(async move { waiter_locks.lock("door", &options).await })
+    };
+    // The waiter tries, subscribes, tries once more (in case of a release in between),
+    // then waits: await those two attempts as the server sees them.
+    let mut attempts = 0;
+    while attempts < 2 {
+        let line = within(Duration::from_secs(5), "waiter attempts", commands.next())
+            .await
+            .expect("monitor stream");
+        if line.contains("\"EVALSHA\"") || line.contains("\"evalsha\"") {
+            attempts += 1;
+        }
+    }
+    // The lock stays held for a while; a polling waiter would send commands now.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    released(held.release().await);
+
+    let guard = within(Duration::from_secs(10), "woken by the message", waiter)
+        .await
+        .expect("task")
+        .expect("lock");
+    assert!(guard.is_held());
+    // Waiter: 2 failed attempts + 1 after the message; holder: 1 release.
+    assert_eq!(server.command_calls("evalsha").await.expect("stats"), 4);
+    released(guard.release().await);
+}
