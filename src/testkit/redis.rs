@@ -302,27 +302,44 @@ impl RedisServer {
             .map_err(redis_err)
     }
 
-    /// `WAIT replicas timeout`: blocks until `replicas` replicas acknowledged every
-    /// write so far; returns how many did.
-    pub async fn wait_for_replicas(
+    /// Waits until `replica` has applied every write this master had made when the call
+    /// began (its `slave_repl_offset` reaches our `master_repl_offset`).
+    ///
+    /// Polled from `INFO replication`: `WAIT` would be the event to await, but it only
+    /// covers the calling connection's own writes, not the lock client's.
+    pub async fn wait_for_replica(
         &self,
-        replicas: u32,
+        replica: &RedisServer,
         timeout: Duration,
-    ) -> Result<u32, TestkitError> {
-        let mut conn = self.connection().await.map_err(redis_err)?;
-        let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-        redis::cmd("WAIT")
-            .arg(replicas)
-            .arg(millis)
-            .query_async(&mut conn)
-            .await
-            .map_err(redis_err)
+    ) -> Result<(), TestkitError> {
+        let target = info_number(&self.info("replication").await?, "master_repl_offset");
+        let deadline = Instant::now() + timeout;
+        loop {
+            let applied = info_number(&replica.info("replication").await?, "slave_repl_offset");
+            if applied >= target {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(TestkitError::Cluster(format!(
+                    "replica at offset {applied}, master at {target} after {timeout:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Whether this server is now a master (`role:master`).
     pub async fn is_master(&self) -> Result<bool, TestkitError> {
         Ok(self.info("replication").await?.contains("role:master"))
     }
+}
+
+/// A numeric field of an `INFO` reply (0 if absent).
+fn info_number(info: &str, field: &str) -> i64 {
+    info.lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 fn redis_err(err: redis::RedisError) -> TestkitError {

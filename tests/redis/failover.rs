@@ -76,13 +76,15 @@ async fn a_failover_makes_the_token_counter_repeat() {
     let replicated = a.lock("ledger", &options).await.expect("lock");
     let t1 = replicated.token();
     crate::support::released(replicated.release().await);
+    servers
+        .master
+        .wait_for_replica(&servers.replica, Duration::from_secs(5))
+        .await
+        .expect("replicated");
+    let counter = format!("{prefix}:token:ledger");
     assert_eq!(
-        servers
-            .master
-            .wait_for_replicas(1, Duration::from_secs(5))
-            .await
-            .expect("WAIT"),
-        1
+        servers.replica.get(&counter).await.expect("get"),
+        Some(t1.to_string())
     );
 
     // ...and one that does not.
