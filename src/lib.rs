@@ -20,6 +20,7 @@ mod options;
 mod token;
 
 pub mod etcd;
+pub mod postgres;
 pub mod redis;
 #[cfg(feature = "testkit")]
 pub mod testkit;

@@ -16,6 +16,9 @@ pub enum LossReason {
     Revoked,
     /// The session was closed by this client.
     Closed,
+    /// The connection that held the lock closed (PostgreSQL advisory locks live exactly
+    /// as long as their connection).
+    Disconnected,
 }
 
 impl fmt::Display for LossReason {
@@ -24,6 +27,7 @@ impl fmt::Display for LossReason {
             Self::Expired => "the lease ran out before a renewal was confirmed",
             Self::Revoked => "the server reports the lease is gone",
             Self::Closed => "the session was closed",
+            Self::Disconnected => "the connection that held the lock closed",
         })
     }
 }

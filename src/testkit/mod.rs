@@ -1,5 +1,5 @@
-//! A real-server harness: etcd and Redis processes on free loopback ports, and the faults
-//! to inject.
+//! A real-server harness: etcd, Redis and PostgreSQL processes on free loopback ports, and
+//! the faults to inject.
 //!
 //! Enabled by the `testkit` feature. The crate's own tests use it, the CLI's benchmark and
 //! chaos commands will, and so can your tests:
@@ -21,11 +21,15 @@
 //! process that started it even if that one is killed outright.
 
 mod etcd;
+mod postgres;
 mod process;
+mod proxy;
 mod redis;
 
 pub use etcd::{ETCD_BIN_ENV, EtcdCluster, EtcdClusterBuilder, metric_sum};
-pub use process::{ServerProcess, free_port};
+pub use postgres::{PG_BIN_DIR_ENV, PostgresServer};
+pub use process::{ProcessOptions, ServerProcess, free_port};
+pub use proxy::FaultProxy;
 pub use redis::{REDIS_BIN_ENV, RedisServer};
 
 use std::time::Duration;

@@ -43,17 +43,47 @@ fn spawn_supervised(command: Command) -> io::Result<Child> {
         .map_err(|_| io::Error::other("launcher thread is gone"))?
 }
 
-/// One running server process. Dropping it kills it (SIGKILL) and reaps it.
+/// How to run a server process.
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessOptions {
+    /// Run as this (uid, gid) instead of ours (PostgreSQL refuses to run as root).
+    pub run_as: Option<(u32, u32)>,
+    /// The signal that stops it cleanly when its handle drops; SIGKILL follows after 5 s.
+    pub stop_signal: i32,
+}
+
+impl Default for ProcessOptions {
+    fn default() -> Self {
+        Self {
+            run_as: None,
+            stop_signal: libc::SIGKILL,
+        }
+    }
+}
+
+/// One running server process. Dropping it stops it (its stop signal, then SIGKILL) and
+/// reaps it.
 #[derive(Debug)]
 pub struct ServerProcess {
     child: Child,
     log: PathBuf,
+    stop_signal: i32,
 }
 
 impl ServerProcess {
     /// Starts `program` with `args`, stdout and stderr appended to `log`, in its own
     /// process group (a Ctrl-C in the terminal reaches only us, and we stop it).
     pub fn start(program: &Path, args: &[String], log: &Path) -> io::Result<Self> {
+        Self::start_with(program, args, log, ProcessOptions::default())
+    }
+
+    /// [`start`](Self::start) with options.
+    pub fn start_with(
+        program: &Path,
+        args: &[String],
+        log: &Path,
+        options: ProcessOptions,
+    ) -> io::Result<Self> {
         let out = File::options().create(true).append(true).open(log)?;
         let err = out.try_clone()?;
         let mut command = Command::new(program);
@@ -63,9 +93,20 @@ impl ServerProcess {
             .stdout(out)
             .stderr(err)
             .process_group(0);
-        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        let run_as = options.run_as;
+        // SAFETY: only async-signal-safe calls (setgid, setuid, prctl) between fork and
+        // exec, touching no memory of the parent.
         unsafe {
-            command.pre_exec(|| {
+            command.pre_exec(move || {
+                if let Some((uid, gid)) = run_as {
+                    if libc::setgroups(0, std::ptr::null()) != 0
+                        || libc::setgid(gid) != 0
+                        || libc::setuid(uid) != 0
+                    {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                // After any change of user: a credential change clears the death signal.
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(io::Error::last_os_error());
                 }
@@ -76,6 +117,7 @@ impl ServerProcess {
         Ok(Self {
             child,
             log: log.to_owned(),
+            stop_signal: options.stop_signal,
         })
     }
 
@@ -127,6 +169,17 @@ impl ServerProcess {
 
 impl Drop for ServerProcess {
     fn drop(&mut self) {
+        if self.stop_signal != libc::SIGKILL && self.signal(self.stop_signal).is_ok() {
+            // A clean stop (PostgreSQL's fast shutdown) removes shared memory and
+            // sockets; give it a moment before the hard kill below.
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while std::time::Instant::now() < until {
+                if !matches!(self.child.try_wait(), Ok(None)) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
         if let Err(err) = self.kill() {
             tracing::warn!(%err, pid = self.child.id(), "could not stop server process");
         }

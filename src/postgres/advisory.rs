@@ -1,0 +1,458 @@
+//! PostgreSQL advisory locks behind the common lock trait: the third backend.
+//!
+//! Each held lock owns a connection (session-level `pg_advisory_lock`): the lock lives
+//! exactly as long as that connection, so a crashed client frees it at once, and a
+//! dropped connection is reported through [`LockGuard::lost`]. The token comes from a
+//! sequence, taken in the same statement as the lock. There is no lease: the TTL and
+//! renewal options do not apply.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, Config, NoTls};
+use tracing::Instrument;
+
+use crate::loss::{LossWatch, loss_channel};
+use crate::{
+    Backend, FencingToken, LockBackend, LockError, LockGuard, LockOptions, LossReason,
+    ReleaseOutcome, validate_name,
+};
+
+const SEQUENCE: &str = "fencelock_advisory_tokens";
+/// The lock key is a 64-bit hash of the name, computed by the server.
+const KEY: &str = "hashtextextended($1, 0)";
+const MAX_IDLE: usize = 64;
+
+/// Advisory locks in PostgreSQL, one pooled connection per held lock.
+///
+/// ```no_run
+/// use fencelock::postgres::PgAdvisoryLocker;
+/// use fencelock::{LockBackend, LockGuard, LockOptions};
+///
+/// # async fn run() -> Result<(), fencelock::LockError> {
+/// let locks = PgAdvisoryLocker::connect("host=127.0.0.1 user=app dbname=app").await?;
+/// locks.ensure_schema().await?; // once: the token sequence
+/// let guard = locks.lock("nightly-report", &LockOptions::new()).await?;
+/// println!("token {}", guard.token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct PgAdvisoryLocker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: Config,
+    connect_timeout: Duration,
+    idle: Mutex<Vec<Conn>>,
+}
+
+impl std::fmt::Debug for PgAdvisoryLocker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgAdvisoryLocker")
+            .field("hosts", &self.inner.config.get_hosts())
+            .field("dbname", &self.inner.config.get_dbname())
+            .finish_non_exhaustive()
+    }
+}
+
+/// One connection and the watch that fires when it closes.
+struct Conn {
+    client: Client,
+    pid: i32,
+    closed: LossWatch,
+}
+
+impl PgAdvisoryLocker {
+    /// Connects with a libpq-style string (`host=... user=... dbname=...` or a
+    /// `postgresql://` URL), proving it with one connection that is kept for reuse.
+    #[tracing::instrument(skip(connection), fields(backend = "postgres"))]
+    pub async fn connect(connection: &str) -> Result<Self, LockError> {
+        let config: Config =
+            connection
+                .parse()
+                .map_err(|err: tokio_postgres::Error| LockError::InvalidConfig {
+                    backend: Backend::Postgres,
+                    reason: err.to_string(),
+                })?;
+        let connect_timeout = config
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(Duration::from_secs(5));
+        let inner = Arc::new(Inner {
+            config,
+            connect_timeout,
+            idle: Mutex::default(),
+        });
+        let first = inner.open().await?;
+        inner.put_back(first);
+        Ok(Self { inner })
+    }
+
+    /// Creates the token sequence if it does not exist (explicitly, once).
+    pub async fn ensure_schema(&self) -> Result<(), LockError> {
+        let conn = self.inner.take().await?;
+        let created = conn
+            .client
+            .batch_execute(&format!("CREATE SEQUENCE IF NOT EXISTS {SEQUENCE}"))
+            .await
+            .map_err(|err| map_error("ensure schema", None, err));
+        self.inner.put_back(conn);
+        created
+    }
+
+    async fn acquire(
+        &self,
+        name: &str,
+        options: &LockOptions,
+        wait: bool,
+    ) -> Result<Option<PgAdvisoryGuard>, LockError> {
+        validate_name(name)?;
+        options.validate(Duration::from_millis(1))?;
+        let (reply, answer) = oneshot::channel();
+        let task = Acquisition {
+            inner: self.inner.clone(),
+            name: name.to_owned(),
+            deadline: options.wait_timeout().map(|t| Instant::now() + t),
+            wait_timeout: options.wait_timeout(),
+        };
+        tokio::spawn(task.run(wait, reply).instrument(tracing::Span::current()));
+        answer.await.unwrap_or_else(|_| {
+            Err(LockError::Backend {
+                backend: Backend::Postgres,
+                operation: "acquire",
+                lock: Some(name.to_owned()),
+                source: "the acquisition task stopped (runtime shutting down?)".into(),
+            })
+        })
+    }
+}
+
+impl Inner {
+    async fn open(&self) -> Result<Conn, LockError> {
+        let connecting = self.config.connect(NoTls);
+        let (client, connection) =
+            match tokio::time::timeout(self.connect_timeout, connecting).await {
+                Ok(result) => result.map_err(|err| map_error("connect", None, err))?,
+                Err(_) => {
+                    return Err(LockError::Timeout {
+                        backend: Backend::Postgres,
+                        operation: "connect",
+                        lock: None,
+                        after: self.connect_timeout,
+                    });
+                }
+            };
+        let (notifier, closed) = loss_channel();
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!(%err, "advisory-lock connection ended");
+            }
+            notifier.mark(LossReason::Disconnected);
+        });
+        let pid: i32 = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(|err| map_error("connect", None, err))?;
+        Ok(Conn {
+            client,
+            pid,
+            closed,
+        })
+    }
+
+    /// An idle connection that is still open, or a new one.
+    async fn take(&self) -> Result<Conn, LockError> {
+        loop {
+            let idle = self
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop();
+            match idle {
+                Some(conn) if conn.closed.current().is_none() => return Ok(conn),
+                Some(_) => continue,
+                None => return self.open().await,
+            }
+        }
+    }
+
+    fn put_back(&self, conn: Conn) {
+        if conn.closed.current().is_some() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < MAX_IDLE {
+            idle.push(conn);
+        }
+    }
+}
+
+struct Acquisition {
+    inner: Arc<Inner>,
+    name: String,
+    deadline: Option<Instant>,
+    wait_timeout: Option<Duration>,
+}
+
+type Reply = oneshot::Sender<Result<Option<PgAdvisoryGuard>, LockError>>;
+
+impl Acquisition {
+    async fn run(self, wait: bool, mut reply: Reply) {
+        let conn = match self.inner.take().await {
+            Ok(conn) => conn,
+            Err(err) => {
+                let _ = reply.send(Err(err));
+                return;
+            }
+        };
+        let name = self.name.as_str();
+        if !wait {
+            let sql = format!(
+                "SELECT CASE WHEN pg_try_advisory_lock({KEY}) THEN nextval('{SEQUENCE}') END"
+            );
+            let result = conn
+                .client
+                .query_typed_one(&sql, &[(&name, Type::TEXT)])
+                .await
+                .and_then(|row| row.try_get::<_, Option<i64>>(0));
+            let outcome = match result {
+                Ok(Some(token)) => Ok(Some(self.guard(conn, token))),
+                Ok(None) => {
+                    self.inner.put_back(conn);
+                    Ok(None)
+                }
+                Err(err) => Err(map_error("try_lock", Some(name), err)),
+            };
+            let _ = reply.send(outcome);
+            return;
+        }
+        // The subquery takes the lock before the outer query draws the token.
+        let sql =
+            format!("SELECT nextval('{SEQUENCE}') FROM (SELECT pg_advisory_lock({KEY})) AS locked");
+        let cancel = conn.client.cancel_token();
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 1] = [(&name, Type::TEXT)];
+        let outcome = tokio::select! {
+            result = conn.client.query_typed_one(&sql, &params) => Waited::Answered(
+                result
+                    .and_then(|row| row.try_get::<_, i64>(0))
+                    .map_err(|err| map_error("acquire", Some(name), err)),
+            ),
+            () = sleep_until_opt(self.deadline) => Waited::TimedOut,
+            () = reply.closed() => Waited::CallerGone,
+        };
+        match outcome {
+            Waited::Answered(Ok(token)) => {
+                let guard = self.guard(conn, token);
+                // If the caller is gone, the guard comes back and its drop releases.
+                let _ = reply.send(Ok(Some(guard)));
+            }
+            Waited::Answered(Err(err)) => {
+                let _ = reply.send(Err(err));
+            }
+            given_up => {
+                // Stop the waiting query and close the connection, which also frees the
+                // lock had it been granted in the meantime.
+                let _ = cancel.cancel_query(NoTls).await;
+                drop(conn);
+                if matches!(given_up, Waited::TimedOut) {
+                    let _ = reply.send(Err(LockError::WaitTimeout {
+                        name: self.name.clone(),
+                        waited: self.wait_timeout.unwrap_or_default(),
+                    }));
+                }
+            }
+        }
+    }
+
+    fn guard(self, conn: Conn, token: i64) -> PgAdvisoryGuard {
+        PgAdvisoryGuard {
+            inner: self.inner,
+            conn: Some(conn),
+            name: self.name,
+            token: FencingToken::new(u64::try_from(token).unwrap_or(0)),
+        }
+    }
+}
+
+enum Waited {
+    Answered(Result<i64, LockError>),
+    TimedOut,
+    CallerGone,
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl LockBackend for PgAdvisoryLocker {
+    type Guard = PgAdvisoryGuard;
+
+    #[tracing::instrument(skip(self, options), fields(backend = "postgres"))]
+    async fn lock(&self, name: &str, options: &LockOptions) -> Result<PgAdvisoryGuard, LockError> {
+        self.acquire(name, options, true)
+            .await?
+            .ok_or_else(|| LockError::Backend {
+                backend: Backend::Postgres,
+                operation: "acquire",
+                lock: Some(name.to_owned()),
+                source: "a waiting acquisition returned without the lock".into(),
+            })
+    }
+
+    #[tracing::instrument(skip(self, options), fields(backend = "postgres"))]
+    async fn try_lock(
+        &self,
+        name: &str,
+        options: &LockOptions,
+    ) -> Result<Option<PgAdvisoryGuard>, LockError> {
+        self.acquire(name, options, false).await
+    }
+}
+
+/// A held advisory lock and the connection that holds it.
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct PgAdvisoryGuard {
+    inner: Arc<Inner>,
+    conn: Option<Conn>,
+    name: String,
+    token: FencingToken,
+}
+
+impl std::fmt::Debug for PgAdvisoryGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgAdvisoryGuard")
+            .field("name", &self.name)
+            .field("token", &self.token)
+            .field("backend_pid", &self.backend_pid())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgAdvisoryGuard {
+    /// The server process holding the lock (for `pg_terminate_backend`, or monitoring).
+    #[must_use]
+    pub fn backend_pid(&self) -> Option<i32> {
+        self.conn.as_ref().map(|c| c.pid)
+    }
+
+    async fn unlock(inner: Arc<Inner>, conn: Conn, name: String) -> Result<bool, LockError> {
+        let sql = format!("SELECT pg_advisory_unlock({KEY})");
+        let unlocked = conn
+            .client
+            .query_typed_one(&sql, &[(&name.as_str(), Type::TEXT)])
+            .await
+            .and_then(|row| row.try_get::<_, bool>(0))
+            .map_err(|err| map_error("release", Some(&name), err));
+        if unlocked.is_ok() {
+            inner.put_back(conn);
+        }
+        unlocked
+    }
+}
+
+impl LockGuard for PgAdvisoryGuard {
+    fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn lost(&self) -> LossReason {
+        match &self.conn {
+            Some(conn) => conn.closed.wait().await,
+            None => LossReason::Closed,
+        }
+    }
+
+    fn is_held(&self) -> bool {
+        self.conn
+            .as_ref()
+            .is_some_and(|conn| conn.closed.current().is_none())
+    }
+
+    #[tracing::instrument(skip(self), fields(backend = "postgres", lock = %self.name, token = %self.token))]
+    async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
+        let Some(conn) = self.conn.take() else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        if conn.closed.current().is_some() {
+            // The connection is gone, and the lock went with it.
+            return Ok(ReleaseOutcome::NotHeld);
+        }
+        let name = std::mem::take(&mut self.name);
+        let unlocked = Self::unlock(self.inner.clone(), conn, name).await?;
+        Ok(if unlocked {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+}
+
+impl Drop for PgAdvisoryGuard {
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.take() else { return };
+        // Without a runtime, dropping the connection closes it, which frees the lock.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (inner, name) = (self.inner.clone(), std::mem::take(&mut self.name));
+            runtime.spawn(async move {
+                let _ = Self::unlock(inner, conn, name).await;
+            });
+        }
+    }
+}
+
+/// Sorts a PostgreSQL client error into the kinds callers branch on.
+fn map_error(operation: &'static str, lock: Option<&str>, err: tokio_postgres::Error) -> LockError {
+    use tokio_postgres::error::SqlState;
+    let lock = lock.map(str::to_owned);
+    let backend = Backend::Postgres;
+    match err.code() {
+        Some(code)
+            if *code == SqlState::INVALID_PASSWORD
+                || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+                || *code == SqlState::INSUFFICIENT_PRIVILEGE =>
+        {
+            LockError::PermissionDenied {
+                backend,
+                operation,
+                lock,
+                message: err.to_string(),
+            }
+        }
+        Some(code)
+            if *code == SqlState::ADMIN_SHUTDOWN || *code == SqlState::CANNOT_CONNECT_NOW =>
+        {
+            LockError::Unavailable {
+                backend,
+                operation,
+                lock,
+                source: Box::new(err),
+            }
+        }
+        Some(_) => LockError::Backend {
+            backend,
+            operation,
+            lock,
+            source: Box::new(err),
+        },
+        // No SQL state: the connection failed or closed.
+        None => LockError::Unavailable {
+            backend,
+            operation,
+            lock,
+            source: Box::new(err),
+        },
+    }
+}

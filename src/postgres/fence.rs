@@ -1,0 +1,244 @@
+//! The fence store: one row per resource holding the newest token seen, and writes that
+//! apply only with a token at least that new.
+
+use std::ops::Deref;
+
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, GenericClient, Transaction};
+
+use super::FenceError;
+use super::ident::Ident;
+use crate::FencingToken;
+
+/// Whether a token equal to the stored one may write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FenceMode {
+    /// Accept a token equal to the newest seen (the default). Equal tokens mean the same
+    /// grant, so one holder can make several writes under one lock; a stale holder always
+    /// carries an *older* token and is still refused.
+    #[default]
+    AllowEqual,
+    /// Accept only a strictly newer token: each grant may write once. Use it where two
+    /// grants could carry the same token (the Redis counter after a failover): the second
+    /// is then refused instead of trusted.
+    Strict,
+}
+
+/// Fenced writes in PostgreSQL.
+///
+/// ```no_run
+/// use fencelock::postgres::Fence;
+/// use fencelock::FencingToken;
+///
+/// # async fn run(client: &mut tokio_postgres::Client) -> Result<(), fencelock::postgres::FenceError> {
+/// let fence = Fence::new();
+/// fence.ensure_schema(&*client).await?; // once, at deploy or start-up
+///
+/// let token = FencingToken::new(42); // from the lock guard
+/// let tx = fence.begin(client, "inventory:sku-1", token).await?;
+/// tx.execute("UPDATE inventory SET available = available - 1 WHERE sku = 'SKU-1'", &[])
+///     .await?;
+/// tx.commit().await?; // or a FenceError::Stale before anything ran
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct Fence {
+    table: Ident,
+    mode: FenceMode,
+    advance_sql: String,
+}
+
+impl Default for Fence {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Fence {
+    /// Fences in table `fencelock_fences`, accepting equal tokens.
+    pub fn new() -> Self {
+        Self::build(
+            Ident::trusted("\"fencelock_fences\""),
+            FenceMode::AllowEqual,
+        )
+    }
+
+    /// Fences in another table (`name` or `schema.name`).
+    pub fn with_table(self, table: &str) -> Result<Self, FenceError> {
+        Ok(Self::build(Ident::parse(table)?, self.mode))
+    }
+
+    /// Accepts equal tokens or not; see [`FenceMode`].
+    pub fn with_mode(self, mode: FenceMode) -> Self {
+        Self::build(self.table, mode)
+    }
+
+    fn build(table: Ident, mode: FenceMode) -> Self {
+        let cmp = match mode {
+            FenceMode::AllowEqual => "<=",
+            FenceMode::Strict => "<",
+        };
+        let t = table.sql();
+        // One statement: insert the first token of a resource, or move the fence forward
+        // if this token is new enough. ON CONFLICT locks the row either way, so the
+        // caller's statements that follow run while no other writer can pass the fence.
+        let advance_sql = format!(
+            "INSERT INTO {t} AS f (resource, token) VALUES ($1, $2) \
+             ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token, updated_at = now() \
+             WHERE f.token {cmp} EXCLUDED.token RETURNING token"
+        );
+        Self {
+            table,
+            mode,
+            advance_sql,
+        }
+    }
+
+    /// The mode in use.
+    #[must_use]
+    pub fn mode(&self) -> FenceMode {
+        self.mode
+    }
+
+    /// Creates the fence table if it does not exist. Call it once (at deploy or start-up);
+    /// writes never create schema implicitly.
+    pub async fn ensure_schema(&self, client: &impl GenericClient) -> Result<(), FenceError> {
+        let sql = format!(
+            "CREATE TABLE IF NOT EXISTS {} (\
+               resource text PRIMARY KEY, \
+               token bigint NOT NULL CHECK (token >= 0), \
+               updated_at timestamptz NOT NULL DEFAULT now())",
+            self.table.sql()
+        );
+        client.batch_execute(&sql).await?;
+        Ok(())
+    }
+
+    /// Begins a transaction that has passed the fence for `resource` with `token`: run
+    /// the protected statements on it, then [`commit`](FencedTransaction::commit). A stale
+    /// token returns [`FenceError::Stale`] and the transaction is rolled back.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future or the returned transaction rolls back; nothing is applied.
+    #[tracing::instrument(skip(self, client), fields(table = self.table.sql()))]
+    pub async fn begin<'a>(
+        &self,
+        client: &'a mut Client,
+        resource: &str,
+        token: FencingToken,
+    ) -> Result<FencedTransaction<'a>, FenceError> {
+        let tx = client.transaction().await?;
+        self.check(&tx, resource, token).await?;
+        Ok(FencedTransaction {
+            tx,
+            resource: resource.to_owned(),
+            token,
+        })
+    }
+
+    /// Passes the fence inside a transaction the caller already opened: moves the fence
+    /// forward (and locks its row until the transaction ends) or returns
+    /// [`FenceError::Stale`], after which the caller must roll back.
+    pub async fn check(
+        &self,
+        tx: &Transaction<'_>,
+        resource: &str,
+        token: FencingToken,
+    ) -> Result<(), FenceError> {
+        let value = to_bigint(token)?;
+        let advanced = tx
+            .query_typed_opt(
+                &self.advance_sql,
+                &[(&resource, Type::TEXT), (&value, Type::INT8)],
+            )
+            .await?;
+        if advanced.is_some() {
+            return Ok(());
+        }
+        let current = self
+            .current_in(tx, resource)
+            .await?
+            .unwrap_or(FencingToken::new(0));
+        Err(FenceError::Stale {
+            resource: resource.to_owned(),
+            presented: token,
+            current,
+        })
+    }
+
+    /// The newest token seen for `resource`, if any.
+    pub async fn current(
+        &self,
+        client: &impl GenericClient,
+        resource: &str,
+    ) -> Result<Option<FencingToken>, FenceError> {
+        self.current_in(client, resource).await
+    }
+
+    async fn current_in(
+        &self,
+        client: &impl GenericClient,
+        resource: &str,
+    ) -> Result<Option<FencingToken>, FenceError> {
+        let sql = format!("SELECT token FROM {} WHERE resource = $1", self.table.sql());
+        let row = client.query_opt(&sql, &[&resource]).await?;
+        Ok(row
+            .map(|r| r.try_get::<_, i64>(0))
+            .transpose()?
+            .map(|t| FencingToken::new(u64::try_from(t).unwrap_or(0))))
+    }
+}
+
+/// A token as PostgreSQL's `bigint`.
+pub(crate) fn to_bigint(token: FencingToken) -> Result<i64, FenceError> {
+    i64::try_from(token.get()).map_err(|_| FenceError::TokenOutOfRange(token))
+}
+
+/// A transaction that passed the fence. Use it like a [`Transaction`] (it derefs to one),
+/// then [`commit`](Self::commit); dropping it rolls back.
+#[must_use = "dropping a fenced transaction rolls it back"]
+pub struct FencedTransaction<'a> {
+    tx: Transaction<'a>,
+    resource: String,
+    token: FencingToken,
+}
+
+impl std::fmt::Debug for FencedTransaction<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FencedTransaction")
+            .field("resource", &self.resource)
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Deref for FencedTransaction<'a> {
+    type Target = Transaction<'a>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.tx
+    }
+}
+
+impl FencedTransaction<'_> {
+    /// The token this transaction was fenced with.
+    #[must_use]
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// Commits the fence and the caller's statements together.
+    pub async fn commit(self) -> Result<(), FenceError> {
+        self.tx.commit().await?;
+        Ok(())
+    }
+
+    /// Rolls everything back.
+    pub async fn rollback(self) -> Result<(), FenceError> {
+        self.tx.rollback().await?;
+        Ok(())
+    }
+}

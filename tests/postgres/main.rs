@@ -1,0 +1,15 @@
+//! Tests of fenced storage and the advisory-lock backend against a real PostgreSQL, and
+//! the end-to-end stale-holder story with etcd and Redis. Each test starts its own server
+//! from a cached `initdb` template.
+
+mod support;
+
+mod advisory_lock;
+mod concurrent_writers;
+mod idempotency;
+mod invalid_input;
+mod same_token;
+mod single_statement;
+mod stale_holder;
+mod stale_token;
+mod version_cas;
