@@ -20,6 +20,10 @@ use super::owner::{jittered, owner_value};
 use super::subscriber::{Interest, Subscriber};
 use crate::{FencingToken, LockError, LockOptions};
 
+/// How often a waiter without release messages (Redlock) retries at most: the usual
+/// Redlock client behaviour of a short random delay between attempts.
+const RETRY_DELAY: Duration = Duration::from_millis(100);
+
 /// Runs one acquisition in its own task. `wait`: queue up (`lock`) or not (`try_lock`).
 pub(crate) async fn acquire(
     core: Arc<Core>,
@@ -97,12 +101,13 @@ impl Acquisition {
                 interest = Some(subscriber.interest(&self.keys.channel).await);
                 continue;
             }
-            // Never past the holder's expiry, never longer than the configured bound.
-            let sleep = jittered(
-                remaining
-                    .min(self.core.config.max_wait_sleep)
-                    .max(Duration::from_millis(1)),
-            );
+            // Never past the holder's expiry, never longer than the configured bound; with no
+            // release message to wake us (Redlock), retry at least every RETRY_DELAY.
+            let bound = match &self.subscriber {
+                Some(_) => self.core.config.max_wait_sleep,
+                None => self.core.config.max_wait_sleep.min(RETRY_DELAY),
+            };
+            let sleep = jittered(remaining.min(bound).max(Duration::from_millis(1)));
             tokio::select! {
                 () = async { if let Some(n) = notified.as_mut().as_pin_mut() { n.await } else { std::future::pending().await } } => {}
                 () = tokio::time::sleep(sleep) => {}

@@ -396,22 +396,26 @@ impl EtcdCluster {
 
     /// The Prometheus metrics text of member `i` (`GET /metrics` on its client port).
     pub async fn metrics(&self, i: usize) -> Result<String, TestkitError> {
-        let port = self.members[i].client_port;
-        let io = |e| TestkitError::io(format!("reading metrics of member {i}"), e);
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .map_err(io)?;
-        stream
-            .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-            .await
-            .map_err(io)?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.map_err(io)?;
-        Ok(response
-            .split_once("\r\n\r\n")
-            .map(|(_, body)| body.to_owned())
-            .unwrap_or(response))
+        fetch_metrics(&self.endpoint(i)).await
     }
+}
+
+/// The Prometheus metrics text of the etcd member at `endpoint` (`http://host:port`):
+/// `GET /metrics`, which etcd serves on its client port.
+pub async fn fetch_metrics(endpoint: &str) -> Result<String, TestkitError> {
+    let address = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    let io = |e| TestkitError::io(format!("reading metrics of {endpoint}"), e);
+    let mut stream = tokio::net::TcpStream::connect(address).await.map_err(io)?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .map_err(io)?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.map_err(io)?;
+    Ok(response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or(response))
 }
 
 /// (member id, leader id) as reported by the member at `endpoint`.

@@ -26,7 +26,7 @@ mod process;
 mod proxy;
 mod redis;
 
-pub use etcd::{ETCD_BIN_ENV, EtcdCluster, EtcdClusterBuilder, metric_sum};
+pub use etcd::{ETCD_BIN_ENV, EtcdCluster, EtcdClusterBuilder, fetch_metrics, metric_sum};
 pub use postgres::{PG_BIN_DIR_ENV, PostgresServer};
 pub use process::{ProcessOptions, ServerProcess, free_port};
 pub use proxy::FaultProxy;

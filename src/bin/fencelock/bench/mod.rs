@@ -1,0 +1,269 @@
+//! `fencelock bench`: every backend through the same lock trait, beside the ceilings
+//! measured in the same run, with ratios computed inside the run.
+
+mod driver;
+mod report;
+mod stats;
+mod targets;
+mod workloads;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use fencelock::etcd::EtcdLocker;
+use fencelock::postgres::PgAdvisoryLocker;
+use fencelock::redis::{RedisLocker, RedlockLocker};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use targets::Targets;
+use workloads::Runner;
+
+pub type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+const BACKENDS: [&str; 4] = ["etcd", "redis", "redlock", "postgres"];
+
+/// Options of `fencelock bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// How long each measured cell runs (e.g. 500ms, 3s).
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Concurrencies of the distinct-key workloads.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
+    pub concurrency: Vec<usize>,
+    /// Waiter counts of the one-key (contended) workload.
+    #[arg(long, value_delimiter = ',', default_value = "2,8,32")]
+    pub waiters: Vec<usize>,
+    /// Backends to run.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "etcd,redis,redlock,postgres"
+    )]
+    pub backends: Vec<String>,
+    /// Locks held by one client in the renewal workload (0 skips it).
+    #[arg(long, default_value_t = 10_000)]
+    pub renewal_locks: usize,
+    /// How long the renewal workload holds them.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub renewal_duration: Duration,
+    /// Existing etcd endpoints instead of a local etcd (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub etcd: Option<Vec<String>>,
+    /// An existing Redis instead of a local one (redis://host:port/).
+    #[arg(long)]
+    pub redis: Option<String>,
+    /// Existing Redis masters for Redlock instead of 3 local ones (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub redlock: Option<Vec<String>>,
+    /// An existing PostgreSQL instead of a local one (libpq connection string).
+    #[arg(long)]
+    pub postgres: Option<String>,
+    /// Start a local 3-member etcd cluster instead of a single node.
+    #[arg(long)]
+    pub cluster: bool,
+    /// Let the local etcd fsync its WAL (off by default, like the other local servers).
+    #[arg(long)]
+    pub fsync: bool,
+    /// Write every figure and the environment as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write a Markdown report with SVG charts into this directory.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map_or((text, "s"), |i| text.split_at(i));
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("not a duration: {text:?}"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        _ => return Err(format!("unknown unit in {text:?}: use ms, s or m")),
+    };
+    if !(seconds.is_finite() && seconds > 0.0) {
+        return Err(format!("duration must be above zero: {text:?}"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+/// Runs the benchmark and writes its outputs.
+pub async fn run(args: BenchArgs) -> BoxResult<()> {
+    for backend in &args.backends {
+        if !BACKENDS.contains(&backend.as_str()) {
+            return Err(format!("unknown backend {backend:?}: use {}", BACKENDS.join(",")).into());
+        }
+    }
+    if args
+        .concurrency
+        .iter()
+        .chain(&args.waiters)
+        .any(|&c| c == 0)
+    {
+        return Err("concurrency and waiter counts must be at least 1".into());
+    }
+    let wants = |name: &str| args.backends.iter().any(|b| b == name);
+    let targets = Targets::prepare(&args).await?;
+    let environment = report::environment(&args, &targets).await;
+
+    let cells = planned_cells(&args);
+    let progress = ProgressBar::new(cells);
+    progress.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let run = format!("{:x}", std::process::id());
+    let mut runner = Runner {
+        args: &args,
+        progress,
+        cells: Vec::new(),
+        renewals: Vec::new(),
+        run,
+    };
+
+    let etcd = match targets.etcd_config("bench") {
+        Some(config) if wants("etcd") || wants("postgres") => {
+            Some(EtcdLocker::connect(config).await?)
+        }
+        _ => None,
+    };
+    let redis = match targets.redis_config("bench") {
+        Some(config) if wants("redis") || wants("postgres") => {
+            Some(RedisLocker::connect(config).await?)
+        }
+        _ => None,
+    };
+    let redlock = match targets.redlock_config("bench") {
+        Some(config) if wants("redlock") => Some(RedlockLocker::connect(config).await?),
+        _ => None,
+    };
+    let postgres = match &targets.postgres {
+        Some(conn) if wants("postgres") => {
+            let locks = PgAdvisoryLocker::connect(conn).await?;
+            locks.ensure_schema().await?;
+            Some(locks)
+        }
+        _ => None,
+    };
+
+    if let (true, Some(endpoints)) = (wants("etcd"), &targets.etcd) {
+        runner.etcd_ceilings(endpoints).await?;
+    }
+    if let (true, Some(url)) = (wants("redis"), &targets.redis) {
+        runner.redis_ceiling(url).await?;
+    }
+    if let (true, Some(locks)) = (wants("etcd"), &etcd) {
+        runner.distinct("etcd", locks.clone()).await?;
+        runner.contended("etcd", locks.clone()).await?;
+    }
+    if let (true, Some(locks)) = (wants("redis"), &redis) {
+        runner.distinct("redis", locks.clone()).await?;
+        runner.contended("redis", locks.clone()).await?;
+    }
+    if let Some(locks) = &redlock {
+        runner.distinct("redlock", locks.clone()).await?;
+        runner.contended("redlock", locks.clone()).await?;
+    }
+    if let Some(locks) = &postgres {
+        runner.distinct("postgres", locks.clone()).await?;
+        runner.contended("postgres", locks.clone()).await?;
+    }
+    if let Some(conn) = targets.postgres.as_deref().filter(|_| wants("postgres")) {
+        if let Some(locks) = &etcd {
+            runner.fenced_write("etcd", locks.clone(), conn).await?;
+        }
+        if let Some(locks) = &redis {
+            runner.fenced_write("redis", locks.clone(), conn).await?;
+        }
+    }
+    if args.renewal_locks > 0 {
+        if let (true, Some(locks), Some(endpoints)) = (wants("etcd"), &etcd, &targets.etcd) {
+            let endpoints = endpoints.clone();
+            let count = move || workloads::etcd_keepalives(endpoints.clone());
+            runner
+                .renewal(
+                    "etcd",
+                    locks.clone(),
+                    count,
+                    "keep-alive messages on the session's one stream",
+                )
+                .await?;
+        }
+        if let (true, Some(locks), Some(url)) = (wants("redis"), &redis, &targets.redis) {
+            let urls = vec![url.clone()];
+            let count = move || workloads::redis_evalsha(urls.clone());
+            runner
+                .renewal(
+                    "redis",
+                    locks.clone(),
+                    count,
+                    "EVALSHA calls (one per 1,000 locks per tick)",
+                )
+                .await?;
+        }
+        if let (Some(locks), Some(urls)) = (&redlock, &targets.redlock) {
+            let urls = urls.clone();
+            let count = move || workloads::redis_evalsha(urls.clone());
+            runner
+                .renewal(
+                    "redlock",
+                    locks.clone(),
+                    count,
+                    "EVALSHA calls, summed over the masters",
+                )
+                .await?;
+        }
+    }
+    runner.progress.finish_and_clear();
+
+    let outcome = report::Outcome::new(environment, runner.cells, runner.renewals);
+    print!("{}", outcome.table());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&outcome)?)?;
+        eprintln!("figures written to {}", path.display());
+    }
+    if let Some(dir) = &args.report {
+        outcome.write_report(dir)?;
+        eprintln!("report written to {}", dir.join("report.md").display());
+    }
+    if let Some(locks) = &etcd {
+        locks.close().await?;
+    }
+    Ok(())
+}
+
+/// How many progress steps the run will take.
+fn planned_cells(args: &BenchArgs) -> u64 {
+    let wants = |name: &str| args.backends.iter().any(|b| b == name);
+    let c = args.concurrency.len();
+    let w = args.waiters.len();
+    let mut cells = 0;
+    if wants("etcd") {
+        cells += 3 * c;
+    }
+    if wants("redis") {
+        cells += c;
+    }
+    for backend in BACKENDS {
+        if wants(backend) {
+            cells += c + w;
+        }
+    }
+    if wants("postgres") {
+        cells += 4;
+    }
+    if args.renewal_locks > 0 {
+        cells += ["etcd", "redis", "redlock"]
+            .iter()
+            .filter(|b| wants(b))
+            .count();
+    }
+    u64::try_from(cells).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,504 @@
+//! The outputs of a run: a terminal table, JSON, and a Markdown report with SVG charts.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use plotters::prelude::*;
+use serde::Serialize;
+
+use super::stats::{Cell, Renewal};
+use super::targets::{Targets, on_off};
+use super::{BenchArgs, BoxResult};
+
+/// Where and how the run was made.
+#[derive(Debug, Serialize)]
+pub struct Environment {
+    pub cpus: usize,
+    pub os: String,
+    pub servers: String,
+    pub fsync: String,
+    pub etcd: String,
+    pub redis: String,
+    pub postgres: String,
+    pub cell_duration_s: f64,
+    pub fencelock: String,
+}
+
+pub async fn environment(args: &BenchArgs, targets: &Targets) -> Environment {
+    let version = |program: &str, flag: &str| {
+        std::process::Command::new(program)
+            .arg(flag)
+            .output()
+            .ok()
+            .and_then(|out| String::from_utf8(out.stdout).ok())
+            .and_then(|text| text.lines().next().map(str::to_owned))
+            .unwrap_or_else(|| "unknown".into())
+    };
+    Environment {
+        cpus: std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+        os: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
+        servers: if targets.embedded {
+            "local, started by fencelock bench (loopback)".into()
+        } else {
+            "given endpoints".into()
+        },
+        fsync: format!(
+            "etcd fsync {}; redis without persistence; postgres fsync off (local servers)",
+            on_off(args.fsync)
+        ),
+        etcd: version("etcd", "--version"),
+        redis: version("redis-server", "--version"),
+        postgres: version("psql", "--version"),
+        cell_duration_s: args.duration.as_secs_f64(),
+        fencelock: env!("CARGO_PKG_VERSION").into(),
+    }
+}
+
+/// A ratio computed inside one run.
+#[derive(Debug, Serialize)]
+pub struct Ratio {
+    pub what: String,
+    pub value: f64,
+}
+
+/// A performance bar and whether this run meets it.
+#[derive(Debug, Serialize)]
+pub struct Bar {
+    pub bar: String,
+    pub measured: String,
+    pub holds: bool,
+}
+
+/// Everything a run measured.
+#[derive(Debug, Serialize)]
+pub struct Outcome {
+    pub environment: Environment,
+    pub cells: Vec<Cell>,
+    pub renewals: Vec<Renewal>,
+    pub ratios: Vec<Ratio>,
+    pub bars: Vec<Bar>,
+}
+
+impl Outcome {
+    pub fn new(environment: Environment, cells: Vec<Cell>, renewals: Vec<Renewal>) -> Self {
+        let mut outcome = Self {
+            environment,
+            cells,
+            renewals,
+            ratios: Vec::new(),
+            bars: Vec::new(),
+        };
+        outcome.derive();
+        outcome
+    }
+
+    fn cell(&self, workload: &str, subject: &str, concurrency: usize) -> Option<&Cell> {
+        self.cells.iter().find(|c| {
+            c.workload == workload && c.subject == subject && c.concurrency == concurrency
+        })
+    }
+
+    fn concurrencies(&self, workload: &str) -> Vec<usize> {
+        let mut all: Vec<usize> = self
+            .cells
+            .iter()
+            .filter(|c| c.workload == workload)
+            .map(|c| c.concurrency)
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+
+    /// Ratios and bars, from this run's cells only.
+    fn derive(&mut self) {
+        let mut ratios = Vec::new();
+        let mut bars = Vec::new();
+        for c in self.concurrencies("distinct keys") {
+            let etcd = self.cell("distinct keys", "etcd", c);
+            let bare = self.cell("ceiling", "etcd txn+delete", c);
+            let rpc = self.cell("ceiling", "etcd Lock RPC", c);
+            let redis = self.cell("distinct keys", "redis", c);
+            let redis_bare = self.cell("ceiling", "redis SET NX PX+CAD", c);
+            if let (Some(etcd), Some(bare)) = (etcd, bare) {
+                let r = etcd.per_second / bare.per_second;
+                ratios.push(ratio(
+                    format!("etcd lock / bare txn+delete cycles/s, c={c}"),
+                    r,
+                ));
+                bars.push(Bar {
+                    bar: format!("etcd lock cycles/s >= 0.9x bare acquire txn + delete (c={c})"),
+                    measured: format!(
+                        "{r:.2}x ({:.0} vs {:.0}/s)",
+                        etcd.per_second, bare.per_second
+                    ),
+                    holds: r >= 0.9,
+                });
+                if c == 1 {
+                    #[allow(clippy::cast_precision_loss)]
+                    let p = etcd.p50_us as f64 / bare.p50_us.max(1) as f64;
+                    bars.push(Bar {
+                        bar: "etcd uncontended p50 <= 1.2x bare cycle p50".into(),
+                        measured: format!("{p:.2}x ({} vs {} us)", etcd.p50_us, bare.p50_us),
+                        holds: p <= 1.2,
+                    });
+                }
+            }
+            if let (Some(etcd), Some(rpc)) = (etcd, rpc) {
+                ratios.push(ratio(
+                    format!("etcd lock / etcd Lock RPC cycles/s, c={c}"),
+                    etcd.per_second / rpc.per_second,
+                ));
+            }
+            if let (Some(redis), Some(bare)) = (redis, redis_bare) {
+                let r = redis.per_second / bare.per_second;
+                ratios.push(ratio(
+                    format!("redis lock / bare SET NX PX+CAD cycles/s, c={c}"),
+                    r,
+                ));
+                bars.push(Bar {
+                    bar: format!("redis lock cycles/s >= 0.9x bare SET NX PX + CAD (c={c})"),
+                    measured: format!(
+                        "{r:.2}x ({:.0} vs {:.0}/s)",
+                        redis.per_second, bare.per_second
+                    ),
+                    holds: r >= 0.9,
+                });
+            }
+            if let (Some(etcd), Some(redis)) = (etcd, redis) {
+                ratios.push(ratio(
+                    format!("etcd / redis lock cycles/s, c={c}"),
+                    etcd.per_second / redis.per_second,
+                ));
+            }
+        }
+        let put = self.cell("ceiling", "etcd put", 1).map(|c| c.p50_us);
+        for w in self.concurrencies("handoff") {
+            if let (Some(handoff), Some(put)) = (self.cell("handoff", "etcd", w), put) {
+                #[allow(clippy::cast_precision_loss)]
+                let r = handoff.p50_us as f64 / put.max(1) as f64;
+                ratios.push(ratio(format!("etcd handoff p50 / put p50, {w} waiters"), r));
+                bars.push(Bar {
+                    bar: format!("etcd contended handoff p50 <= 3x raw put p50 ({w} waiters)"),
+                    measured: format!("{r:.2}x ({} vs {} us)", handoff.p50_us, put),
+                    holds: r <= 3.0,
+                });
+            }
+        }
+        for subject in ["etcd", "redis"] {
+            if let (Some(plain), Some(fenced)) = (
+                self.cell("plain write", subject, 1),
+                self.cell("fenced write", subject, 1),
+            ) {
+                #[allow(clippy::cast_precision_loss)]
+                let r = fenced.p50_us as f64 / plain.p50_us.max(1) as f64;
+                ratios.push(ratio(
+                    format!("{subject}: lock+fenced write+release / lock+plain write+release, p50"),
+                    r,
+                ));
+            }
+        }
+        if let Some(renewal) = self.renewals.iter().find(|r| r.subject == "etcd") {
+            bars.push(Bar {
+                bar: format!(
+                    "renewing {} held etcd locks is one keep-alive stream, not per lock",
+                    renewal.locks
+                ),
+                measured: format!("{:.2} keep-alives/s", renewal.requests_per_second),
+                holds: renewal.requests_per_second < 2.0,
+            });
+        }
+        self.ratios = ratios;
+        self.bars = bars;
+    }
+
+    /// The terminal table.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "\n{:<14} {:<20} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6}",
+            "workload",
+            "subject",
+            "conc",
+            "ops/s",
+            "p50 us",
+            "p90 us",
+            "p99 us",
+            "max us",
+            "errors"
+        );
+        for c in &self.cells {
+            let _ = writeln!(
+                out,
+                "{:<14} {:<20} {:>5} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>6}",
+                c.workload,
+                c.subject,
+                c.concurrency,
+                c.per_second,
+                c.p50_us,
+                c.p90_us,
+                c.p99_us,
+                c.max_us,
+                c.errors
+            );
+        }
+        if !self.renewals.is_empty() {
+            let _ = writeln!(out, "\nrenewal: locks held by one client");
+            for r in &self.renewals {
+                let _ = writeln!(
+                    out,
+                    "  {:<8} {:>6} locks for {:>5.1}s: {:>8.0} requests, {:>8.2}/s ({})",
+                    r.subject, r.locks, r.seconds, r.requests, r.requests_per_second, r.note
+                );
+            }
+        }
+        let _ = writeln!(out, "\nratios (same run)");
+        for r in &self.ratios {
+            let _ = writeln!(out, "  {:<70} {:>7.2}", r.what, r.value);
+        }
+        let _ = writeln!(out, "\nperformance bars");
+        for b in &self.bars {
+            let mark = if b.holds { "holds " } else { "MISSED" };
+            let _ = writeln!(out, "  [{mark}] {} : {}", b.bar, b.measured);
+        }
+        out
+    }
+
+    /// `report.md` and its SVG charts in `dir`.
+    pub fn write_report(&self, dir: &Path) -> BoxResult<()> {
+        std::fs::create_dir_all(dir)?;
+        let series = |metric: fn(&Cell) -> f64,
+                      workload_filter: &[&str]|
+         -> Vec<(String, Vec<(usize, f64)>)> {
+            let mut out: Vec<(String, Vec<(usize, f64)>)> = Vec::new();
+            for c in self
+                .cells
+                .iter()
+                .filter(|c| workload_filter.contains(&c.workload.as_str()))
+            {
+                let name = if c.workload == "ceiling" {
+                    format!("ceiling: {}", c.subject)
+                } else {
+                    c.subject.clone()
+                };
+                match out.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, points)) => points.push((c.concurrency, metric(c))),
+                    None => out.push((name, vec![(c.concurrency, metric(c))])),
+                }
+            }
+            out
+        };
+        #[allow(clippy::cast_precision_loss)]
+        let p50 = |c: &Cell| c.p50_us as f64;
+        #[allow(clippy::cast_precision_loss)]
+        let p99 = |c: &Cell| c.p99_us as f64;
+        line_chart(
+            &dir.join("throughput.svg"),
+            "Lock + release cycles per second, distinct keys",
+            "concurrency",
+            "cycles/s",
+            &series(|c| c.per_second, &["distinct keys", "ceiling"]),
+            false,
+        )?;
+        line_chart(
+            &dir.join("latency-p50.svg"),
+            "Lock + release latency p50 (us), distinct keys",
+            "concurrency",
+            "us (log)",
+            &series(p50, &["distinct keys", "ceiling"]),
+            true,
+        )?;
+        line_chart(
+            &dir.join("latency-p99.svg"),
+            "Lock + release latency p99 (us), distinct keys",
+            "concurrency",
+            "us (log)",
+            &series(p99, &["distinct keys", "ceiling"]),
+            true,
+        )?;
+        line_chart(
+            &dir.join("handoff.svg"),
+            "Handoff latency p50 (us): release to next holder running, one key",
+            "waiters",
+            "us (log)",
+            &series(p50, &["handoff"]),
+            true,
+        )?;
+        let mut md = String::new();
+        let _ = writeln!(md, "# fencelock bench report\n");
+        let _ = writeln!(
+            md,
+            "Every backend runs through the same lock trait; ceilings are measured in the same run.\n"
+        );
+        let _ = writeln!(
+            md,
+            "## Environment\n\n```json\n{}\n```\n",
+            serde_json::to_string_pretty(&self.environment)?
+        );
+        let _ = writeln!(
+            md,
+            "## Performance bars\n\n| bar | measured | holds |\n|---|---|---|"
+        );
+        for b in &self.bars {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} |",
+                b.bar,
+                b.measured,
+                if b.holds { "yes" } else { "**no**" }
+            );
+        }
+        let _ = writeln!(
+            md,
+            "\n## Charts\n\n![throughput](throughput.svg)\n\n![p50](latency-p50.svg)\n\n![p99](latency-p99.svg)\n\n![handoff](handoff.svg)\n"
+        );
+        let _ = writeln!(md, "## Ratios (same run)\n\n| ratio | value |\n|---|---|");
+        for r in &self.ratios {
+            let _ = writeln!(md, "| {} | {:.2} |", r.what, r.value);
+        }
+        let _ = writeln!(
+            md,
+            "\n## All cells\n\n| workload | subject | conc | ops/s | p50 us | p90 us | p99 us | max us | errors |\n|---|---|---|---|---|---|---|---|---|"
+        );
+        for c in &self.cells {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
+                c.workload,
+                c.subject,
+                c.concurrency,
+                c.per_second,
+                c.p50_us,
+                c.p90_us,
+                c.p99_us,
+                c.max_us,
+                c.errors
+            );
+        }
+        if !self.renewals.is_empty() {
+            let _ = writeln!(
+                md,
+                "\n## Renewal traffic\n\n| backend | locks held | seconds | requests | per second | what was counted |\n|---|---|---|---|---|---|"
+            );
+            for r in &self.renewals {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {:.1} | {:.0} | {:.2} | {} |",
+                    r.subject, r.locks, r.seconds, r.requests, r.requests_per_second, r.note
+                );
+            }
+        }
+        let _ = writeln!(
+            md,
+            "\nThe Redis token is a counter that can repeat after a failover, and Redlock's is the largest of independent counters; only etcd's create revision is a fencing token storage can fully rely on (see the README)."
+        );
+        std::fs::write(dir.join("report.md"), md)?;
+        Ok(())
+    }
+}
+
+fn ratio(what: String, value: f64) -> Ratio {
+    Ratio { what, value }
+}
+
+const COLORS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(255, 127, 14),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(23, 190, 207),
+];
+
+/// One line per series over categorical x values (the concurrencies), with markers and a
+/// legend; `log` puts the y axis on a log scale.
+fn line_chart(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &[(String, Vec<(usize, f64)>)],
+    log: bool,
+) -> BoxResult<()> {
+    let mut xs: Vec<usize> = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|(x, _)| *x))
+        .collect();
+    xs.sort_unstable();
+    xs.dedup();
+    if xs.is_empty() {
+        return Ok(());
+    }
+    let index = |x: usize| xs.iter().position(|v| *v == x).unwrap_or(0);
+    let y_max = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|(_, y)| *y))
+        .fold(1.0_f64, f64::max)
+        * 1.3;
+    #[allow(clippy::cast_precision_loss)]
+    let x_range = -0.3..(xs.len() as f64 - 0.7);
+    let root = SVGBackend::new(path, (960, 540)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let labels = xs.clone();
+    let x_label = move |x: &f64| {
+        let i = x.round();
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let i = i.max(0.0) as usize;
+        if (x - x.round()).abs() < 1e-6 {
+            labels.get(i).map(ToString::to_string).unwrap_or_default()
+        } else {
+            String::new()
+        }
+    };
+    let points = |p: &[(usize, f64)]| -> Vec<(f64, f64)> {
+        #[allow(clippy::cast_precision_loss)]
+        p.iter()
+            .map(|(x, y)| (index(*x) as f64, y.max(1.0)))
+            .collect()
+    };
+    macro_rules! draw {
+        ($chart:expr) => {{
+            let mut chart = $chart;
+            chart
+                .configure_mesh()
+                .x_labels(xs.len() * 2 + 1)
+                .x_label_formatter(&x_label)
+                .x_desc(x_desc)
+                .y_desc(y_desc)
+                .draw()?;
+            for (i, (name, p)) in series.iter().enumerate() {
+                let color = COLORS[i % COLORS.len()];
+                let pts = points(p);
+                chart
+                    .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
+                    .label(name.as_str())
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                    });
+                chart.draw_series(pts.into_iter().map(|pt| Circle::new(pt, 4, color.filled())))?;
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperLeft)
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .draw()?;
+        }};
+    }
+    let mut builder = ChartBuilder::on(&root);
+    builder
+        .caption(title, ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(80);
+    if log {
+        draw!(builder.build_cartesian_2d(x_range, (1.0..y_max).log_scale())?);
+    } else {
+        draw!(builder.build_cartesian_2d(x_range, 0.0..y_max)?);
+    }
+    root.present()?;
+    Ok(())
+}

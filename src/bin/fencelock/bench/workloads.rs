@@ -1,0 +1,410 @@
+//! The workloads, each run through the same lock trait for every backend, and the raw
+//! ceilings measured beside them.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
+use fencelock::postgres::Fence;
+use fencelock::testkit::{fetch_metrics, metric_sum};
+use fencelock::{LockBackend, LockGuard, LockOptions};
+use indicatif::ProgressBar;
+
+use super::driver::drive;
+use super::stats::{self, Cell, Renewal};
+use super::{BenchArgs, BoxResult};
+
+/// Collects the cells of one run.
+pub struct Runner<'a> {
+    pub args: &'a BenchArgs,
+    pub progress: ProgressBar,
+    pub cells: Vec<Cell>,
+    pub renewals: Vec<Renewal>,
+    pub run: String,
+}
+
+impl Runner<'_> {
+    fn step(&self, what: &str) {
+        self.progress.set_message(what.to_owned());
+    }
+
+    fn done(&mut self, cell: Cell) {
+        self.progress.inc(1);
+        self.cells.push(cell);
+    }
+
+    /// Plain put, the bare acquire-shaped transaction + delete cycle, and etcd's own Lock
+    /// RPC, on distinct keys at every concurrency.
+    pub async fn etcd_ceilings(&mut self, endpoints: &[String]) -> BoxResult<()> {
+        let client = etcd_client::Client::connect(endpoints, None).await?;
+        let lease = client.clone().lease_grant(60, None).await?.id();
+        let keep = client.clone();
+        // Keep the lease of the Lock RPC alive for the whole run.
+        let (mut keeper, _stream) = keep.clone().lease_keep_alive(lease).await?;
+        let keeping = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                if keeper.keep_alive().await.is_err() {
+                    return;
+                }
+            }
+        });
+        for &c in &self.args.concurrency {
+            let run = self.run.clone();
+            self.step(&format!("etcd put, concurrency {c}"));
+            let cl = client.clone();
+            let cell = drive("ceiling", "etcd put", c, self.args.duration, move |w, i| {
+                let (mut cl, key) = (cl.clone(), format!("bench/{run}/put/{w}"));
+                async move {
+                    cl.put(key, i.to_string(), None).await?;
+                    Ok(())
+                }
+            })
+            .await?;
+            self.done(cell);
+
+            let run = self.run.clone();
+            self.step(&format!("etcd acquire txn + delete, concurrency {c}"));
+            let cl = client.clone();
+            let cell = drive(
+                "ceiling",
+                "etcd txn+delete",
+                c,
+                self.args.duration,
+                move |w, i| {
+                    let mut cl = cl.clone();
+                    let prefix = format!("bench/{run}/txn/{w}/");
+                    let key = format!("{prefix}{i}");
+                    async move {
+                        let newest_two = GetOptions::new()
+                            .with_prefix()
+                            .with_sort(SortTarget::Create, SortOrder::Descend)
+                            .with_limit(2)
+                            .with_keys_only();
+                        let txn = Txn::new()
+                            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                            .and_then([
+                                TxnOp::put(
+                                    key.as_str(),
+                                    [],
+                                    Some(PutOptions::new().with_lease(lease)),
+                                ),
+                                TxnOp::get(prefix.as_str(), Some(newest_two)),
+                            ]);
+                        cl.txn(txn).await?;
+                        cl.delete(key, None).await?;
+                        Ok(())
+                    }
+                },
+            )
+            .await?;
+            self.done(cell);
+
+            let run = self.run.clone();
+            self.step(&format!("etcd Lock RPC, concurrency {c}"));
+            let cl = client.clone();
+            let cell = drive(
+                "ceiling",
+                "etcd Lock RPC",
+                c,
+                self.args.duration,
+                move |w, _| {
+                    let mut cl = cl.clone();
+                    let name = format!("bench/{run}/rpc/{w}");
+                    async move {
+                        let options = etcd_client::LockOptions::new().with_lease(lease);
+                        let locked = cl.lock(name, Some(options)).await?;
+                        cl.unlock(locked.key().to_vec()).await?;
+                        Ok(())
+                    }
+                },
+            )
+            .await?;
+            self.done(cell);
+        }
+        keeping.abort();
+        let _ = client.clone().lease_revoke(lease).await;
+        Ok(())
+    }
+
+    /// A bare `SET NX PX` + compare-and-delete cycle on distinct keys.
+    pub async fn redis_ceiling(&mut self, url: &str) -> BoxResult<()> {
+        let client = redis::Client::open(url)?;
+        let conn = client.get_multiplexed_async_connection().await?;
+        let cad = Arc::new(redis::Script::new(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+        ));
+        for &c in &self.args.concurrency {
+            let run = self.run.clone();
+            self.step(&format!("redis SET NX PX + CAD, concurrency {c}"));
+            let (conn, cad) = (conn.clone(), cad.clone());
+            let cell = drive(
+                "ceiling",
+                "redis SET NX PX+CAD",
+                c,
+                self.args.duration,
+                move |w, i| {
+                    let (mut conn, cad) = (conn.clone(), cad.clone());
+                    let key = format!("bench:{run}:bare:{w}");
+                    async move {
+                        let owner = i.to_string();
+                        let _: Option<String> = redis::cmd("SET")
+                            .arg(&key)
+                            .arg(&owner)
+                            .arg("NX")
+                            .arg("PX")
+                            .arg(10_000)
+                            .query_async(&mut conn)
+                            .await?;
+                        let _: i64 = cad.key(&key).arg(&owner).invoke_async(&mut conn).await?;
+                        Ok(())
+                    }
+                },
+            )
+            .await?;
+            self.done(cell);
+        }
+        Ok(())
+    }
+
+    /// Lock + release cycles on distinct keys (one per worker) at every concurrency.
+    pub async fn distinct<B>(&mut self, subject: &str, locks: B) -> BoxResult<()>
+    where
+        B: LockBackend + Clone + 'static,
+    {
+        for &c in &self.args.concurrency {
+            self.step(&format!("{subject} lock+release, concurrency {c}"));
+            let (locks, run) = (locks.clone(), self.run.clone());
+            let cell = drive(
+                "distinct keys",
+                subject,
+                c,
+                self.args.duration,
+                move |w, _| {
+                    let locks = locks.clone();
+                    let name = format!("bench-{run}-distinct-{w}");
+                    async move {
+                        let guard = locks.lock(&name, &LockOptions::new()).await?;
+                        release(guard).await?;
+                        Ok(())
+                    }
+                },
+            )
+            .await?;
+            self.done(cell);
+        }
+        Ok(())
+    }
+
+    /// One key, `w` waiters: cycles per second and the handoff latency (release by one
+    /// holder to the next holder running).
+    pub async fn contended<B>(&mut self, subject: &str, locks: B) -> BoxResult<()>
+    where
+        B: LockBackend + Clone + 'static,
+    {
+        for &w in &self.args.waiters {
+            self.step(&format!("{subject} contended, {w} waiters"));
+            let grants: Arc<Mutex<Vec<(Instant, Instant)>>> = Arc::default();
+            let name = format!("bench-{}-contended-{w}", self.run);
+            let (l, g) = (locks.clone(), grants.clone());
+            let cell = drive("contended", subject, w, self.args.duration, move |_, _| {
+                let (locks, grants, name) = (l.clone(), g.clone(), name.clone());
+                async move {
+                    let guard = locks.lock(&name, &LockOptions::new()).await?;
+                    let acquired = Instant::now();
+                    let releasing = Instant::now();
+                    if let Ok(mut grants) = grants.lock() {
+                        grants.push((acquired, releasing));
+                    }
+                    release(guard).await?;
+                    Ok(())
+                }
+            })
+            .await?;
+            let mut grants = grants.lock().map_err(|_| "poisoned")?.clone();
+            grants.sort_by_key(|(acquired, _)| *acquired);
+            let mut handoffs = stats::histogram()?;
+            for pair in grants.windows(2) {
+                stats::record(
+                    &mut handoffs,
+                    pair[1].0.saturating_duration_since(pair[0].1),
+                );
+            }
+            let seconds = Duration::from_secs_f64(cell.seconds);
+            let mut handoff = Cell::new("handoff", subject, w, &handoffs, 0, seconds);
+            handoff.per_second = cell.per_second;
+            self.cells.push(cell);
+            if !handoffs.is_empty() {
+                self.cells.push(handoff);
+            }
+            self.progress.inc(1);
+        }
+        Ok(())
+    }
+
+    /// lock + fenced PostgreSQL write + release, against lock + plain write + release.
+    pub async fn fenced_write<B>(
+        &mut self,
+        subject: &str,
+        locks: B,
+        postgres: &str,
+    ) -> BoxResult<()>
+    where
+        B: LockBackend + Clone + 'static,
+    {
+        let (client, connection) = tokio_postgres::connect(postgres, tokio_postgres::NoTls).await?;
+        tokio::spawn(connection);
+        let resource = format!("bench-{}-{subject}", self.run);
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE IF NOT EXISTS bench_inventory (sku text PRIMARY KEY, available bigint); \
+                 INSERT INTO bench_inventory VALUES ('{resource}', 1000000000) ON CONFLICT DO NOTHING;"
+            ))
+            .await?;
+        Fence::new().ensure_schema(&client).await?;
+        let client = Arc::new(tokio::sync::Mutex::new(client));
+        for fenced in [false, true] {
+            let workload = if fenced {
+                "fenced write"
+            } else {
+                "plain write"
+            };
+            self.step(&format!("{subject} lock + {workload} + release"));
+            let (l, c, r) = (locks.clone(), client.clone(), resource.clone());
+            let cell = drive(workload, subject, 1, self.args.duration, move |_, _| {
+                let (locks, client, resource) = (l.clone(), c.clone(), r.clone());
+                async move {
+                    let guard = locks.lock(&resource, &LockOptions::new()).await?;
+                    let mut client = client.lock().await;
+                    let update =
+                        "UPDATE bench_inventory SET available = available - 1 WHERE sku = $1";
+                    if fenced {
+                        let tx = Fence::new()
+                            .begin(&mut client, &resource, guard.token())
+                            .await?;
+                        tx.execute(update, &[&resource]).await?;
+                        tx.commit().await?;
+                    } else {
+                        let tx = client.transaction().await?;
+                        tx.execute(update, &[&resource]).await?;
+                        tx.commit().await?;
+                    }
+                    drop(client);
+                    release(guard).await?;
+                    Ok(())
+                }
+            })
+            .await?;
+            self.done(cell);
+        }
+        Ok(())
+    }
+
+    /// Holds many locks on one client and counts what the servers receive to keep them.
+    pub async fn renewal<B, C, CF>(
+        &mut self,
+        subject: &str,
+        locks: B,
+        count_requests: C,
+        note: &str,
+    ) -> BoxResult<()>
+    where
+        B: LockBackend + Clone + 'static,
+        C: Fn() -> CF,
+        CF: std::future::Future<Output = BoxResult<f64>>,
+    {
+        let n = self.args.renewal_locks;
+        self.step(&format!("{subject}: taking {n} locks"));
+        let options = LockOptions::new().with_ttl(Duration::from_secs(10));
+        let mut guards = Vec::with_capacity(n);
+        let mut pending = Vec::new();
+        for i in 0..n {
+            let (locks, options, name) = (
+                locks.clone(),
+                options.clone(),
+                format!("bench-{}-held-{i}", self.run),
+            );
+            pending.push(tokio::spawn(
+                async move { locks.lock(&name, &options).await },
+            ));
+            if pending.len() == 64 || i + 1 == n {
+                for task in pending.drain(..) {
+                    guards.push(task.await??);
+                }
+            }
+        }
+        self.step(&format!(
+            "{subject}: holding {n} locks for {:?}",
+            self.args.renewal_duration
+        ));
+        let before = count_requests().await?;
+        let started = Instant::now();
+        tokio::time::sleep(self.args.renewal_duration).await;
+        let requests = count_requests().await? - before;
+        let seconds = started.elapsed().as_secs_f64();
+        let held = guards.iter().filter(|g| g.is_held()).count();
+        if held != n {
+            return Err(
+                format!("{subject}: only {held} of {n} locks still held after the window").into(),
+            );
+        }
+        self.renewals.push(Renewal {
+            subject: subject.to_owned(),
+            locks: n,
+            seconds,
+            requests,
+            requests_per_second: requests / seconds,
+            note: note.to_owned(),
+        });
+        self.progress.inc(1);
+        self.step(&format!("{subject}: releasing {n} locks"));
+        for guard in guards {
+            let _ = guard.release().await;
+        }
+        Ok(())
+    }
+}
+
+/// Releases, counting a lock found lost as a failed cycle.
+async fn release<G: LockGuard>(guard: G) -> BoxResult<()> {
+    match guard.release().await? {
+        fencelock::ReleaseOutcome::Released => Ok(()),
+        _ => Err("the lock was lost before its release".into()),
+    }
+}
+
+/// Keep-alive messages etcd members received (summed over the endpoints).
+pub async fn etcd_keepalives(endpoints: Vec<String>) -> BoxResult<f64> {
+    let mut total = 0.0;
+    for endpoint in &endpoints {
+        let metrics = fetch_metrics(endpoint).await?;
+        total += metric_sum(
+            &metrics,
+            "grpc_server_msg_received_total",
+            &["grpc_method=\"LeaseKeepAlive\""],
+        );
+    }
+    Ok(total)
+}
+
+/// `EVALSHA` calls the Redis servers ran (summed over the URLs).
+pub async fn redis_evalsha(urls: Vec<String>) -> BoxResult<f64> {
+    let mut total = 0.0;
+    for url in &urls {
+        let mut conn = redis::Client::open(url.as_str())?
+            .get_multiplexed_async_connection()
+            .await?;
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await?;
+        let calls = info
+            .lines()
+            .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        total += calls;
+    }
+    Ok(total)
+}
