@@ -161,7 +161,7 @@ impl Acquisition {
             .or_else([TxnOp::get(key, Some(GetOptions::new().with_keys_only()))]);
         let name = Some(self.name.as_str());
         let response = call_retrying("acquire", name, inner.config.request_timeout, || {
-            let mut client = inner.client.clone();
+            let mut client = inner.kv.clone();
             let txn = txn.clone();
             async move { client.txn(txn).await }
         })
@@ -241,7 +241,7 @@ impl Acquisition {
             Some(&self.name),
             inner.config.request_timeout,
             || {
-                let mut client = inner.client.clone();
+                let mut client = inner.kv.clone();
                 let options = options.clone();
                 async move { client.get(self.prefix.as_str(), Some(options)).await }
             },
@@ -267,7 +267,7 @@ impl Acquisition {
         let inner = self.inner();
         let timeout = inner.config.request_timeout;
         let delete = call_retrying("acquire cleanup", Some(&self.name), timeout, || {
-            let mut client = inner.client.clone();
+            let mut client = inner.kv.clone();
             async move { client.delete(key, None).await }
         });
         if let Err(err) = delete.await {
@@ -292,7 +292,7 @@ pub(crate) async fn delete_if_owner(
         )])
         .and_then([TxnOp::delete(key, None)]);
     let response = call_retrying("release", Some(name), inner.config.request_timeout, || {
-        let mut client = inner.client.clone();
+        let mut client = inner.kv.clone();
         let txn = txn.clone();
         async move { client.txn(txn).await }
     })

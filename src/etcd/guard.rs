@@ -73,7 +73,7 @@ impl EtcdGuard {
             )])
             .and_then(ops);
         let inner = &self.session.inner;
-        let mut client = inner.client.clone();
+        let mut client = inner.kv.clone();
         let timeout = inner.config.request_timeout;
         let response = call("guarded txn", Some(&self.name), timeout, client.txn(txn)).await?;
         if response.succeeded() {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use etcd_client::{Client, KvClient, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -32,6 +32,8 @@ pub struct Session {
 
 pub(crate) struct SessionInner {
     pub(crate) client: Client,
+    /// The key-value client alone: cheaper to clone per request than the whole client.
+    pub(crate) kv: KvClient,
     pub(crate) config: Arc<EtcdConfig>,
     lease_id: i64,
     ttl: Duration,
@@ -105,6 +107,7 @@ impl Session {
         let hub = WatchHub::start(client.clone());
         Ok(Self {
             inner: Arc::new(SessionInner {
+                kv: client.kv_client(),
                 client,
                 config,
                 lease_id,

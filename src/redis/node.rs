@@ -90,21 +90,25 @@ impl Node {
         self.conn.clone()
     }
 
+    /// One request; the connection's own response timeout bounds it (no second timer).
     async fn call<T>(
         &self,
         operation: &'static str,
         lock: Option<&str>,
         request: impl Future<Output = Result<T, RedisError>>,
     ) -> Result<T, LockError> {
-        match tokio::time::timeout(self.timeout, request).await {
-            Ok(result) => result.map_err(|err| map_error(self.backend, operation, lock, err)),
-            Err(_) => Err(LockError::Timeout {
-                backend: self.backend,
-                operation,
-                lock: lock.map(str::to_owned),
-                after: self.timeout,
-            }),
-        }
+        request.await.map_err(|err| {
+            if err.is_timeout() {
+                LockError::Timeout {
+                    backend: self.backend,
+                    operation,
+                    lock: lock.map(str::to_owned),
+                    after: self.timeout,
+                }
+            } else {
+                map_error(self.backend, operation, lock, err)
+            }
+        })
     }
 
     /// One acquire attempt: `SET NX PX` + `INCR` in one script call.

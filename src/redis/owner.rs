@@ -17,7 +17,13 @@ pub(crate) fn owner_value() -> String {
         let count = u128::from(FALLBACK.fetch_add(1, Ordering::Relaxed));
         bytes = (nanos ^ (count << 64) ^ u128::from(std::process::id())).to_le_bytes();
     }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(32);
+    for b in bytes {
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0x0f)]));
+    }
+    out
 }
 
 /// `base` stretched by a random 0-20 %, so that waiters woken by the same expiry do not

@@ -39,6 +39,16 @@ struct Shared {
     held: Mutex<HashMap<u64, Held>>,
     next_id: AtomicU64,
     changed: Notify,
+    /// When the task next wakes, in nanoseconds since `base`: a new lock wakes the task
+    /// only if it needs attention sooner, so taking a lock costs no scan of the others.
+    planned_wake: AtomicU64,
+    base: Instant,
+}
+
+impl Shared {
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
+    }
 }
 
 /// Handle to the renewal task; the task stops when the handle is dropped.
@@ -64,6 +74,8 @@ impl Renewer {
             held: Mutex::default(),
             next_id: AtomicU64::new(1),
             changed: Notify::new(),
+            planned_wake: AtomicU64::new(u64::MAX),
+            base: Instant::now(),
         });
         let (stop_tx, stop_rx) = oneshot::channel();
         tokio::spawn(run(shared.clone(), stop_rx));
@@ -89,20 +101,34 @@ impl Renewer {
         sent: Instant,
     ) -> Registration {
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
-        let clock = Arc::new(LeaseClock::new(sent + ttl.saturating_sub(self.drift(ttl))));
+        let deadline = sent + ttl.saturating_sub(self.drift(ttl));
+        let clock = Arc::new(LeaseClock::new(deadline));
+        let needs = if renew {
+            deadline.min(Instant::now() + (ttl / 3).max(MIN_INTERVAL))
+        } else {
+            deadline
+        };
         let (notifier, loss) = loss_channel();
-        held(&self.shared).insert(
-            id,
-            Held {
-                key,
-                owner,
-                ttl,
-                renew,
-                notifier,
-                clock: clock.clone(),
-            },
-        );
-        self.shared.changed.notify_one();
+        let needs = self.shared.nanos(needs);
+        let wake = {
+            // Under the map's lock, so that the task's plan and this check cannot cross.
+            let mut held = held(&self.shared);
+            held.insert(
+                id,
+                Held {
+                    key,
+                    owner,
+                    ttl,
+                    renew,
+                    notifier,
+                    clock: clock.clone(),
+                },
+            );
+            needs < self.shared.planned_wake.fetch_min(needs, Ordering::AcqRel)
+        };
+        if wake {
+            self.shared.changed.notify_one();
+        }
         Registration { id, loss, clock }
     }
 
@@ -130,8 +156,8 @@ const FAR: Duration = Duration::from_secs(24 * 60 * 60);
 async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
     let mut next_tick = Instant::now() + FAR;
     loop {
-        let (interval, earliest) = schedule(&shared);
-        next_tick = next_tick.min(Instant::now() + interval);
+        let earliest;
+        (next_tick, earliest) = plan(&shared, next_tick);
         tokio::select! {
             biased;
             _ = &mut stop => return,
@@ -140,15 +166,27 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
             () = tokio::time::sleep_until(next_tick) => {
                 renew_all(&shared).await;
                 expire_due(&shared);
-                next_tick = Instant::now() + schedule(&shared).0;
+                // Ticks follow from the last one; `plan` only ever brings them forward.
+                next_tick = Instant::now() + FAR;
             }
         }
     }
 }
 
-/// (tick interval, earliest deadline) over the tracked locks.
-fn schedule(shared: &Shared) -> (Duration, Instant) {
+/// The next tick (no later than `next_tick`) and the earliest deadline, with the wake-up
+/// time published under the map's lock.
+fn plan(shared: &Shared, next_tick: Instant) -> (Instant, Instant) {
     let held = held(shared);
+    let (interval, earliest) = schedule(&held);
+    let next_tick = next_tick.min(Instant::now() + interval);
+    shared
+        .planned_wake
+        .store(shared.nanos(next_tick.min(earliest)), Ordering::Release);
+    (next_tick, earliest)
+}
+
+/// (tick interval, earliest deadline) over the tracked locks.
+fn schedule(held: &HashMap<u64, Held>) -> (Duration, Instant) {
     let interval = held
         .values()
         .filter(|h| h.renew)

@@ -153,26 +153,35 @@ pub async fn run(args: BenchArgs) -> BoxResult<()> {
         _ => None,
     };
 
-    if let (true, Some(endpoints)) = (wants("etcd"), &targets.etcd) {
-        runner.etcd_ceilings(endpoints).await?;
-    }
-    if let (true, Some(url)) = (wants("redis"), &targets.redis) {
-        runner.redis_ceiling(url).await?;
+    // Each concurrency level runs every subject back to back, ceiling first, so that a
+    // ratio compares cells measured minutes apart at most, on the same server state.
+    for &c in &args.concurrency {
+        let c = [c];
+        if let (true, Some(endpoints), Some(locks)) = (wants("etcd"), &targets.etcd, &etcd) {
+            runner.etcd_ceilings(endpoints, &c).await?;
+            runner.distinct("etcd", locks.clone(), &c).await?;
+        }
+        if let (true, Some(url), Some(locks)) = (wants("redis"), &targets.redis, &redis) {
+            runner.redis_ceiling(url, &c).await?;
+            runner.distinct("redis", locks.clone(), &c).await?;
+        }
+        if let Some(locks) = &redlock {
+            runner.distinct("redlock", locks.clone(), &c).await?;
+        }
+        if let Some(locks) = &postgres {
+            runner.distinct("postgres", locks.clone(), &c).await?;
+        }
     }
     if let (true, Some(locks)) = (wants("etcd"), &etcd) {
-        runner.distinct("etcd", locks.clone()).await?;
         runner.contended("etcd", locks.clone()).await?;
     }
     if let (true, Some(locks)) = (wants("redis"), &redis) {
-        runner.distinct("redis", locks.clone()).await?;
         runner.contended("redis", locks.clone()).await?;
     }
     if let Some(locks) = &redlock {
-        runner.distinct("redlock", locks.clone()).await?;
         runner.contended("redlock", locks.clone()).await?;
     }
     if let Some(locks) = &postgres {
-        runner.distinct("postgres", locks.clone()).await?;
         runner.contended("postgres", locks.clone()).await?;
     }
     if let Some(conn) = targets.postgres.as_deref().filter(|_| wants("postgres")) {
@@ -246,7 +255,7 @@ fn planned_cells(args: &BenchArgs) -> u64 {
     let w = args.waiters.len();
     let mut cells = 0;
     if wants("etcd") {
-        cells += 3 * c;
+        cells += 4 * c;
     }
     if wants("redis") {
         cells += c;

@@ -297,9 +297,9 @@ impl Outcome {
             &dir.join("throughput.svg"),
             "Lock + release cycles per second, distinct keys",
             "concurrency",
-            "cycles/s",
+            "cycles/s (log)",
             &series(|c| c.per_second, &["distinct keys", "ceiling"]),
-            false,
+            true,
         )?;
         line_chart(
             &dir.join("latency-p50.svg"),

@@ -35,7 +35,11 @@ impl Runner<'_> {
 
     /// Plain put, the bare acquire-shaped transaction + delete cycle, and etcd's own Lock
     /// RPC, on distinct keys at every concurrency.
-    pub async fn etcd_ceilings(&mut self, endpoints: &[String]) -> BoxResult<()> {
+    pub async fn etcd_ceilings(
+        &mut self,
+        endpoints: &[String],
+        concurrencies: &[usize],
+    ) -> BoxResult<()> {
         let client = etcd_client::Client::connect(endpoints, None).await?;
         let lease = client.clone().lease_grant(60, None).await?.id();
         let keep = client.clone();
@@ -49,7 +53,7 @@ impl Runner<'_> {
                 }
             }
         });
-        for &c in &self.args.concurrency {
+        for &c in concurrencies {
             let run = self.run.clone();
             self.step(&format!("etcd put, concurrency {c}"));
             let cl = client.clone();
@@ -100,6 +104,54 @@ impl Runner<'_> {
             .await?;
             self.done(cell);
 
+            // The same cycle with the release guarded by the create revision, as a correct
+            // lock must: what the guard costs the server, apart from everything else.
+            let run = self.run.clone();
+            self.step(&format!(
+                "etcd acquire txn + guarded delete, concurrency {c}"
+            ));
+            let cl = client.clone();
+            let cell = drive(
+                "ceiling",
+                "etcd txn+guarded del",
+                c,
+                self.args.duration,
+                move |w, i| {
+                    let mut cl = cl.clone();
+                    let prefix = format!("bench/{run}/gtxn/{w}/");
+                    let key = format!("{prefix}{i}");
+                    async move {
+                        let newest_two = GetOptions::new()
+                            .with_prefix()
+                            .with_sort(SortTarget::Create, SortOrder::Descend)
+                            .with_limit(2)
+                            .with_keys_only();
+                        let txn = Txn::new()
+                            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                            .and_then([
+                                TxnOp::put(
+                                    key.as_str(),
+                                    [],
+                                    Some(PutOptions::new().with_lease(lease)),
+                                ),
+                                TxnOp::get(prefix.as_str(), Some(newest_two)),
+                            ]);
+                        let revision = cl.txn(txn).await?.header().map_or(0, |h| h.revision());
+                        let release = Txn::new()
+                            .when([Compare::create_revision(
+                                key.as_str(),
+                                CompareOp::Equal,
+                                revision,
+                            )])
+                            .and_then([TxnOp::delete(key.as_str(), None)]);
+                        cl.txn(release).await?;
+                        Ok(())
+                    }
+                },
+            )
+            .await?;
+            self.done(cell);
+
             let run = self.run.clone();
             self.step(&format!("etcd Lock RPC, concurrency {c}"));
             let cl = client.clone();
@@ -128,13 +180,13 @@ impl Runner<'_> {
     }
 
     /// A bare `SET NX PX` + compare-and-delete cycle on distinct keys.
-    pub async fn redis_ceiling(&mut self, url: &str) -> BoxResult<()> {
+    pub async fn redis_ceiling(&mut self, url: &str, concurrencies: &[usize]) -> BoxResult<()> {
         let client = redis::Client::open(url)?;
         let conn = client.get_multiplexed_async_connection().await?;
         let cad = Arc::new(redis::Script::new(
             "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
         ));
-        for &c in &self.args.concurrency {
+        for &c in concurrencies {
             let run = self.run.clone();
             self.step(&format!("redis SET NX PX + CAD, concurrency {c}"));
             let (conn, cad) = (conn.clone(), cad.clone());
@@ -168,11 +220,16 @@ impl Runner<'_> {
     }
 
     /// Lock + release cycles on distinct keys (one per worker) at every concurrency.
-    pub async fn distinct<B>(&mut self, subject: &str, locks: B) -> BoxResult<()>
+    pub async fn distinct<B>(
+        &mut self,
+        subject: &str,
+        locks: B,
+        concurrencies: &[usize],
+    ) -> BoxResult<()>
     where
         B: LockBackend + Clone + 'static,
     {
-        for &c in &self.args.concurrency {
+        for &c in concurrencies {
             self.step(&format!("{subject} lock+release, concurrency {c}"));
             let (locks, run) = (locks.clone(), self.run.clone());
             let cell = drive(
