@@ -1,17 +1,20 @@
 //! Lock key layout: `<namespace>/<name>/<lease id hex>-<local sequence>`.
 //!
+//! Public so that operators' tools can find a lock's holder and waiters (`etcdctl get
+//! --prefix <lock_prefix>`), sorted by create revision.
+//!
 //! The lease id makes keys unique across clients; the local sequence makes them unique
 //! across acquisitions of one client, so two tasks sharing a session each get their own
 //! place in the queue and exclude each other (Go's mutex uses one key per session and
 //! does not).
 
 /// The prefix that holds every key (holder and waiters) of one lock.
-pub(crate) fn lock_prefix(namespace: &str, name: &str) -> String {
+pub fn lock_prefix(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}/")
 }
 
 /// One acquisition's key under `prefix`.
-pub(crate) fn waiter_key(prefix: &str, lease_id: i64, sequence: u64) -> String {
+pub fn waiter_key(prefix: &str, lease_id: i64, sequence: u64) -> String {
     format!("{prefix}{lease_id:016x}-{sequence}")
 }
 

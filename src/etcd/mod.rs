@@ -18,5 +18,6 @@ mod watch_hub;
 
 pub use config::EtcdConfig;
 pub use guard::EtcdGuard;
+pub use keys::{lock_prefix, waiter_key};
 pub use locker::{EtcdLocker, MIN_TTL};
 pub use session::Session;

@@ -235,6 +235,9 @@ pub async fn run(args: BenchArgs) -> BoxResult<()> {
     let outcome = report::Outcome::new(environment, runner.cells, runner.renewals);
     print!("{}", outcome.table());
     if let Some(path) = &args.json {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
         std::fs::write(path, serde_json::to_string_pretty(&outcome)?)?;
         eprintln!("figures written to {}", path.display());
     }
