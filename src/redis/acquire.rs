@@ -1,16 +1,13 @@
 //! Taking a Redis or Redlock lock: attempt, and while taken, wait for the release message
 //! or a bounded, jittered sleep, whichever comes first.
 //!
-//! Like the etcd backend, each acquisition runs in a task of its own: if the caller drops
-//! its future, the task finishes the attempt in flight and releases anything it got.
+//! Cancel safety comes from the owner value rather than a task: see [`acquire`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use tokio::sync::oneshot;
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use super::core::Core;
 use super::guard::RedisGuard;
@@ -24,7 +21,15 @@ use crate::{FencingToken, LockError, LockOptions};
 /// Redlock client behaviour of a short random delay between attempts.
 const RETRY_DELAY: Duration = Duration::from_millis(100);
 
-/// Runs one acquisition in its own task. `wait`: queue up (`lock`) or not (`try_lock`).
+/// Runs one acquisition. `wait`: queue up (`lock`) or not (`try_lock`).
+///
+/// # Cancel safety
+///
+/// Every attempt uses the same random owner value, and the lock can only ever hold that
+/// value if one of our attempts set it. If this future is dropped (while an attempt is in
+/// flight, or between attempts), a compare-and-delete with that owner value is sent in the
+/// background: on each connection it queues behind the attempt, so it removes the lock if
+/// the attempt set it and does nothing otherwise. No task is spawned on the way in.
 pub(crate) async fn acquire(
     core: Arc<Core>,
     subscriber: Option<Arc<Subscriber>>,
@@ -32,8 +37,7 @@ pub(crate) async fn acquire(
     options: &LockOptions,
     wait: bool,
 ) -> Result<Option<RedisGuard>, LockError> {
-    let (reply, answer) = oneshot::channel();
-    let task = Acquisition {
+    let mut acquisition = Acquisition {
         keys: core.keys(name),
         core,
         subscriber,
@@ -41,19 +45,15 @@ pub(crate) async fn acquire(
         owner: owner_value(),
         options: options.clone(),
         started: Instant::now(),
+        armed: true,
     };
-    tokio::spawn(task.run(wait, reply).instrument(tracing::Span::current()));
-    answer.await.unwrap_or_else(|_| {
-        Err(LockError::Backend {
-            backend: crate::Backend::Redis,
-            operation: "acquire",
-            lock: Some(name.to_owned()),
-            source: "the acquisition task stopped (runtime shutting down?)".into(),
-        })
-    })
+    let outcome = acquisition.run(wait).await;
+    // A granted lock now belongs to its guard; a refused attempt set nothing (Redlock
+    // undoes partial grants itself), and a wait timeout came after a refused attempt.
+    // Only a failed request may have been applied without our knowing.
+    acquisition.armed = matches!(&outcome, Err(err) if !err.is_wait_timeout());
+    outcome
 }
-
-type Reply = oneshot::Sender<Result<Option<RedisGuard>, LockError>>;
 
 struct Acquisition {
     core: Arc<Core>,
@@ -63,10 +63,34 @@ struct Acquisition {
     owner: String,
     options: LockOptions,
     started: Instant,
+    /// Whether dropping this must clean up after a possibly applied attempt.
+    armed: bool,
+}
+
+impl Drop for Acquisition {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (core, keys, owner, name) = (
+            self.core.clone(),
+            self.keys.clone(),
+            std::mem::take(&mut self.owner),
+            std::mem::take(&mut self.name),
+        );
+        runtime.spawn(async move {
+            if let Err(err) = core.release(&keys, &owner, &name).await {
+                tracing::debug!(%err, lock = %name, "cleanup after an abandoned attempt failed; the TTL will");
+            }
+        });
+    }
 }
 
 impl Acquisition {
-    async fn run(self, wait: bool, mut reply: Reply) {
+    async fn run(&mut self, wait: bool) -> Result<Option<RedisGuard>, LockError> {
         let deadline = self.options.wait_timeout().map(|t| self.started + t);
         let mut interest: Option<Interest> = None;
         loop {
@@ -78,22 +102,12 @@ impl Acquisition {
                 n.enable();
             }
             let sent = Instant::now();
-            let remaining = match self.attempt().await {
-                Err(err) => {
-                    let _ = reply.send(Err(err));
-                    return;
-                }
-                Ok(Attempt::Granted(token)) => {
-                    let guard = self.into_guard(token, sent);
-                    // If the caller is gone, the guard comes back and its drop releases.
-                    let _ = reply.send(Ok(Some(guard)));
-                    return;
-                }
-                Ok(Attempt::Held { remaining }) => remaining,
+            let remaining = match self.attempt().await? {
+                Attempt::Granted(token) => return Ok(Some(self.guard(token, sent))),
+                Attempt::Held { remaining } => remaining,
             };
             if !wait {
-                let _ = reply.send(Ok(None));
-                return;
+                return Ok(None);
             }
             if let (None, Some(subscriber)) = (&interest, &self.subscriber) {
                 // Subscribe, then try again at once: the holder may have released
@@ -112,13 +126,11 @@ impl Acquisition {
                 () = async { if let Some(n) = notified.as_mut().as_pin_mut() { n.await } else { std::future::pending().await } } => {}
                 () = tokio::time::sleep(sleep) => {}
                 () = sleep_until_opt(deadline) => {
-                    let _ = reply.send(Err(LockError::WaitTimeout {
+                    return Err(LockError::WaitTimeout {
                         name: self.name.clone(),
                         waited: self.options.wait_timeout().unwrap_or_default(),
-                    }));
-                    return;
+                    });
                 }
-                () = reply.closed() => return,
             }
         }
     }
@@ -176,7 +188,7 @@ impl Acquisition {
         Ok(Attempt::Held { remaining })
     }
 
-    fn into_guard(self, token: FencingToken, sent: Instant) -> RedisGuard {
+    fn guard(&self, token: FencingToken, sent: Instant) -> RedisGuard {
         let registration = self.core.renewer.register(
             self.keys.lock.clone(),
             self.owner.clone(),
@@ -186,10 +198,10 @@ impl Acquisition {
         );
         tracing::debug!(%token, "lock acquired");
         RedisGuard::new(
-            self.core,
-            self.name,
-            self.keys,
-            self.owner,
+            self.core.clone(),
+            self.name.clone(),
+            self.keys.clone(),
+            self.owner.clone(),
             token,
             registration,
         )

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod cancel_safety;
 mod exclusion;
 mod failover;
 mod invalid_input;
