@@ -1,7 +1,9 @@
 //! `fencelock`: the command-line tool. `fencelock bench` runs the head-to-head benchmark
-//! of every lock backend on local servers it starts itself (or on given endpoints).
+//! of every lock backend on local servers it starts itself (or on given endpoints);
+//! `fencelock run` runs a command while holding a lock.
 
 mod bench;
+mod run;
 
 use std::process::ExitCode;
 
@@ -19,6 +21,8 @@ struct Cli {
 enum Command {
     /// Benchmark every lock backend through the same trait, beside the raw ceilings.
     Bench(bench::BenchArgs),
+    /// Run a command while holding an etcd lock; terminate it if the lock is lost.
+    Run(run::RunArgs),
 }
 
 fn main() -> ExitCode {
@@ -33,12 +37,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let args = match cli.command {
+        // `run` forwards signals to its command instead of stopping at Ctrl-C.
+        Command::Run(args) => return runtime.block_on(run::run(args)),
+        Command::Bench(args) => args,
+    };
     let outcome = runtime.block_on(async {
-        let work = async {
-            match cli.command {
-                Command::Bench(args) => bench::run(args).await,
-            }
-        };
+        let work = bench::run(args);
         // Ctrl-C drops the work: every server it started is stopped by its handle.
         tokio::select! {
             result = work => Some(result),

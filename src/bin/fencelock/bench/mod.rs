@@ -74,7 +74,8 @@ pub struct BenchArgs {
     pub report: Option<PathBuf>,
 }
 
-fn parse_duration(text: &str) -> Result<Duration, String> {
+/// Parses `500ms`, `3s`, `1.5m` (a bare number is seconds).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let (number, unit) = text
         .find(|c: char| !c.is_ascii_digit() && c != '.')

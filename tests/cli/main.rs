@@ -1,0 +1,3 @@
+//! Tests of the `fencelock` command line against real servers.
+
+mod run;

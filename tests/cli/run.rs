@@ -1,0 +1,102 @@
+//! `fencelock run`: one invocation at a time, with increasing tokens; the command is
+//! terminated when its lease is revoked.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use fencelock::testkit::EtcdCluster;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+fn fencelock(etcd: &EtcdCluster) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_fencelock"));
+    command.args([
+        "run",
+        "--etcd",
+        &etcd.endpoint(0),
+        "--namespace",
+        "cli-test",
+    ]);
+    command.kill_on_drop(true);
+    command
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_invocations_run_one_at_a_time_with_increasing_tokens() {
+    let etcd = EtcdCluster::single().await.expect("etcd");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("log");
+    let script = format!(
+        "echo start $FENCELOCK_TOKEN >> {0}; sleep 0.2; echo end $FENCELOCK_TOKEN >> {0}",
+        log.display()
+    );
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let mut command = fencelock(&etcd);
+        command.args(["--lock", "nightly", "--", "sh", "-c", &script]);
+        runs.push(command.status());
+    }
+    for run in runs {
+        let status = tokio::time::timeout(Duration::from_secs(20), run)
+            .await
+            .expect("finishes")
+            .expect("runs");
+        assert!(status.success(), "{status}");
+    }
+    let text = std::fs::read_to_string(&log).expect("log");
+    let lines: Vec<(&str, u64)> = text
+        .lines()
+        .map(|line| {
+            let (what, token) = line.split_once(' ').expect("line");
+            (what, token.parse().expect("token"))
+        })
+        .collect();
+    assert_eq!(lines.len(), 6, "{text}");
+    let mut previous = 0;
+    for pair in lines.chunks(2) {
+        // Each run's start is followed by its own end: never two at once.
+        assert_eq!(pair[0].0, "start", "{text}");
+        assert_eq!(pair[1], ("end", pair[0].1), "{text}");
+        assert!(pair[0].1 > previous, "tokens increase: {text}");
+        previous = pair[0].1;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_is_terminated_when_the_lease_is_revoked() {
+    let etcd = EtcdCluster::single().await.expect("etcd");
+    let mut command = fencelock(&etcd);
+    command
+        .args(["--lock", "cron", "--ttl", "2s", "--grace", "1s", "--"])
+        .args([
+            "sh",
+            "-c",
+            "echo key=$FENCELOCK_KEY; sleep 30; echo finished",
+        ])
+        .stdout(Stdio::piped());
+    let mut child = command.spawn().expect("spawn");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("command started")
+        .expect("read")
+        .expect("a line");
+    let key = first.strip_prefix("key=").expect("key line").to_owned();
+
+    let mut client = etcd.client().await.expect("client");
+    let lease = client.get(key.as_str(), None).await.expect("get").kvs()[0].lease();
+    client.lease_revoke(lease).await.expect("revoke");
+
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("fencelock exits")
+        .expect("status");
+    assert_eq!(
+        status.code(),
+        Some(76),
+        "exit status says the lock was lost"
+    );
+    let rest = lines.next_line().await.expect("read");
+    assert_eq!(rest, None, "the command was stopped before it finished");
+}
