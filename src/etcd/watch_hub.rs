@@ -15,6 +15,9 @@ use etcd_client::{Client, EventType, WatchFilterType, WatchOptions, WatchRespons
 use etcd_client::{WatchRequestSender, WatchResponseStream};
 use tokio::sync::mpsc;
 
+/// How long opening the session's watch stream may take.
+const OPEN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// What a registered watch reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum WatchSignal {
@@ -182,12 +185,21 @@ impl HubTask {
                     .with_filters([WatchFilterType::NoPut]);
                 let sent = match &mut self.stream {
                     Some((sender, _)) => sender.watch(key, Some(options)).await,
-                    None => match self.client.watch(key, Some(options)).await {
-                        Ok(stream) => {
+                    // Bounded: a hub stuck on an unreachable member would stall every wait.
+                    None => match tokio::time::timeout(
+                        OPEN_TIMEOUT,
+                        self.client.watch(key, Some(options)),
+                    )
+                    .await
+                    {
+                        Ok(Ok(stream)) => {
                             self.stream = Some(stream.split());
                             Ok(())
                         }
-                        Err(err) => Err(err),
+                        Ok(Err(err)) => Err(err),
+                        Err(_) => Err(etcd_client::Error::WatchError(
+                            "opening the watch stream timed out".into(),
+                        )),
                     },
                 };
                 match sent {

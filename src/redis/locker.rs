@@ -90,15 +90,7 @@ impl LockBackend for RedisLocker {
 
     #[tracing::instrument(skip(self, options), fields(backend = "redis"))]
     async fn lock(&self, name: &str, options: &LockOptions) -> Result<RedisGuard, LockError> {
-        validate(name, options)?;
-        let guard = acquire(
-            self.core.clone(),
-            Some(self.subscriber.clone()),
-            name,
-            options,
-            true,
-        );
-        guard.await?.ok_or_else(|| no_lock(Backend::Redis, name))
+        lock_on(&self.core, Some(&self.subscriber), name, options).await
     }
 
     #[tracing::instrument(skip(self, options), fields(backend = "redis"))]
@@ -107,8 +99,7 @@ impl LockBackend for RedisLocker {
         name: &str,
         options: &LockOptions,
     ) -> Result<Option<RedisGuard>, LockError> {
-        validate(name, options)?;
-        acquire(self.core.clone(), None, name, options, false).await
+        try_lock_on(&self.core, name, options).await
     }
 }
 
@@ -155,9 +146,7 @@ impl LockBackend for RedlockLocker {
 
     #[tracing::instrument(skip(self, options), fields(backend = "redlock"))]
     async fn lock(&self, name: &str, options: &LockOptions) -> Result<RedisGuard, LockError> {
-        validate(name, options)?;
-        let guard = acquire(self.core.clone(), None, name, options, true).await?;
-        guard.ok_or_else(|| no_lock(Backend::Redlock, name))
+        lock_on(&self.core, None, name, options).await
     }
 
     #[tracing::instrument(skip(self, options), fields(backend = "redlock"))]
@@ -166,21 +155,38 @@ impl LockBackend for RedlockLocker {
         name: &str,
         options: &LockOptions,
     ) -> Result<Option<RedisGuard>, LockError> {
-        validate(name, options)?;
-        acquire(self.core.clone(), None, name, options, false).await
+        try_lock_on(&self.core, name, options).await
     }
+}
+
+/// `lock` for both lockers; `subscriber` wakes waiters on release messages (single Redis).
+async fn lock_on(
+    core: &Arc<Core>,
+    subscriber: Option<&Arc<Subscriber>>,
+    name: &str,
+    options: &LockOptions,
+) -> Result<RedisGuard, LockError> {
+    validate(name, options)?;
+    let guard = acquire(core.clone(), subscriber.cloned(), name, options, true).await?;
+    guard.ok_or_else(|| LockError::Backend {
+        backend: core.backend,
+        operation: "acquire",
+        lock: Some(name.to_owned()),
+        source: "a waiting acquisition returned without the lock".into(),
+    })
+}
+
+/// `try_lock` for both lockers.
+async fn try_lock_on(
+    core: &Arc<Core>,
+    name: &str,
+    options: &LockOptions,
+) -> Result<Option<RedisGuard>, LockError> {
+    validate(name, options)?;
+    acquire(core.clone(), None, name, options, false).await
 }
 
 fn validate(name: &str, options: &LockOptions) -> Result<(), LockError> {
     validate_name(name)?;
     options.validate(MIN_TTL)
-}
-
-fn no_lock(backend: Backend, name: &str) -> LockError {
-    LockError::Backend {
-        backend,
-        operation: "acquire",
-        lock: Some(name.to_owned()),
-        source: "a waiting acquisition returned without the lock".into(),
-    }
 }

@@ -80,21 +80,7 @@ impl Runner<'_> {
                     let prefix = format!("bench/{run}/txn/{w}/");
                     let key = format!("{prefix}{i}");
                     async move {
-                        let newest_two = GetOptions::new()
-                            .with_prefix()
-                            .with_sort(SortTarget::Create, SortOrder::Descend)
-                            .with_limit(2)
-                            .with_keys_only();
-                        let txn = Txn::new()
-                            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-                            .and_then([
-                                TxnOp::put(
-                                    key.as_str(),
-                                    [],
-                                    Some(PutOptions::new().with_lease(lease)),
-                                ),
-                                TxnOp::get(prefix.as_str(), Some(newest_two)),
-                            ]);
+                        let txn = acquire_shaped(&prefix, &key, lease);
                         cl.txn(txn).await?;
                         cl.delete(key, None).await?;
                         Ok(())
@@ -121,21 +107,7 @@ impl Runner<'_> {
                     let prefix = format!("bench/{run}/gtxn/{w}/");
                     let key = format!("{prefix}{i}");
                     async move {
-                        let newest_two = GetOptions::new()
-                            .with_prefix()
-                            .with_sort(SortTarget::Create, SortOrder::Descend)
-                            .with_limit(2)
-                            .with_keys_only();
-                        let txn = Txn::new()
-                            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-                            .and_then([
-                                TxnOp::put(
-                                    key.as_str(),
-                                    [],
-                                    Some(PutOptions::new().with_lease(lease)),
-                                ),
-                                TxnOp::get(prefix.as_str(), Some(newest_two)),
-                            ]);
+                        let txn = acquire_shaped(&prefix, &key, lease);
                         let revision = cl.txn(txn).await?.header().map_or(0, |h| h.revision());
                         let release = Txn::new()
                             .when([Compare::create_revision(
@@ -420,6 +392,22 @@ impl Runner<'_> {
         }
         Ok(())
     }
+}
+
+/// The etcd lock's acquire transaction, bare: put the key under the lease if it is new,
+/// and read the two newest keys of the prefix.
+fn acquire_shaped(prefix: &str, key: &str, lease: i64) -> Txn {
+    let newest_two = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(2)
+        .with_keys_only();
+    Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+        .and_then([
+            TxnOp::put(key, [], Some(PutOptions::new().with_lease(lease))),
+            TxnOp::get(prefix, Some(newest_two)),
+        ])
 }
 
 /// Releases, counting a lock found lost as a failed cycle.
