@@ -30,11 +30,13 @@ pub(crate) enum Mode {
 /// Runs one acquisition in its own task and returns its outcome.
 ///
 /// `owns_session`: the session was opened for this lock alone (no renewal) and ends with it.
+/// `permits`: 1 for a mutex; more for a semaphore (see `permits.rs`).
 pub(crate) async fn acquire(
     session: Session,
     owns_session: bool,
     name: &str,
     mode: Mode,
+    permits: usize,
 ) -> Result<Option<EtcdGuard>, LockError> {
     let (reply, answer) = oneshot::channel();
     let span = tracing::Span::current();
@@ -44,6 +46,7 @@ pub(crate) async fn acquire(
         session,
         owns_session,
         started: Instant::now(),
+        permits,
     };
     tokio::spawn(task.run(mode, reply).instrument(span));
     answer.await.unwrap_or_else(|_| {
@@ -58,17 +61,18 @@ pub(crate) async fn acquire(
 
 type Reply = oneshot::Sender<Result<Option<EtcdGuard>, LockError>>;
 
-struct Acquisition {
-    session: Session,
+pub(super) struct Acquisition {
+    pub(super) session: Session,
     owns_session: bool,
-    name: String,
-    prefix: String,
+    pub(super) name: String,
+    pub(super) prefix: String,
     started: Instant,
+    pub(super) permits: usize,
 }
 
 /// Where my key stands in the queue of one lock.
 #[derive(Debug, PartialEq, Eq)]
-enum Place {
+pub(super) enum Place {
     /// No key with a lower create revision: the lock is mine.
     Head,
     /// This key is the closest one ahead of mine.
@@ -78,7 +82,7 @@ enum Place {
 }
 
 impl Acquisition {
-    fn inner(&self) -> &SessionInner {
+    pub(super) fn inner(&self) -> &SessionInner {
         &self.session.inner
     }
 
@@ -88,7 +92,12 @@ impl Acquisition {
             self.inner().lease_id(),
             self.inner().next_sequence(),
         );
-        let (token, place) = match self.enqueue(&key).await {
+        let joined = if self.permits > 1 {
+            self.enqueue_for_permit(&key).await
+        } else {
+            self.enqueue(&key).await
+        };
+        let (token, place) = match joined {
             Ok(joined) => joined,
             Err(err) => {
                 // No answer does not mean not applied: remove the key in case the put went
@@ -104,8 +113,15 @@ impl Acquisition {
             (Place::Behind(_), Mode::Try) => Some(Ok(false)),
             (Place::Behind(ahead), Mode::Wait { timeout }) => {
                 let deadline = timeout.map(|t| self.started + t);
+                let waiting = async {
+                    if self.permits > 1 {
+                        self.wait_for_permit(token, &key).await
+                    } else {
+                        self.wait_turn(token, ahead).await
+                    }
+                };
                 tokio::select! {
-                    waited = self.wait_turn(token, ahead) => Some(waited.map(|()| true)),
+                    waited = waiting => Some(waited.map(|()| true)),
                     _ = self.session.inner.lost() => Some(Err(self.lost_while_waiting())),
                     _ = sleep_until_opt(deadline) => Some(Err(LockError::WaitTimeout {
                         name: self.name.clone(),
@@ -250,7 +266,7 @@ impl Acquisition {
         Ok(place_of(token, response.kvs()))
     }
 
-    fn lost_while_waiting(&self) -> LockError {
+    pub(super) fn lost_while_waiting(&self) -> LockError {
         LockError::LeaseLost {
             lock: Some(self.name.clone()),
             reason: self.inner().loss_reason().unwrap_or(LossReason::Revoked),
@@ -320,20 +336,20 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
 }
 
 /// Delay between retries after a failure, doubling from 50 ms to 1 s.
-struct Backoff(Duration);
+pub(super) struct Backoff(Duration);
 
 impl Backoff {
     const FIRST: Duration = Duration::from_millis(50);
 
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self(Self::FIRST)
     }
 
-    fn reset(&mut self) {
+    pub(super) fn reset(&mut self) {
         self.0 = Self::FIRST;
     }
 
-    async fn wait(&mut self) {
+    pub(super) async fn wait(&mut self) {
         tokio::time::sleep(self.0).await;
         self.0 = (self.0 * 2).min(Duration::from_secs(1));
     }

@@ -8,7 +8,7 @@ use etcd_client::{Client, GetOptions};
 
 use super::acquire::{Mode, acquire};
 use super::call::{call_retrying, map_error};
-use super::{EtcdConfig, EtcdGuard, Session};
+use super::{EtcdConfig, EtcdGuard, EtcdSemaphore, Session};
 use crate::{Backend, LockBackend, LockError, LockOptions, validate_name};
 
 /// The smallest TTL the etcd backend accepts: leases are whole seconds.
@@ -130,6 +130,12 @@ impl EtcdLocker {
         Ok(session)
     }
 
+    /// A semaphore with `permits` holders at once under `name`. Every client of the
+    /// semaphore must use the same number of permits.
+    pub fn semaphore(&self, name: &str, permits: usize) -> Result<EtcdSemaphore, LockError> {
+        EtcdSemaphore::new(self.clone(), name, permits)
+    }
+
     /// Closes every session: their leases are revoked, which frees every lock they hold,
     /// and their guards report [`LossReason::Closed`](crate::LossReason::Closed).
     pub async fn close(&self) -> Result<(), LockError> {
@@ -158,17 +164,18 @@ impl EtcdLocker {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    async fn acquire(
+    pub(super) async fn acquire(
         &self,
         name: &str,
         options: &LockOptions,
         mode: Mode,
+        permits: usize,
     ) -> Result<Option<EtcdGuard>, LockError> {
         validate_name(name)?;
         options.validate(MIN_TTL)?;
         if options.renews() {
             let session = self.session(options.ttl()).await?;
-            acquire(session, false, name, mode).await
+            acquire(session, false, name, mode, permits).await
         } else {
             let session = Session::open(
                 self.inner.client.clone(),
@@ -177,7 +184,7 @@ impl EtcdLocker {
                 false,
             )
             .await?;
-            acquire(session, true, name, mode).await
+            acquire(session, true, name, mode, permits).await
         }
     }
 }
@@ -190,7 +197,7 @@ impl LockBackend for EtcdLocker {
         let mode = Mode::Wait {
             timeout: options.wait_timeout(),
         };
-        let guard = self.acquire(name, options, mode).await?;
+        let guard = self.acquire(name, options, mode, 1).await?;
         guard.ok_or_else(|| LockError::Backend {
             backend: Backend::Etcd,
             operation: "acquire",
@@ -205,6 +212,6 @@ impl LockBackend for EtcdLocker {
         name: &str,
         options: &LockOptions,
     ) -> Result<Option<EtcdGuard>, LockError> {
-        self.acquire(name, options, Mode::Try).await
+        self.acquire(name, options, Mode::Try, 1).await
     }
 }

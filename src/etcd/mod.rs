@@ -13,6 +13,8 @@ mod config;
 mod guard;
 mod keys;
 mod locker;
+mod permits;
+mod semaphore;
 mod session;
 mod watch_hub;
 
@@ -20,4 +22,5 @@ pub use config::EtcdConfig;
 pub use guard::EtcdGuard;
 pub use keys::{lock_prefix, waiter_key};
 pub use locker::{EtcdLocker, MIN_TTL};
+pub use semaphore::EtcdSemaphore;
 pub use session::Session;

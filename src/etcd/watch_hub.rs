@@ -23,17 +23,29 @@ const OPEN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 pub(crate) enum WatchSignal {
     /// The watch is registered at this store revision: deletions after it will be seen.
     Created,
-    /// The watched key was deleted.
+    /// The watched key (or a key under the watched prefix) was deleted.
     Deleted,
+    /// The watched key was written (only for watches that include puts).
+    Changed,
     /// The watch ended without seeing a deletion (cancelled by the server, compaction,
     /// stream broken). The waiter must re-read and watch again.
     Ended(String),
+}
+
+/// What a watch covers.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scope {
+    /// Every key under `key` as a prefix, instead of `key` alone.
+    pub(crate) prefix: bool,
+    /// Report writes too, not only deletions.
+    pub(crate) puts: bool,
 }
 
 enum Command {
     Watch {
         id: i64,
         key: Vec<u8>,
+        scope: Scope,
         signals: mpsc::UnboundedSender<WatchSignal>,
     },
     Cancel {
@@ -61,6 +73,18 @@ impl WatchHub {
     /// Starts watching `key` for deletion. The registration reports `Created` first (or
     /// `Ended` if the watch could not be set up). Dropping it cancels the watch.
     pub(crate) fn watch_deletion(&self, key: Vec<u8>) -> Registration {
+        self.watch(
+            key,
+            Scope {
+                prefix: false,
+                puts: false,
+            },
+        )
+    }
+
+    /// Starts a watch on `key` (or every key under it) with the given scope; see
+    /// [`watch_deletion`](Self::watch_deletion).
+    pub(crate) fn watch(&self, key: Vec<u8>, scope: Scope) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (signals, receiver) = mpsc::unbounded_channel();
         let registered = self
@@ -68,6 +92,7 @@ impl WatchHub {
             .send(Command::Watch {
                 id,
                 key: key.clone(),
+                scope,
                 signals,
             })
             .is_ok();
@@ -124,17 +149,15 @@ impl Registration {
             match self.next().await {
                 WatchSignal::Created => return true,
                 WatchSignal::Ended(_) => return false,
-                WatchSignal::Deleted => {}
+                WatchSignal::Deleted | WatchSignal::Changed => {}
             }
         }
     }
 
-    /// Waits until the key is deleted or the watch ends.
+    /// Waits until the next event (a deletion, or a write if the scope includes writes)
+    /// or the end of the watch.
     pub(crate) async fn deleted(&mut self) {
-        while !matches!(
-            self.next().await,
-            WatchSignal::Deleted | WatchSignal::Ended(_)
-        ) {}
+        while matches!(self.next().await, WatchSignal::Created) {}
     }
 }
 
@@ -179,10 +202,19 @@ impl HubTask {
 
     async fn handle(&mut self, command: Command) {
         match command {
-            Command::Watch { id, key, signals } => {
-                let options = WatchOptions::new()
-                    .with_watch_id(id)
-                    .with_filters([WatchFilterType::NoPut]);
+            Command::Watch {
+                id,
+                key,
+                scope,
+                signals,
+            } => {
+                let mut options = WatchOptions::new().with_watch_id(id);
+                if scope.prefix {
+                    options = options.with_prefix();
+                }
+                if !scope.puts {
+                    options = options.with_filters([WatchFilterType::NoPut]);
+                }
                 let sent = match &mut self.stream {
                     Some((sender, _)) => sender.watch(key, Some(options)).await,
                     // Bounded: a hub stuck on an unreachable member would stall every wait.
@@ -232,12 +264,12 @@ impl HubTask {
         if response.created() {
             let _ = signals.send(WatchSignal::Created);
         }
-        if response
-            .events()
-            .iter()
-            .any(|event| event.event_type() == EventType::Delete)
-        {
-            let _ = signals.send(WatchSignal::Deleted);
+        for event in response.events() {
+            let signal = match event.event_type() {
+                EventType::Delete => WatchSignal::Deleted,
+                EventType::Put => WatchSignal::Changed,
+            };
+            let _ = signals.send(signal);
         }
         if response.canceled() {
             let reason = match response.compact_revision() {

@@ -16,6 +16,7 @@ mod leader_failover;
 mod lease_revoked;
 mod mutual_exclusion;
 mod round_trips;
+mod semaphore;
 mod session_dies_while_waiting;
 mod shared_session;
 mod tokens_increase;

@@ -1,0 +1,214 @@
+//! Waiting for one of N permits: the semaphore's queue discipline.
+//!
+//! Holders are the N keys with the lowest create revisions under the prefix. A waiter is
+//! admitted when fewer than N keys are ahead of it. Watching the key N places ahead does
+//! not work (a holder in the middle may leave first), and watching every key ahead is a
+//! herd, so:
+//!
+//! - the *first* waiter (exactly N keys ahead: all holders) watches the whole prefix for
+//!   deletions; it is the only one that does;
+//! - every other waiter watches the key right ahead of it for any change;
+//! - a waiter that is admitted *touches* its key (a guarded put that keeps the create
+//!   revision, so its token does not change): the waiter behind it wakes up, finds itself
+//!   first, and starts watching the prefix.
+//!
+//! Each event wakes at most two waiters, and FIFO order by create revision is kept.
+
+use etcd_client::TxnOpResponse;
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
+
+use super::acquire::{Acquisition, Backoff, Place};
+use super::call::{call_retrying, malformed};
+use super::watch_hub::{Registration, Scope};
+use crate::{FencingToken, LockError};
+
+/// What a waiter must watch to learn that its turn may have come.
+#[derive(Debug, PartialEq, Eq)]
+enum Rank {
+    /// Fewer than N keys ahead: a permit is ours.
+    Admitted,
+    /// All N keys ahead are holders: watch every deletion under the prefix.
+    First,
+    /// Watch this key (the one right ahead) for any change.
+    Behind(Vec<u8>),
+    /// My key is gone.
+    Gone,
+}
+
+impl Acquisition {
+    /// Joins the queue: put my key under the lease and count the keys of the semaphore in
+    /// the same transaction (mine is the newest, so the count is my rank plus one).
+    pub(super) async fn enqueue_for_permit(
+        &self,
+        key: &str,
+    ) -> Result<(FencingToken, Place), LockError> {
+        let inner = self.inner();
+        let put = PutOptions::new().with_lease(inner.lease_id());
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(key, [], Some(put)),
+                TxnOp::get(
+                    self.prefix.as_str(),
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                ),
+            ])
+            .or_else([TxnOp::get(key, Some(GetOptions::new().with_keys_only()))]);
+        let name = Some(self.name.as_str());
+        let response = call_retrying("acquire", name, inner.config.request_timeout, || {
+            let mut client = inner.kv.clone();
+            let txn = txn.clone();
+            async move { client.txn(txn).await }
+        })
+        .await?;
+        if !response.succeeded() {
+            // An earlier attempt of this request got through: read where we stand.
+            let Some(TxnOpResponse::Get(mine)) = response.op_responses().into_iter().next() else {
+                return Err(malformed("acquire", name, "missing range result"));
+            };
+            let token = mine
+                .kvs()
+                .first()
+                .and_then(|kv| FencingToken::from_revision(kv.create_revision()))
+                .ok_or_else(|| malformed("acquire", name, "existing key without revision"))?;
+            let place = match self.rank(token).await? {
+                Rank::Admitted => Place::Head,
+                Rank::Gone => Place::Gone,
+                _ => Place::Behind(Vec::new()),
+            };
+            return Ok((token, place));
+        }
+        let token = response
+            .header()
+            .and_then(|h| FencingToken::from_revision(h.revision()))
+            .ok_or_else(|| malformed("acquire", name, "missing header revision"))?;
+        let Some(TxnOpResponse::Get(count)) = response.op_responses().into_iter().nth(1) else {
+            return Err(malformed("acquire", name, "missing count"));
+        };
+        let keys = usize::try_from(count.count()).unwrap_or(usize::MAX);
+        let place = if keys <= self.permits {
+            Place::Head
+        } else {
+            Place::Behind(Vec::new())
+        };
+        Ok((token, place))
+    }
+
+    /// Waits until a permit is ours, then touches my key so the waiter behind me knows.
+    pub(super) async fn wait_for_permit(
+        &self,
+        token: FencingToken,
+        key: &str,
+    ) -> Result<(), LockError> {
+        let hub = &self.inner().hub;
+        let mut backoff = Backoff::new();
+        let mut watching: Option<(Rank, Registration)> = None;
+        loop {
+            let rank = match self.rank(token).await {
+                Ok(rank) => rank,
+                Err(err) if err.is_unavailable() => {
+                    backoff.wait().await;
+                    continue;
+                }
+                Err(err) => return Err(err),
+            };
+            match rank {
+                Rank::Admitted => return self.touch(key, token).await,
+                Rank::Gone => return Err(self.lost_while_waiting()),
+                target => {
+                    let reuse = matches!(&watching, Some((current, watch)) if *current == target && !watch.has_ended());
+                    if reuse {
+                        if let Some((_, watch)) = watching.as_mut() {
+                            watch.deleted().await;
+                        }
+                    } else {
+                        let scope = match &target {
+                            Rank::First => Scope {
+                                prefix: true,
+                                puts: false,
+                            },
+                            _ => Scope {
+                                prefix: false,
+                                puts: true,
+                            },
+                        };
+                        let watched = match &target {
+                            Rank::Behind(ahead) => ahead.clone(),
+                            _ => self.prefix.clone().into_bytes(),
+                        };
+                        let mut watch = hub.watch(watched, scope);
+                        // Read again once the watch exists: nothing can slip in between.
+                        if watch.created().await {
+                            backoff.reset();
+                        } else {
+                            backoff.wait().await;
+                        }
+                        watching = Some((target, watch));
+                    }
+                }
+            }
+        }
+    }
+
+    /// My rank: the keys up to mine, oldest first.
+    async fn rank(&self, token: FencingToken) -> Result<Rank, LockError> {
+        let inner = self.inner();
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_max_create_revision(token.as_revision())
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_keys_only();
+        let response = call_retrying(
+            "wait",
+            Some(&self.name),
+            inner.config.request_timeout,
+            || {
+                let mut client = inner.kv.clone();
+                let options = options.clone();
+                async move { client.get(self.prefix.as_str(), Some(options)).await }
+            },
+        )
+        .await?;
+        let kvs = response.kvs();
+        let mine = kvs
+            .last()
+            .is_some_and(|kv| FencingToken::from_revision(kv.create_revision()) == Some(token));
+        let ahead = kvs.len().saturating_sub(1);
+        Ok(match (mine, ahead) {
+            (false, _) => Rank::Gone,
+            (true, n) if n < self.permits => Rank::Admitted,
+            (true, n) if n == self.permits => Rank::First,
+            (true, n) => Rank::Behind(kvs[n - 1].key().to_vec()),
+        })
+    }
+
+    /// A write to my key that keeps its create revision (so the token stands), made only
+    /// while the key is still mine: it wakes the waiter watching me.
+    async fn touch(&self, key: &str, token: FencingToken) -> Result<(), LockError> {
+        let inner = self.inner();
+        let put = PutOptions::new().with_lease(inner.lease_id());
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                key,
+                CompareOp::Equal,
+                token.as_revision(),
+            )])
+            .and_then([TxnOp::put(key, "admitted", Some(put))]);
+        let response = call_retrying(
+            "acquire",
+            Some(&self.name),
+            inner.config.request_timeout,
+            || {
+                let mut client = inner.kv.clone();
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            },
+        )
+        .await?;
+        if response.succeeded() {
+            Ok(())
+        } else {
+            Err(self.lost_while_waiting())
+        }
+    }
+}
