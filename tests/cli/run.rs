@@ -100,3 +100,44 @@ async fn the_command_is_terminated_when_the_lease_is_revoked() {
     let rest = lines.next_line().await.expect("read");
     assert_eq!(rest, None, "the command was stopped before it finished");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_permits_at_most_n_commands_run_at_once() {
+    let etcd = EtcdCluster::single().await.expect("etcd");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("log");
+    let script = format!(
+        "echo start >> {0}; sleep 0.3; echo end >> {0}",
+        log.display()
+    );
+    let mut runs = Vec::new();
+    for _ in 0..4 {
+        let mut command = fencelock(&etcd);
+        command.args([
+            "--lock",
+            "batch",
+            "--permits",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ]);
+        runs.push(command.status());
+    }
+    for run in runs {
+        let status = tokio::time::timeout(Duration::from_secs(20), run)
+            .await
+            .expect("finishes")
+            .expect("runs");
+        assert!(status.success(), "{status}");
+    }
+    let text = std::fs::read_to_string(&log).expect("log");
+    let (mut inside, mut most) = (0i32, 0i32);
+    for line in text.lines() {
+        inside += if line == "start" { 1 } else { -1 };
+        most = most.max(inside);
+    }
+    assert_eq!(text.lines().count(), 8, "{text}");
+    assert_eq!(most, 2, "at most two at once, and two did overlap: {text}");
+}

@@ -1,5 +1,5 @@
 //! `fencelock run`: run a command while holding a lock, for jobs that must run on one
-//! instance at a time (cron on many hosts).
+//! instance at a time (cron on many hosts), or a semaphore permit (`--permits N`).
 //!
 //! The command gets the fencing token in `FENCELOCK_TOKEN` (the lock key's create
 //! revision) and the key in `FENCELOCK_KEY`, so that it can fence its own writes. If the
@@ -26,6 +26,9 @@ pub struct RunArgs {
     /// The lock to hold while the command runs.
     #[arg(long)]
     lock: String,
+    /// Take one of N permits of a semaphore instead of the lock (N instances at once).
+    #[arg(long)]
+    permits: Option<usize>,
     /// Lease TTL: how long the lock outlives this process if it dies.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     ttl: Duration,
@@ -72,7 +75,16 @@ async fn run_inner(args: RunArgs) -> Result<u8, Box<dyn std::error::Error + Send
     if let Some(wait) = args.wait {
         options = options.with_wait_timeout(wait);
     }
-    let guard = match locks.lock(&args.lock, &options).await {
+    let taken = match args.permits {
+        Some(permits) => {
+            locks
+                .semaphore(&args.lock, permits)?
+                .acquire(&options)
+                .await
+        }
+        None => locks.lock(&args.lock, &options).await,
+    };
+    let guard = match taken {
         Ok(guard) => guard,
         Err(err) if err.is_wait_timeout() => {
             eprintln!("fencelock run: {err}");
