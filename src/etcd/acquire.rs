@@ -30,13 +30,15 @@ pub(crate) enum Mode {
 /// Runs one acquisition in its own task and returns its outcome.
 ///
 /// `owns_session`: the session was opened for this lock alone (no renewal) and ends with it.
-/// `permits`: 1 for a mutex; more for a semaphore (see `permits.rs`).
+/// `permits`: 1 for a mutex; more for a semaphore (see `permits.rs`). `value`: what the
+/// key holds (an election candidate's value).
 pub(crate) async fn acquire(
     session: Session,
     owns_session: bool,
     name: &str,
     mode: Mode,
     permits: usize,
+    value: Vec<u8>,
 ) -> Result<Option<EtcdGuard>, LockError> {
     let (reply, answer) = oneshot::channel();
     let span = tracing::Span::current();
@@ -47,6 +49,7 @@ pub(crate) async fn acquire(
         owns_session,
         started: Instant::now(),
         permits,
+        value,
     };
     tokio::spawn(task.run(mode, reply).instrument(span));
     answer.await.unwrap_or_else(|_| {
@@ -68,6 +71,8 @@ pub(super) struct Acquisition {
     pub(super) prefix: String,
     started: Instant,
     pub(super) permits: usize,
+    /// What the key holds (an election candidate's value; empty for locks).
+    pub(super) value: Vec<u8>,
 }
 
 /// Where my key stands in the queue of one lock.
@@ -171,7 +176,7 @@ impl Acquisition {
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([
-                TxnOp::put(key, [], Some(put)),
+                TxnOp::put(key, self.value.clone(), Some(put)),
                 TxnOp::get(self.prefix.as_str(), Some(newest_two)),
             ])
             .or_else([TxnOp::get(key, Some(GetOptions::new().with_keys_only()))]);

@@ -8,7 +8,7 @@ use etcd_client::{Client, GetOptions};
 
 use super::acquire::{Mode, acquire};
 use super::call::{call_retrying, map_error};
-use super::{EtcdConfig, EtcdGuard, EtcdSemaphore, Session};
+use super::{EtcdConfig, EtcdElection, EtcdGuard, EtcdSemaphore, Session};
 use crate::{Backend, LockBackend, LockError, LockOptions, validate_name};
 
 /// The smallest TTL the etcd backend accepts: leases are whole seconds.
@@ -136,6 +136,12 @@ impl EtcdLocker {
         EtcdSemaphore::new(self.clone(), name, permits)
     }
 
+    /// A leader election under `name`: candidates queue like lock waiters, the oldest is
+    /// the leader, and its token is its key's create revision.
+    pub fn election(&self, name: &str) -> Result<EtcdElection, LockError> {
+        EtcdElection::new(self.clone(), name)
+    }
+
     /// Closes every session: their leases are revoked, which frees every lock they hold,
     /// and their guards report [`LossReason::Closed`](crate::LossReason::Closed).
     pub async fn close(&self) -> Result<(), LockError> {
@@ -170,12 +176,13 @@ impl EtcdLocker {
         options: &LockOptions,
         mode: Mode,
         permits: usize,
+        value: Vec<u8>,
     ) -> Result<Option<EtcdGuard>, LockError> {
         validate_name(name)?;
         options.validate(MIN_TTL)?;
         if options.renews() {
             let session = self.session(options.ttl()).await?;
-            acquire(session, false, name, mode, permits).await
+            acquire(session, false, name, mode, permits, value).await
         } else {
             let session = Session::open(
                 self.inner.client.clone(),
@@ -184,7 +191,7 @@ impl EtcdLocker {
                 false,
             )
             .await?;
-            acquire(session, true, name, mode, permits).await
+            acquire(session, true, name, mode, permits, value).await
         }
     }
 }
@@ -197,7 +204,7 @@ impl LockBackend for EtcdLocker {
         let mode = Mode::Wait {
             timeout: options.wait_timeout(),
         };
-        let guard = self.acquire(name, options, mode, 1).await?;
+        let guard = self.acquire(name, options, mode, 1, Vec::new()).await?;
         guard.ok_or_else(|| LockError::Backend {
             backend: Backend::Etcd,
             operation: "acquire",
@@ -212,6 +219,6 @@ impl LockBackend for EtcdLocker {
         name: &str,
         options: &LockOptions,
     ) -> Result<Option<EtcdGuard>, LockError> {
-        self.acquire(name, options, Mode::Try, 1).await
+        self.acquire(name, options, Mode::Try, 1, Vec::new()).await
     }
 }

@@ -10,6 +10,7 @@
 mod acquire;
 mod call;
 mod config;
+mod election;
 mod guard;
 mod keys;
 mod locker;
@@ -19,6 +20,7 @@ mod session;
 mod watch_hub;
 
 pub use config::EtcdConfig;
+pub use election::{EtcdElection, Leader, Leadership, Observer};
 pub use guard::EtcdGuard;
 pub use keys::{lock_prefix, waiter_key};
 pub use locker::{EtcdLocker, MIN_TTL};

@@ -47,7 +47,7 @@ impl Acquisition {
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([
-                TxnOp::put(key, [], Some(put)),
+                TxnOp::put(key, self.value.clone(), Some(put)),
                 TxnOp::get(
                     self.prefix.as_str(),
                     Some(GetOptions::new().with_prefix().with_count_only()),

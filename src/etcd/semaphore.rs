@@ -65,7 +65,7 @@ impl EtcdSemaphore {
         };
         let guard = self
             .locker
-            .acquire(&self.name, options, mode, self.permits)
+            .acquire(&self.name, options, mode, self.permits, Vec::new())
             .await?;
         guard.ok_or_else(|| LockError::Backend {
             backend: crate::Backend::Etcd,
@@ -83,7 +83,7 @@ impl EtcdSemaphore {
     #[tracing::instrument(skip(self, options), fields(backend = "etcd", semaphore = %self.name, permits = self.permits))]
     pub async fn try_acquire(&self, options: &LockOptions) -> Result<Option<EtcdGuard>, LockError> {
         self.locker
-            .acquire(&self.name, options, Mode::Try, self.permits)
+            .acquire(&self.name, options, Mode::Try, self.permits, Vec::new())
             .await
     }
 }

@@ -8,6 +8,7 @@ mod support;
 mod auth;
 mod cancel_safety;
 mod compaction_while_waiting;
+mod election;
 mod fifo_order;
 mod guarded_txn;
 mod harness;
