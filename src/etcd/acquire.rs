@@ -27,18 +27,38 @@ pub(crate) enum Mode {
     Wait { timeout: Option<Duration> },
 }
 
+/// How a key waits in its queue, and what it holds.
+#[derive(Clone, Debug)]
+pub(crate) struct Queue {
+    /// How many holders at once: 1 for a mutex, N for a semaphore.
+    pub(crate) permits: usize,
+    /// A reader of a read-write lock: admitted when no *writer* is ahead.
+    pub(crate) shared: bool,
+    /// What the key holds (an election candidate's value, a read-write lock's side).
+    pub(crate) value: Vec<u8>,
+}
+
+impl Queue {
+    /// One holder at a time.
+    pub(crate) fn exclusive() -> Self {
+        Self {
+            permits: 1,
+            shared: false,
+            value: Vec::new(),
+        }
+    }
+}
+
 /// Runs one acquisition in its own task and returns its outcome.
 ///
 /// `owns_session`: the session was opened for this lock alone (no renewal) and ends with it.
-/// `permits`: 1 for a mutex; more for a semaphore (see `permits.rs`). `value`: what the
-/// key holds (an election candidate's value).
+/// `queue`: the discipline (mutex, semaphore in `permits.rs`, reader in `shared.rs`).
 pub(crate) async fn acquire(
     session: Session,
     owns_session: bool,
     name: &str,
     mode: Mode,
-    permits: usize,
-    value: Vec<u8>,
+    queue: Queue,
 ) -> Result<Option<EtcdGuard>, LockError> {
     let (reply, answer) = oneshot::channel();
     let span = tracing::Span::current();
@@ -48,8 +68,9 @@ pub(crate) async fn acquire(
         session,
         owns_session,
         started: Instant::now(),
-        permits,
-        value,
+        permits: queue.permits,
+        shared: queue.shared,
+        value: queue.value,
     };
     tokio::spawn(task.run(mode, reply).instrument(span));
     answer.await.unwrap_or_else(|_| {
@@ -71,6 +92,7 @@ pub(super) struct Acquisition {
     pub(super) prefix: String,
     started: Instant,
     pub(super) permits: usize,
+    pub(super) shared: bool,
     /// What the key holds (an election candidate's value; empty for locks).
     pub(super) value: Vec<u8>,
 }
@@ -97,7 +119,9 @@ impl Acquisition {
             self.inner().lease_id(),
             self.inner().next_sequence(),
         );
-        let joined = if self.permits > 1 {
+        let joined = if self.shared {
+            self.enqueue_shared(&key).await
+        } else if self.permits > 1 {
             self.enqueue_for_permit(&key).await
         } else {
             self.enqueue(&key).await
@@ -119,7 +143,9 @@ impl Acquisition {
             (Place::Behind(ahead), Mode::Wait { timeout }) => {
                 let deadline = timeout.map(|t| self.started + t);
                 let waiting = async {
-                    if self.permits > 1 {
+                    if self.shared {
+                        self.wait_shared(token).await
+                    } else if self.permits > 1 {
                         self.wait_for_permit(token, &key).await
                     } else {
                         self.wait_turn(token, ahead).await

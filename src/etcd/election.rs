@@ -7,7 +7,7 @@
 
 use etcd_client::{EventType, GetOptions, PutOptions, SortOrder, SortTarget, TxnOp, WatchOptions};
 
-use super::acquire::Mode;
+use super::acquire::{Mode, Queue};
 use super::call::{call, map_error};
 use super::keys::lock_prefix;
 use super::{EtcdGuard, EtcdLocker};
@@ -72,7 +72,15 @@ impl EtcdElection {
         };
         let guard = self
             .locker
-            .acquire(&self.name, options, mode, 1, value.into())
+            .acquire(
+                &self.name,
+                options,
+                mode,
+                Queue {
+                    value: value.into(),
+                    ..Queue::exclusive()
+                },
+            )
             .await?
             .ok_or_else(|| LockError::Backend {
                 backend: Backend::Etcd,

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
 
-use super::acquire::{Mode, acquire};
+use super::acquire::{Mode, Queue, acquire};
 use super::call::{call_retrying, map_error};
-use super::{EtcdConfig, EtcdElection, EtcdGuard, EtcdSemaphore, Session};
+use super::{EtcdConfig, EtcdElection, EtcdGuard, EtcdRwLock, EtcdSemaphore, Session};
 use crate::{Backend, LockBackend, LockError, LockOptions, validate_name};
 
 /// The smallest TTL the etcd backend accepts: leases are whole seconds.
@@ -142,6 +142,12 @@ impl EtcdLocker {
         EtcdElection::new(self.clone(), name)
     }
 
+    /// A read-write lock under `name`: readers share it, writers exclude everyone, in
+    /// arrival order (a waiting writer holds back the readers behind it).
+    pub fn rwlock(&self, name: &str) -> Result<EtcdRwLock, LockError> {
+        EtcdRwLock::new(self.clone(), name)
+    }
+
     /// Closes every session: their leases are revoked, which frees every lock they hold,
     /// and their guards report [`LossReason::Closed`](crate::LossReason::Closed).
     pub async fn close(&self) -> Result<(), LockError> {
@@ -175,14 +181,13 @@ impl EtcdLocker {
         name: &str,
         options: &LockOptions,
         mode: Mode,
-        permits: usize,
-        value: Vec<u8>,
+        queue: Queue,
     ) -> Result<Option<EtcdGuard>, LockError> {
         validate_name(name)?;
         options.validate(MIN_TTL)?;
         if options.renews() {
             let session = self.session(options.ttl()).await?;
-            acquire(session, false, name, mode, permits, value).await
+            acquire(session, false, name, mode, queue).await
         } else {
             let session = Session::open(
                 self.inner.client.clone(),
@@ -191,7 +196,7 @@ impl EtcdLocker {
                 false,
             )
             .await?;
-            acquire(session, true, name, mode, permits, value).await
+            acquire(session, true, name, mode, queue).await
         }
     }
 }
@@ -204,7 +209,9 @@ impl LockBackend for EtcdLocker {
         let mode = Mode::Wait {
             timeout: options.wait_timeout(),
         };
-        let guard = self.acquire(name, options, mode, 1, Vec::new()).await?;
+        let guard = self
+            .acquire(name, options, mode, Queue::exclusive())
+            .await?;
         guard.ok_or_else(|| LockError::Backend {
             backend: Backend::Etcd,
             operation: "acquire",
@@ -219,6 +226,7 @@ impl LockBackend for EtcdLocker {
         name: &str,
         options: &LockOptions,
     ) -> Result<Option<EtcdGuard>, LockError> {
-        self.acquire(name, options, Mode::Try, 1, Vec::new()).await
+        self.acquire(name, options, Mode::Try, Queue::exclusive())
+            .await
     }
 }

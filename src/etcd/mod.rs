@@ -15,8 +15,10 @@ mod guard;
 mod keys;
 mod locker;
 mod permits;
+mod rwlock;
 mod semaphore;
 mod session;
+mod shared;
 mod watch_hub;
 
 pub use config::EtcdConfig;
@@ -24,5 +26,6 @@ pub use election::{EtcdElection, Leader, Leadership, Observer};
 pub use guard::EtcdGuard;
 pub use keys::{lock_prefix, waiter_key};
 pub use locker::{EtcdLocker, MIN_TTL};
+pub use rwlock::EtcdRwLock;
 pub use semaphore::EtcdSemaphore;
 pub use session::Session;

@@ -1,7 +1,7 @@
 //! A counting semaphore on etcd: N holders at once, FIFO, each permit fenced by its key's
 //! create revision.
 
-use super::acquire::Mode;
+use super::acquire::{Mode, Queue};
 use super::{EtcdGuard, EtcdLocker};
 use crate::{LockError, LockOptions, validate_name};
 
@@ -47,6 +47,14 @@ impl EtcdSemaphore {
         })
     }
 
+    fn queue(&self) -> Queue {
+        Queue {
+            permits: self.permits,
+            shared: false,
+            value: Vec::new(),
+        }
+    }
+
     /// How many holders at once.
     #[must_use]
     pub fn permits(&self) -> usize {
@@ -65,7 +73,7 @@ impl EtcdSemaphore {
         };
         let guard = self
             .locker
-            .acquire(&self.name, options, mode, self.permits, Vec::new())
+            .acquire(&self.name, options, mode, self.queue())
             .await?;
         guard.ok_or_else(|| LockError::Backend {
             backend: crate::Backend::Etcd,
@@ -83,7 +91,7 @@ impl EtcdSemaphore {
     #[tracing::instrument(skip(self, options), fields(backend = "etcd", semaphore = %self.name, permits = self.permits))]
     pub async fn try_acquire(&self, options: &LockOptions) -> Result<Option<EtcdGuard>, LockError> {
         self.locker
-            .acquire(&self.name, options, Mode::Try, self.permits, Vec::new())
+            .acquire(&self.name, options, Mode::Try, self.queue())
             .await
     }
 }

@@ -17,6 +17,7 @@ mod leader_failover;
 mod lease_revoked;
 mod mutual_exclusion;
 mod round_trips;
+mod rwlock;
 mod semaphore;
 mod session_dies_while_waiting;
 mod shared_session;
