@@ -34,11 +34,12 @@ pub(crate) async fn acquire(
     core: Arc<Core>,
     subscriber: Option<Arc<Subscriber>>,
     name: &str,
+    keys: LockKeys,
     options: &LockOptions,
     wait: bool,
 ) -> Result<Option<RedisGuard>, LockError> {
     let mut acquisition = Acquisition {
-        keys: core.keys(name),
+        keys,
         core,
         subscriber,
         name: name.to_owned(),
@@ -82,8 +83,11 @@ impl Drop for Acquisition {
             std::mem::take(&mut self.name),
         );
         runtime.spawn(async move {
-            if let Err(err) = core.release(&keys, &owner, &name).await {
-                tracing::debug!(%err, lock = %name, "cleanup after an abandoned attempt failed; the TTL will");
+            // The attempt may have taken any slot: compare-and-delete each.
+            for slot in 0..keys.slots.len() {
+                if let Err(err) = core.release(&keys.granted(slot), &owner, &name).await {
+                    tracing::debug!(%err, lock = %name, "cleanup after an abandoned attempt failed; the TTL will");
+                }
             }
         });
     }
@@ -103,7 +107,7 @@ impl Acquisition {
             }
             let sent = Instant::now();
             let remaining = match self.attempt().await? {
-                Attempt::Granted(token) => return Ok(Some(self.guard(token, sent))),
+                Attempt::Granted(token, slot) => return Ok(Some(self.guard(token, slot, sent))),
                 Attempt::Held { remaining } => remaining,
             };
             if !wait {
@@ -153,7 +157,7 @@ impl Acquisition {
         let granted: Vec<FencingToken> = replies
             .iter()
             .filter_map(|r| match r {
-                Ok(Attempt::Granted(token)) => Some(*token),
+                Ok(Attempt::Granted(token, _)) => Some(*token),
                 _ => None,
             })
             .collect();
@@ -163,6 +167,7 @@ impl Acquisition {
         if granted.len() >= self.core.quorum && !validity.is_zero() {
             return Ok(Attempt::Granted(
                 granted.into_iter().max().unwrap_or(FencingToken::new(0)),
+                0,
             ));
         }
         // No majority in time: undo the partial grants (compare-and-delete, so only ours).
@@ -188,9 +193,10 @@ impl Acquisition {
         Ok(Attempt::Held { remaining })
     }
 
-    fn guard(&self, token: FencingToken, sent: Instant) -> RedisGuard {
+    fn guard(&self, token: FencingToken, slot: usize, sent: Instant) -> RedisGuard {
+        let keys = self.keys.granted(slot);
         let registration = self.core.renewer.register(
-            self.keys.lock.clone(),
+            keys.lock.clone(),
             self.owner.clone(),
             self.options.ttl(),
             self.options.renews(),
@@ -200,7 +206,7 @@ impl Acquisition {
         RedisGuard::new(
             self.core.clone(),
             self.name.clone(),
-            self.keys.clone(),
+            keys,
             self.owner.clone(),
             token,
             registration,

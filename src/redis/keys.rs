@@ -12,15 +12,42 @@ pub(crate) struct LockKeys {
     pub(crate) counter: String,
     /// Where releases are announced to waiters.
     pub(crate) channel: String,
+    /// The keys an acquisition may take: the lock alone, or a semaphore's permit slots.
+    /// Once granted, `lock` is the slot taken.
+    pub(crate) slots: Vec<String>,
 }
 
 impl LockKeys {
     pub(crate) fn new(prefix: &str, name: &str) -> Self {
+        let lock = format!("{prefix}:lock:{name}");
         Self {
-            lock: format!("{prefix}:lock:{name}"),
+            slots: vec![lock.clone()],
+            lock,
             counter: format!("{prefix}:token:{name}"),
             channel: format!("{prefix}:released:{name}"),
         }
+    }
+
+    /// A semaphore's `permits` slots, its counter and channel (segments of their own).
+    pub(crate) fn permits(prefix: &str, name: &str, permits: usize) -> Self {
+        let slots: Vec<String> = (0..permits)
+            .map(|i| format!("{prefix}:permit:{name}:{i}"))
+            .collect();
+        Self {
+            lock: slots.first().cloned().unwrap_or_default(),
+            slots,
+            counter: format!("{prefix}:permit-token:{name}"),
+            channel: format!("{prefix}:permit-released:{name}"),
+        }
+    }
+
+    /// These names with the lock being slot `slot`.
+    pub(crate) fn granted(&self, slot: usize) -> Self {
+        let mut keys = self.clone();
+        if let Some(lock) = self.slots.get(slot) {
+            keys.lock.clone_from(lock);
+        }
+        keys
     }
 }
 

@@ -8,7 +8,7 @@ use redis::aio::ConnectionManager;
 use super::acquire::acquire;
 use super::core::Core;
 use super::subscriber::Subscriber;
-use super::{RedisConfig, RedisGuard};
+use super::{RedisConfig, RedisGuard, RedisSemaphore};
 use crate::{Backend, LockBackend, LockError, LockOptions, validate_name};
 
 /// The smallest TTL the Redis backends accept.
@@ -76,6 +76,12 @@ impl RedisLocker {
     #[must_use]
     pub fn connection(&self) -> ConnectionManager {
         self.core.nodes[0].connection()
+    }
+
+    /// A semaphore with `permits` holders at once under `name` (not fair; see
+    /// [`RedisSemaphore`]).
+    pub fn semaphore(&self, name: &str, permits: usize) -> Result<RedisSemaphore, LockError> {
+        RedisSemaphore::new(self.core.clone(), self.subscriber.clone(), name, permits)
     }
 
     /// How many locks the renewal task is tracking.
@@ -167,7 +173,8 @@ async fn lock_on(
     options: &LockOptions,
 ) -> Result<RedisGuard, LockError> {
     validate(name, options)?;
-    let guard = acquire(core.clone(), subscriber.cloned(), name, options, true).await?;
+    let keys = core.keys(name);
+    let guard = acquire(core.clone(), subscriber.cloned(), name, keys, options, true).await?;
     guard.ok_or_else(|| LockError::Backend {
         backend: core.backend,
         operation: "acquire",
@@ -183,7 +190,7 @@ async fn try_lock_on(
     options: &LockOptions,
 ) -> Result<Option<RedisGuard>, LockError> {
     validate(name, options)?;
-    acquire(core.clone(), None, name, options, false).await
+    acquire(core.clone(), None, name, core.keys(name), options, false).await
 }
 
 fn validate(name: &str, options: &LockOptions) -> Result<(), LockError> {

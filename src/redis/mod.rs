@@ -22,8 +22,10 @@ mod node;
 mod owner;
 mod renewer;
 mod scripts;
+mod semaphore;
 mod subscriber;
 
 pub use config::RedisConfig;
 pub use guard::RedisGuard;
 pub use locker::{MIN_TTL, RedisLocker, RedlockLocker};
+pub use semaphore::RedisSemaphore;

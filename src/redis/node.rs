@@ -18,8 +18,8 @@ pub(crate) const RENEW_CHUNK: usize = 1000;
 /// What one acquire attempt on one server found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Attempt {
-    /// The lock was free and is now ours.
-    Granted(FencingToken),
+    /// The lock (this slot of it) was free and is now ours.
+    Granted(FencingToken, usize),
     /// Someone holds it; it expires in this long unless renewed.
     Held { remaining: Duration },
 }
@@ -121,22 +121,21 @@ impl Node {
     ) -> Result<Attempt, LockError> {
         let mut conn = self.conn.clone();
         let mut invocation = scripts::ACQUIRE.prepare_invoke();
-        invocation
-            .key(&keys.lock)
-            .key(&keys.counter)
-            .arg(owner)
-            .arg(millis(ttl));
+        for slot in &keys.slots {
+            invocation.key(slot);
+        }
+        invocation.key(&keys.counter).arg(owner).arg(millis(ttl));
         let reply: Vec<i64> = self
             .call("acquire", Some(lock), invocation.invoke_async(&mut conn))
             .await?;
         match reply.as_slice() {
-            [1, token] => u64::try_from(*token)
-                .ok()
-                .map(|t| Attempt::Granted(FencingToken::new(t)))
-                .ok_or_else(|| malformed(self.backend, "acquire", lock)),
+            [1, token, slot] => match (u64::try_from(*token), usize::try_from(*slot)) {
+                (Ok(token), Ok(slot)) => Ok(Attempt::Granted(FencingToken::new(token), slot)),
+                _ => Err(malformed(self.backend, "acquire", lock)),
+            },
             // PTTL is -1 for a key without expiry (not ours to fix) and -2 if it vanished
             // in between: retry soon in both cases.
-            [0, pttl] => Ok(Attempt::Held {
+            [0, pttl, _] => Ok(Attempt::Held {
                 remaining: Duration::from_millis(u64::try_from(*pttl).unwrap_or(0)),
             }),
             _ => Err(malformed(self.backend, "acquire", lock)),

@@ -4,16 +4,26 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// `KEYS[1]` lock, `KEYS[2]` counter; `ARGV[1]` owner value, `ARGV[2]` TTL in ms.
-/// `SET NX PX`; only when it set, `INCR` the counter: returns `{1, token}`. Otherwise
-/// returns `{0, remaining ttl of the holder in ms}` so a waiter knows how long to sleep.
+/// `KEYS[1..n]` the lock's slots (one for a mutex, N for a semaphore), `KEYS[n+1]` the
+/// counter; `ARGV[1]` owner value, `ARGV[2]` TTL in ms. `SET NX PX` on the first free
+/// slot; only when it set, `INCR` the counter: returns `{1, token, slot}`. Otherwise
+/// returns `{0, shortest remaining ttl of the holders in ms}` so a waiter knows how long
+/// to sleep.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, redis.call('INCR', KEYS[2])}
+local slots = #KEYS - 1
+local soonest = -1
+for i = 1, slots do
+  if redis.call('SET', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    return {1, redis.call('INCR', KEYS[slots + 1]), i - 1}
+  end
+  local pttl = redis.call('PTTL', KEYS[i])
+  if soonest < 0 or (pttl >= 0 and pttl < soonest) then
+    soonest = pttl
+  end
 end
-return {0, redis.call('PTTL', KEYS[1])}
+return {0, soonest, -1}
 ",
     )
 });

@@ -10,6 +10,7 @@ mod invalid_input;
 mod redlock;
 mod release_not_owner;
 mod renewal_traffic;
+mod semaphore;
 mod tokens_increase;
 mod waiter_wakes_on_release;
 mod watchdog;
