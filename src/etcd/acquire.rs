@@ -6,7 +6,8 @@
 //! that nobody receives releases the lock as it is dropped.
 
 use etcd_client::{
-    Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    Compare, CompareOp, GetOptions, GetResponse, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse,
 };
 use tokio::sync::oneshot;
 use tokio::time::{Duration, Instant};
@@ -184,26 +185,21 @@ impl Acquisition {
         }
     }
 
-    /// Joins the queue in one transaction: put my key under the lease and read the two
-    /// newest keys of the lock in the same revision. My key is the newest key in the whole
-    /// store, so they are mine and the one right ahead of me, if any.
+    /// Joins the queue in one transaction: put my key (holding `self.value`) under the
+    /// lease, and run `read` over the lock's prefix in the same revision. My key is the
+    /// newest in the whole store, so everything `read` returns is ahead of me, or mine.
     ///
     /// The put is guarded by "my key does not exist yet", so the request can be retried
     /// after a connection failure: if an earlier attempt got through, the retry reads my key
-    /// back instead, and my place is read separately.
-    async fn enqueue(&self, key: &str) -> Result<(FencingToken, Place), LockError> {
+    /// back instead, and the caller reads its place separately.
+    pub(super) async fn join(&self, key: &str, read: GetOptions) -> Result<Joined, LockError> {
         let inner = self.inner();
         let put = PutOptions::new().with_lease(inner.lease_id());
-        let newest_two = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(2)
-            .with_keys_only();
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([
                 TxnOp::put(key, self.value.clone(), Some(put)),
-                TxnOp::get(self.prefix.as_str(), Some(newest_two)),
+                TxnOp::get(self.prefix.as_str(), Some(read.with_prefix())),
             ])
             .or_else([TxnOp::get(key, Some(GetOptions::new().with_keys_only()))]);
         let name = Some(self.name.as_str());
@@ -213,25 +209,60 @@ impl Acquisition {
             async move { client.txn(txn).await }
         })
         .await?;
-        if !response.succeeded() {
-            let Some(TxnOpResponse::Get(mine)) = response.op_responses().into_iter().next() else {
-                return Err(malformed("acquire", name, "missing range result"));
+        let succeeded = response.succeeded();
+        let header = response.header().map(|h| h.revision());
+        let mut responses = response.op_responses().into_iter();
+        if !succeeded {
+            let token = match responses.next() {
+                Some(TxnOpResponse::Get(mine)) => mine
+                    .kvs()
+                    .first()
+                    .and_then(|kv| FencingToken::from_revision(kv.create_revision())),
+                _ => None,
             };
-            let token = mine
-                .kvs()
-                .first()
-                .and_then(|kv| FencingToken::from_revision(kv.create_revision()))
-                .ok_or_else(|| malformed("acquire", name, "existing key without revision"))?;
-            return Ok((token, self.read_place(token).await?));
+            let token =
+                token.ok_or_else(|| malformed("acquire", name, "existing key without revision"))?;
+            return Ok(Joined::Earlier(token));
         }
-        let token = response
-            .header()
-            .and_then(|h| FencingToken::from_revision(h.revision()))
+        let token = header
+            .and_then(FencingToken::from_revision)
             .ok_or_else(|| malformed("acquire", name, "missing header revision"))?;
-        let Some(TxnOpResponse::Get(range)) = response.op_responses().into_iter().nth(1) else {
-            return Err(malformed("acquire", name, "missing range result"));
-        };
-        Ok((token, place_of(token, range.kvs())))
+        match responses.nth(1) {
+            Some(TxnOpResponse::Get(read)) => Ok(Joined::Now { token, read }),
+            _ => Err(malformed("acquire", name, "missing range result")),
+        }
+    }
+
+    /// The lock's keys up to mine (create revision at most my token), as `options` sorts
+    /// and limits them: one read that answers where I stand.
+    pub(super) async fn read_up_to(
+        &self,
+        token: FencingToken,
+        options: GetOptions,
+    ) -> Result<GetResponse, LockError> {
+        let inner = self.inner();
+        let options = options
+            .with_prefix()
+            .with_max_create_revision(token.as_revision());
+        call_retrying(
+            "wait",
+            Some(&self.name),
+            inner.config.request_timeout,
+            || {
+                let mut client = inner.kv.clone();
+                let options = options.clone();
+                async move { client.get(self.prefix.as_str(), Some(options)).await }
+            },
+        )
+        .await
+    }
+
+    /// Joins a mutex's queue: the two newest keys are mine and the one right ahead.
+    async fn enqueue(&self, key: &str) -> Result<(FencingToken, Place), LockError> {
+        match self.join(key, newest_two()).await? {
+            Joined::Now { token, read } => Ok((token, place_of(token, read.kvs()))),
+            Joined::Earlier(token) => Ok((token, self.read_place(token).await?)),
+        }
     }
 
     /// Waits until no key is ahead of mine, watching only the key right ahead (no herd).
@@ -276,25 +307,8 @@ impl Acquisition {
 
     /// Reads my place: the keys of the lock up to my create revision, newest first.
     async fn read_place(&self, token: FencingToken) -> Result<Place, LockError> {
-        let inner = self.inner();
-        let options = GetOptions::new()
-            .with_prefix()
-            .with_max_create_revision(token.as_revision())
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(2)
-            .with_keys_only();
-        let response = call_retrying(
-            "wait",
-            Some(&self.name),
-            inner.config.request_timeout,
-            || {
-                let mut client = inner.kv.clone();
-                let options = options.clone();
-                async move { client.get(self.prefix.as_str(), Some(options)).await }
-            },
-        )
-        .await?;
-        Ok(place_of(token, response.kvs()))
+        let read = self.read_up_to(token, newest_two()).await?;
+        Ok(place_of(token, read.kvs()))
     }
 
     pub(super) fn lost_while_waiting(&self) -> LockError {
@@ -345,6 +359,25 @@ pub(crate) async fn delete_if_owner(
     })
     .await?;
     Ok(response.succeeded())
+}
+
+/// What joining the queue found.
+pub(super) enum Joined {
+    /// My key was put now, and this is the read made in the same revision.
+    Now {
+        token: FencingToken,
+        read: GetResponse,
+    },
+    /// An earlier attempt of the same request put it: my token, nothing read.
+    Earlier(FencingToken),
+}
+
+/// The two newest keys (by create revision), names only.
+fn newest_two() -> GetOptions {
+    GetOptions::new()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(2)
+        .with_keys_only()
 }
 
 /// Reads my place from keys sorted by create revision, newest first, none newer than mine.

@@ -14,11 +14,10 @@
 //!
 //! Each event wakes at most two waiters, and FIFO order by create revision is kept.
 
-use etcd_client::TxnOpResponse;
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
 
-use super::acquire::{Acquisition, Backoff, Place};
-use super::call::{call_retrying, malformed};
+use super::acquire::{Acquisition, Backoff, Joined, Place};
+use super::call::call_retrying;
 use super::watch_hub::{Registration, Scope};
 use crate::{FencingToken, LockError};
 
@@ -36,60 +35,28 @@ enum Rank {
 }
 
 impl Acquisition {
-    /// Joins the queue: put my key under the lease and count the keys of the semaphore in
-    /// the same transaction (mine is the newest, so the count is my rank plus one).
+    /// Joins the queue: put my key and count the semaphore's keys in the same revision
+    /// (mine is the newest, so the count is my rank plus one).
     pub(super) async fn enqueue_for_permit(
         &self,
         key: &str,
     ) -> Result<(FencingToken, Place), LockError> {
-        let inner = self.inner();
-        let put = PutOptions::new().with_lease(inner.lease_id());
-        let txn = Txn::new()
-            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(key, self.value.clone(), Some(put)),
-                TxnOp::get(
-                    self.prefix.as_str(),
-                    Some(GetOptions::new().with_prefix().with_count_only()),
-                ),
-            ])
-            .or_else([TxnOp::get(key, Some(GetOptions::new().with_keys_only()))]);
-        let name = Some(self.name.as_str());
-        let response = call_retrying("acquire", name, inner.config.request_timeout, || {
-            let mut client = inner.kv.clone();
-            let txn = txn.clone();
-            async move { client.txn(txn).await }
-        })
-        .await?;
-        if !response.succeeded() {
-            // An earlier attempt of this request got through: read where we stand.
-            let Some(TxnOpResponse::Get(mine)) = response.op_responses().into_iter().next() else {
-                return Err(malformed("acquire", name, "missing range result"));
-            };
-            let token = mine
-                .kvs()
-                .first()
-                .and_then(|kv| FencingToken::from_revision(kv.create_revision()))
-                .ok_or_else(|| malformed("acquire", name, "existing key without revision"))?;
-            let place = match self.rank(token).await? {
-                Rank::Admitted => Place::Head,
-                Rank::Gone => Place::Gone,
-                _ => Place::Behind(Vec::new()),
-            };
-            return Ok((token, place));
-        }
-        let token = response
-            .header()
-            .and_then(|h| FencingToken::from_revision(h.revision()))
-            .ok_or_else(|| malformed("acquire", name, "missing header revision"))?;
-        let Some(TxnOpResponse::Get(count)) = response.op_responses().into_iter().nth(1) else {
-            return Err(malformed("acquire", name, "missing count"));
+        let (token, rank) = match self.join(key, GetOptions::new().with_count_only()).await? {
+            Joined::Now { token, read } => {
+                let keys = usize::try_from(read.count()).unwrap_or(usize::MAX);
+                let rank = if keys <= self.permits {
+                    Rank::Admitted
+                } else {
+                    Rank::First // a placeholder: the wait reads the real rank first
+                };
+                (token, rank)
+            }
+            Joined::Earlier(token) => (token, self.rank(token).await?),
         };
-        let keys = usize::try_from(count.count()).unwrap_or(usize::MAX);
-        let place = if keys <= self.permits {
-            Place::Head
-        } else {
-            Place::Behind(Vec::new())
+        let place = match rank {
+            Rank::Admitted => Place::Head,
+            Rank::Gone => Place::Gone,
+            Rank::First | Rank::Behind(_) => Place::Behind(Vec::new()),
         };
         Ok((token, place))
     }
@@ -152,24 +119,11 @@ impl Acquisition {
 
     /// My rank: the keys up to mine, oldest first.
     async fn rank(&self, token: FencingToken) -> Result<Rank, LockError> {
-        let inner = self.inner();
-        let options = GetOptions::new()
-            .with_prefix()
-            .with_max_create_revision(token.as_revision())
+        let oldest_first = GetOptions::new()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_keys_only();
-        let response = call_retrying(
-            "wait",
-            Some(&self.name),
-            inner.config.request_timeout,
-            || {
-                let mut client = inner.kv.clone();
-                let options = options.clone();
-                async move { client.get(self.prefix.as_str(), Some(options)).await }
-            },
-        )
-        .await?;
-        let kvs = response.kvs();
+        let read = self.read_up_to(token, oldest_first).await?;
+        let kvs = read.kvs();
         let mine = kvs
             .last()
             .is_some_and(|kv| FencingToken::from_revision(kv.create_revision()) == Some(token));

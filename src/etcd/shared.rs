@@ -6,10 +6,9 @@
 //! hold it back. Since a writer waits for everyone ahead, and readers queue behind a
 //! waiting writer, writers do not starve.
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
+use etcd_client::{GetOptions, SortOrder, SortTarget};
 
-use super::acquire::{Acquisition, Backoff, Place};
-use super::call::{call_retrying, malformed};
+use super::acquire::{Acquisition, Backoff, Joined, Place};
 use crate::{FencingToken, LockError};
 
 /// The value of a writer's key.
@@ -18,52 +17,16 @@ pub(crate) const WRITE: &[u8] = b"write";
 pub(crate) const READ: &[u8] = b"read";
 
 impl Acquisition {
-    /// Joins the queue as a reader: put my key and learn my place in one transaction
-    /// (my key is the newest, so every key read is ahead of me or mine).
+    /// Joins the queue as a reader: put my key and read every key ahead, with their
+    /// sides, in the same revision.
     pub(super) async fn enqueue_shared(
         &self,
         key: &str,
     ) -> Result<(FencingToken, Place), LockError> {
-        let inner = self.inner();
-        let put = PutOptions::new().with_lease(inner.lease_id());
-        let everyone = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Descend);
-        let txn = Txn::new()
-            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(key, self.value.clone(), Some(put)),
-                TxnOp::get(self.prefix.as_str(), Some(everyone)),
-            ])
-            .or_else([TxnOp::get(key, Some(GetOptions::new().with_keys_only()))]);
-        let name = Some(self.name.as_str());
-        let response = call_retrying("acquire", name, inner.config.request_timeout, || {
-            let mut client = inner.kv.clone();
-            let txn = txn.clone();
-            async move { client.txn(txn).await }
-        })
-        .await?;
-        let responses = response.op_responses();
-        if !response.succeeded() {
-            // An earlier attempt got through: read where we stand.
-            let token = match responses.first() {
-                Some(etcd_client::TxnOpResponse::Get(mine)) => mine
-                    .kvs()
-                    .first()
-                    .and_then(|kv| FencingToken::from_revision(kv.create_revision())),
-                _ => None,
-            }
-            .ok_or_else(|| malformed("acquire", name, "existing key without revision"))?;
-            return Ok((token, self.reader_place(token).await?));
+        match self.join(key, newest_first()).await? {
+            Joined::Now { token, read } => Ok((token, place_of_reader(token, read.kvs()))),
+            Joined::Earlier(token) => Ok((token, self.reader_place(token).await?)),
         }
-        let token = response
-            .header()
-            .and_then(|h| FencingToken::from_revision(h.revision()))
-            .ok_or_else(|| malformed("acquire", name, "missing header revision"))?;
-        let Some(etcd_client::TxnOpResponse::Get(range)) = responses.get(1) else {
-            return Err(malformed("acquire", name, "missing range result"));
-        };
-        Ok((token, place_of_reader(token, range.kvs())))
     }
 
     /// Waits until no writer is ahead, watching the nearest one each time.
@@ -107,24 +70,14 @@ impl Acquisition {
 
     /// Reads the keys up to mine and finds the nearest writer ahead, if any.
     async fn reader_place(&self, token: FencingToken) -> Result<Place, LockError> {
-        let inner = self.inner();
-        let options = GetOptions::new()
-            .with_prefix()
-            .with_max_create_revision(token.as_revision())
-            .with_sort(SortTarget::Create, SortOrder::Descend);
-        let response = call_retrying(
-            "wait",
-            Some(&self.name),
-            inner.config.request_timeout,
-            || {
-                let mut client = inner.kv.clone();
-                let options = options.clone();
-                async move { client.get(self.prefix.as_str(), Some(options)).await }
-            },
-        )
-        .await?;
-        Ok(place_of_reader(token, response.kvs()))
+        let read = self.read_up_to(token, newest_first()).await?;
+        Ok(place_of_reader(token, read.kvs()))
     }
+}
+
+/// Every key with its value (its side), newest first.
+fn newest_first() -> GetOptions {
+    GetOptions::new().with_sort(SortTarget::Create, SortOrder::Descend)
 }
 
 /// A reader's place from keys sorted newest first, none newer than mine.
