@@ -1,3 +1,4 @@
 //! Tests of the `fencelock` command line against real servers.
 
+mod check_log;
 mod run;

@@ -3,6 +3,7 @@
 //! `fencelock run` runs a command while holding a lock.
 
 mod bench;
+mod chaos;
 mod run;
 
 use std::process::ExitCode;
@@ -23,6 +24,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run a command while holding an etcd lock; terminate it if the lock is lost.
     Run(run::RunArgs),
+    /// Check a log of critical sections (JSON lines) for overlapping holders, stale
+    /// writes accepted or rejected, and tokens out of grant order.
+    CheckLog(chaos::CheckLogArgs),
 }
 
 fn main() -> ExitCode {
@@ -40,6 +44,7 @@ fn main() -> ExitCode {
     let args = match cli.command {
         // `run` forwards signals to its command instead of stopping at Ctrl-C.
         Command::Run(args) => return runtime.block_on(run::run(args)),
+        Command::CheckLog(args) => return chaos::check_log(&args),
         Command::Bench(args) => args,
     };
     let outcome = runtime.block_on(async {
