@@ -125,6 +125,17 @@ impl LockOptions {
     }
 }
 
+/// A semaphore needs at least one permit (both backends' semaphores check this).
+pub(crate) fn validate_permits(permits: usize) -> Result<(), LockError> {
+    if permits == 0 {
+        return Err(invalid(
+            "permits",
+            "zero: a semaphore needs at least one permit".into(),
+        ));
+    }
+    Ok(())
+}
+
 fn invalid(option: &'static str, reason: String) -> LockError {
     LockError::InvalidOption { option, reason }
 }

@@ -41,24 +41,29 @@ impl Acquisition {
         &self,
         key: &str,
     ) -> Result<(FencingToken, Place), LockError> {
-        let (token, rank) = match self.join(key, GetOptions::new().with_count_only()).await? {
+        // A waiting place carries no key: the wait reads its rank first.
+        let waiting = Place::Behind(Vec::new());
+        match self.join(key, GetOptions::new().with_count_only()).await? {
             Joined::Now { token, read } => {
                 let keys = usize::try_from(read.count()).unwrap_or(usize::MAX);
-                let rank = if keys <= self.permits {
-                    Rank::Admitted
-                } else {
-                    Rank::First // a placeholder: the wait reads the real rank first
-                };
-                (token, rank)
+                Ok((
+                    token,
+                    if keys <= self.permits {
+                        Place::Head
+                    } else {
+                        waiting
+                    },
+                ))
             }
-            Joined::Earlier(token) => (token, self.rank(token).await?),
-        };
-        let place = match rank {
-            Rank::Admitted => Place::Head,
-            Rank::Gone => Place::Gone,
-            Rank::First | Rank::Behind(_) => Place::Behind(Vec::new()),
-        };
-        Ok((token, place))
+            Joined::Earlier(token) => {
+                let place = match self.rank(token).await? {
+                    Rank::Admitted => Place::Head,
+                    Rank::Gone => Place::Gone,
+                    Rank::First | Rank::Behind(_) => waiting,
+                };
+                Ok((token, place))
+            }
+        }
     }
 
     /// Waits until a permit is ours, then touches my key so the waiter behind me knows.

@@ -3,6 +3,7 @@
 
 use super::acquire::{Mode, Queue};
 use super::{EtcdGuard, EtcdLocker};
+use crate::options::validate_permits;
 use crate::{LockError, LockOptions, validate_name};
 
 /// `permits` holders at once under one name; see `EtcdLocker::semaphore`.
@@ -34,12 +35,7 @@ pub struct EtcdSemaphore {
 impl EtcdSemaphore {
     pub(super) fn new(locker: EtcdLocker, name: &str, permits: usize) -> Result<Self, LockError> {
         validate_name(name)?;
-        if permits == 0 {
-            return Err(LockError::InvalidOption {
-                option: "permits",
-                reason: "zero: a semaphore needs at least one permit".into(),
-            });
-        }
+        validate_permits(permits)?;
         Ok(Self {
             locker,
             name: name.to_owned(),

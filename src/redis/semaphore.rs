@@ -8,6 +8,7 @@ use super::core::Core;
 use super::keys::LockKeys;
 use super::locker::MIN_TTL;
 use super::subscriber::Subscriber;
+use crate::options::validate_permits;
 use crate::{Backend, LockError, LockOptions, validate_name};
 
 /// `permits` holders at once; see [`RedisLocker::semaphore`](super::RedisLocker::semaphore).
@@ -43,12 +44,7 @@ impl RedisSemaphore {
         permits: usize,
     ) -> Result<Self, LockError> {
         validate_name(name)?;
-        if permits == 0 {
-            return Err(LockError::InvalidOption {
-                option: "permits",
-                reason: "zero: a semaphore needs at least one permit".into(),
-            });
-        }
+        validate_permits(permits)?;
         Ok(Self {
             core,
             subscriber,

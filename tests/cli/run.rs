@@ -21,19 +21,16 @@ fn fencelock(etcd: &EtcdCluster) -> Command {
     command
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_invocations_run_one_at_a_time_with_increasing_tokens() {
-    let etcd = EtcdCluster::single().await.expect("etcd");
+/// Starts `count` invocations of `fencelock run <args> -- sh -c <script>` at once, where
+/// the script may append to `{log}`; waits for all, checks they succeeded, returns the log.
+async fn run_concurrently(etcd: &EtcdCluster, count: usize, args: &[&str], script: &str) -> String {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("log");
-    let script = format!(
-        "echo start $FENCELOCK_TOKEN >> {0}; sleep 0.2; echo end $FENCELOCK_TOKEN >> {0}",
-        log.display()
-    );
+    let script = script.replace("{log}", &log.display().to_string());
     let mut runs = Vec::new();
-    for _ in 0..3 {
-        let mut command = fencelock(&etcd);
-        command.args(["--lock", "nightly", "--", "sh", "-c", &script]);
+    for _ in 0..count {
+        let mut command = fencelock(etcd);
+        command.args(args).args(["--", "sh", "-c", &script]);
         runs.push(command.status());
     }
     for run in runs {
@@ -43,7 +40,15 @@ async fn concurrent_invocations_run_one_at_a_time_with_increasing_tokens() {
             .expect("runs");
         assert!(status.success(), "{status}");
     }
-    let text = std::fs::read_to_string(&log).expect("log");
+    std::fs::read_to_string(&log).expect("log")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_invocations_run_one_at_a_time_with_increasing_tokens() {
+    let etcd = EtcdCluster::single().await.expect("etcd");
+    let script =
+        "echo start $FENCELOCK_TOKEN >> {log}; sleep 0.2; echo end $FENCELOCK_TOKEN >> {log}";
+    let text = run_concurrently(&etcd, 3, &["--lock", "nightly"], script).await;
     let lines: Vec<(&str, u64)> = text
         .lines()
         .map(|line| {
@@ -104,35 +109,9 @@ async fn the_command_is_terminated_when_the_lease_is_revoked() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_permits_at_most_n_commands_run_at_once() {
     let etcd = EtcdCluster::single().await.expect("etcd");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let log = dir.path().join("log");
-    let script = format!(
-        "echo start >> {0}; sleep 0.3; echo end >> {0}",
-        log.display()
-    );
-    let mut runs = Vec::new();
-    for _ in 0..4 {
-        let mut command = fencelock(&etcd);
-        command.args([
-            "--lock",
-            "batch",
-            "--permits",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ]);
-        runs.push(command.status());
-    }
-    for run in runs {
-        let status = tokio::time::timeout(Duration::from_secs(20), run)
-            .await
-            .expect("finishes")
-            .expect("runs");
-        assert!(status.success(), "{status}");
-    }
-    let text = std::fs::read_to_string(&log).expect("log");
+    let script = "echo start >> {log}; sleep 0.3; echo end >> {log}";
+    let args = ["--lock", "batch", "--permits", "2"];
+    let text = run_concurrently(&etcd, 4, &args, script).await;
     let (mut inside, mut most) = (0i32, 0i32);
     for line in text.lines() {
         inside += if line == "start" { 1 } else { -1 };

@@ -229,19 +229,12 @@ impl Outcome {
             "errors"
         );
         for c in &self.cells {
-            let _ = writeln!(
-                out,
-                "{:<14} {:<20} {:>5} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>6}",
-                c.workload,
-                c.subject,
-                c.concurrency,
-                c.per_second,
-                c.p50_us,
-                c.p90_us,
-                c.p99_us,
-                c.max_us,
-                c.errors
-            );
+            let [workload, subject, rest @ ..] = c.columns();
+            let _ = write!(out, "{workload:<14} {subject:<20}");
+            for (value, width) in rest.iter().zip([5, 10, 9, 9, 9, 9, 6]) {
+                let _ = write!(out, " {value:>width$}");
+            }
+            let _ = writeln!(out);
         }
         if !self.renewals.is_empty() {
             let _ = writeln!(out, "\nrenewal: locks held by one client");
@@ -362,19 +355,7 @@ impl Outcome {
             "\n## All cells\n\n| workload | subject | conc | ops/s | p50 us | p90 us | p99 us | max us | errors |\n|---|---|---|---|---|---|---|---|---|"
         );
         for c in &self.cells {
-            let _ = writeln!(
-                md,
-                "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} |",
-                c.workload,
-                c.subject,
-                c.concurrency,
-                c.per_second,
-                c.p50_us,
-                c.p90_us,
-                c.p99_us,
-                c.max_us,
-                c.errors
-            );
+            let _ = writeln!(md, "| {} |", c.columns().join(" | "));
         }
         if !self.renewals.is_empty() {
             let _ = writeln!(

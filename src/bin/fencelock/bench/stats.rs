@@ -65,6 +65,23 @@ impl Cell {
     }
 }
 
+impl Cell {
+    /// The figures of the table row, in column order (terminal and Markdown alike).
+    pub fn columns(&self) -> [String; 9] {
+        [
+            self.workload.clone(),
+            self.subject.clone(),
+            self.concurrency.to_string(),
+            format!("{:.0}", self.per_second),
+            self.p50_us.to_string(),
+            self.p90_us.to_string(),
+            self.p99_us.to_string(),
+            self.max_us.to_string(),
+            self.errors.to_string(),
+        ]
+    }
+}
+
 /// Renewal traffic of one backend holding many locks.
 #[derive(Clone, Debug, Serialize)]
 pub struct Renewal {
