@@ -164,7 +164,19 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
             () = shared.changed.notified() => {}
             () = tokio::time::sleep_until(earliest) => expire_due(&shared),
             () = tokio::time::sleep_until(next_tick) => {
-                renew_all(&shared).await;
+                // A renewal can hang for the request timeout (a partition); deadlines
+                // passing meanwhile must still be reported on time, not when it returns.
+                let renewal = renew_all(&shared);
+                tokio::pin!(renewal);
+                loop {
+                    let earliest = schedule(&held(&shared)).1;
+                    tokio::select! {
+                        biased;
+                        _ = &mut stop => return,
+                        () = &mut renewal => break,
+                        () = tokio::time::sleep_until(earliest) => expire_due(&shared),
+                    }
+                }
                 expire_due(&shared);
                 // Ticks follow from the last one; `plan` only ever brings them forward.
                 next_tick = Instant::now() + FAR;

@@ -20,12 +20,14 @@
 //! Every process is stopped by its PID when its handle is dropped, and dies with the
 //! process that started it even if that one is killed outright.
 
+mod clock;
 mod etcd;
 mod postgres;
 mod process;
 mod proxy;
 mod redis;
 
+pub use clock::{JumpingClock, LIBFAKETIME_ENV};
 pub use etcd::{ETCD_BIN_ENV, EtcdCluster, EtcdClusterBuilder, fetch_metrics, metric_sum};
 pub use postgres::{PG_BIN_DIR_ENV, PostgresServer};
 pub use process::{ProcessOptions, ServerProcess, free_port};

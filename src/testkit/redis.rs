@@ -41,11 +41,21 @@ impl RedisServer {
         Ok(replica)
     }
 
-    /// Starts a master through a wrapper command, for instance
-    /// `["faketime", "-f", "+0 x1.5"]` to run it with a skewed clock.
-    pub async fn start_wrapped(wrapper: &[&str]) -> Result<Self, TestkitError> {
-        let wrapper = wrapper.iter().map(|s| (*s).to_owned()).collect();
+    /// Starts a master through a wrapper command: a [`JumpingClock`](super::JumpingClock)'s
+    /// [`wrapper`](super::JumpingClock::wrapper) runs it on a clock that can jump.
+    pub async fn start_wrapped<S: AsRef<str>>(wrapper: &[S]) -> Result<Self, TestkitError> {
+        let wrapper = wrapper.iter().map(|s| s.as_ref().to_owned()).collect();
         Self::launch(None, Vec::new(), wrapper).await
+    }
+
+    /// Starts the server again on its port after [`kill`](Self::kill), empty (nothing
+    /// is persisted), as a master or replica as before; waits until it answers.
+    pub async fn restart(&mut self) -> Result<(), TestkitError> {
+        if let Some(mut old) = self.process.take() {
+            old.kill()
+                .map_err(|e| TestkitError::io("stopping redis", e))?;
+        }
+        self.spawn_and_wait().await
     }
 
     async fn launch(

@@ -9,9 +9,9 @@ fn a_stale_write_accepted_fails_the_check() {
     std::fs::write(
         &log,
         concat!(
-            r#"{"client":"a","token":10,"start_ns":0,"end_ns":50,"write":{"Accepted":{"at_ns":45}}}"#,
+            r#"{"client":"a","token":10,"start_ns":0,"end_ns":50,"write":{"Accepted":{"order":45}}}"#,
             "\n",
-            r#"{"client":"b","token":12,"start_ns":20,"end_ns":30,"write":{"Accepted":{"at_ns":25}}}"#,
+            r#"{"client":"b","token":12,"start_ns":20,"end_ns":30,"write":{"Accepted":{"order":25}}}"#,
             "\n",
         ),
     )
@@ -36,7 +36,7 @@ fn a_fenced_run_passes_the_check() {
         concat!(
             r#"{"client":"a","token":10,"start_ns":0,"end_ns":50,"write":"Rejected"}"#,
             "\n",
-            r#"{"client":"b","token":12,"start_ns":20,"end_ns":30,"write":{"Accepted":{"at_ns":25}}}"#,
+            r#"{"client":"b","token":12,"start_ns":20,"end_ns":30,"write":{"Accepted":{"order":25}}}"#,
             "\n",
         ),
     )

@@ -27,6 +27,11 @@ enum Command {
     /// Check a log of critical sections (JSON lines) for overlapping holders, stale
     /// writes accepted or rejected, and tokens out of grant order.
     CheckLog(chaos::CheckLogArgs),
+    /// Run the failure scenarios (design §6) against every backend and count what broke.
+    Chaos(chaos::ChaosArgs),
+    /// One chaos client (started by `fencelock chaos`).
+    #[command(hide = true)]
+    ChaosWorker(chaos::worker::WorkerArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,22 +46,31 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let args = match cli.command {
+    let command = match cli.command {
         // `run` forwards signals to its command instead of stopping at Ctrl-C.
         Command::Run(args) => return runtime.block_on(run::run(args)),
         Command::CheckLog(args) => return chaos::check_log(&args),
-        Command::Bench(args) => args,
+        Command::ChaosWorker(args) => return runtime.block_on(chaos::worker::work(args)),
+        command => command,
     };
     let outcome = runtime.block_on(async {
-        let work = bench::run(args);
-        // Ctrl-C drops the work: every server it started is stopped by its handle.
+        let work = async {
+            match command {
+                Command::Chaos(args) => chaos::chaos(args).await,
+                Command::Bench(args) => bench::run(args).await.map(|()| true),
+                _ => Ok(true),
+            }
+        };
+        // Ctrl-C drops the work: every server and worker it started is stopped by its
+        // handle.
         tokio::select! {
             result = work => Some(result),
             _ = tokio::signal::ctrl_c() => None,
         }
     });
     match outcome {
-        Some(Ok(())) => ExitCode::SUCCESS,
+        Some(Ok(true)) => ExitCode::SUCCESS,
+        Some(Ok(false)) => ExitCode::FAILURE,
         Some(Err(err)) => {
             eprintln!("fencelock: {err}");
             ExitCode::FAILURE

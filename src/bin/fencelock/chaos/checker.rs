@@ -10,15 +10,30 @@ use serde::{Deserialize, Serialize};
 /// What storage answered to a critical section's fenced write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Write {
-    /// Accepted, committed at this instant (ns, monotonic).
-    Accepted { at_ns: u64 },
+    /// Accepted; `order` is its place in storage's commit order (a sequence number drawn
+    /// inside the fenced transaction, or any number that grows with commit order).
+    Accepted { order: u64 },
     /// Refused: a newer token had been seen.
     Rejected,
     /// The write failed for another reason (storage unreachable...).
     Failed,
 }
 
-/// One critical section, as a worker logs it.
+/// What releasing the lock at the end of a section did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Release {
+    /// Our lock, deleted.
+    Released,
+    /// No longer ours; nothing deleted.
+    NotHeld,
+    /// Deleted a lock that was someone else's (the naive baseline's bug, S3).
+    DeletedOther,
+    /// The release failed (server unreachable...).
+    Failed,
+}
+
+/// One critical section, as a worker logs it. Times are `CLOCK_MONOTONIC` nanoseconds,
+/// one clock for every process on the machine.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Section {
     pub client: String,
@@ -26,6 +41,14 @@ pub struct Section {
     pub start_ns: u64,
     pub end_ns: u64,
     pub write: Write,
+    /// Whether the unfenced variant of the write ran (it cannot be refused).
+    #[serde(default)]
+    pub unfenced_written: bool,
+    /// When the guard reported the lock lost during the section, if it did.
+    #[serde(default)]
+    pub lost_ns: Option<u64>,
+    #[serde(default)]
+    pub release: Option<Release>,
 }
 
 /// The counts for one backend and scenario.
@@ -42,6 +65,10 @@ pub struct Verdict {
     pub stale_rejected: usize,
     /// Grants whose token is not larger than the previous grant's (in start order).
     pub token_inversions: usize,
+    /// Releases that deleted another holder's lock.
+    pub foreign_deletes: usize,
+    /// Sections whose guard reported the lock lost before they ended.
+    pub lost_reported: usize,
 }
 
 /// Checks the sections of one lock.
@@ -70,7 +97,7 @@ pub fn check(sections: &[Section]) -> Verdict {
     let mut accepted: Vec<(u64, u64)> = sections
         .iter()
         .filter_map(|s| match s.write {
-            Write::Accepted { at_ns } => Some((at_ns, s.token)),
+            Write::Accepted { order } => Some((order, s.token)),
             _ => None,
         })
         .collect();
@@ -93,6 +120,11 @@ pub fn check(sections: &[Section]) -> Verdict {
             .filter(|s| s.write == Write::Rejected)
             .count(),
         token_inversions,
+        foreign_deletes: sections
+            .iter()
+            .filter(|s| s.release == Some(Release::DeletedOther))
+            .count(),
+        lost_reported: sections.iter().filter(|s| s.lost_ns.is_some()).count(),
     }
 }
 
@@ -107,15 +139,18 @@ mod tests {
             start_ns,
             end_ns,
             write,
+            unfenced_written: false,
+            lost_ns: None,
+            release: None,
         }
     }
 
     #[test]
     fn a_clean_run_has_nothing_to_report() {
         let log = [
-            section("a", 10, 0, 10, Write::Accepted { at_ns: 5 }),
-            section("b", 12, 11, 20, Write::Accepted { at_ns: 15 }),
-            section("a", 15, 21, 30, Write::Accepted { at_ns: 25 }),
+            section("a", 10, 0, 10, Write::Accepted { order: 5 }),
+            section("b", 12, 11, 20, Write::Accepted { order: 15 }),
+            section("a", 15, 21, 30, Write::Accepted { order: 25 }),
         ];
         let verdict = check(&log);
         assert_eq!(
@@ -133,7 +168,7 @@ mod tests {
         // writes with 10: refused.
         let log = [
             section("a", 10, 0, 50, Write::Rejected),
-            section("b", 12, 20, 30, Write::Accepted { at_ns: 25 }),
+            section("b", 12, 20, 30, Write::Accepted { order: 25 }),
         ];
         let verdict = check(&log);
         assert_eq!(verdict.overlapping, 1);
@@ -145,8 +180,8 @@ mod tests {
     #[test]
     fn an_unfenced_store_accepting_the_stale_write_is_counted() {
         let log = [
-            section("a", 10, 0, 50, Write::Accepted { at_ns: 45 }),
-            section("b", 12, 20, 30, Write::Accepted { at_ns: 25 }),
+            section("a", 10, 0, 50, Write::Accepted { order: 45 }),
+            section("b", 12, 20, 30, Write::Accepted { order: 25 }),
         ];
         assert_eq!(check(&log).stale_accepted, 1);
     }
@@ -155,7 +190,7 @@ mod tests {
     fn a_repeated_or_older_token_in_grant_order_is_an_inversion() {
         // The Redis counter after a failover: the next grant repeats token 12.
         let log = [
-            section("a", 12, 0, 10, Write::Accepted { at_ns: 5 }),
+            section("a", 12, 0, 10, Write::Accepted { order: 5 }),
             section("b", 12, 11, 20, Write::Rejected),
         ];
         let verdict = check(&log);

@@ -1,19 +1,236 @@
-//! Fault-injection experiments. So far: the checker that turns a log of critical sections
-//! into the counts the design asks for, usable on its own as `fencelock check-log`.
+//! Fault-injection experiments (design §6, scenarios S1-S8): worker processes that take a
+//! lock and update shared PostgreSQL rows with and without fencing, a runner that injects
+//! the faults and collects what the workers report, and the checker that turns that record
+//! into counts (also usable on its own as `fencelock check-log`).
 
 pub mod checker;
+mod events;
+mod fleet;
+mod monotonic;
+mod naive;
+mod report;
+mod scenarios;
+mod stage;
+mod storage;
+pub mod worker;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use clap::Args;
+use fencelock::testkit::PostgresServer;
+
+use crate::bench::{BoxResult, parse_duration};
+use fleet::{Fleet, client_name};
+use report::Row;
+use scenarios::{Finding, LostUpdates, Scenario};
+use stage::{Given, Stage, proxied};
+use storage::Store;
+use worker::{ChaosBackend, WorkerArgs};
+
+/// Options of `fencelock chaos`.
+#[derive(Debug, Args)]
+pub struct ChaosArgs {
+    /// Scenarios to run (S1..S8, comma-separated); all by default.
+    #[arg(long, value_enum, value_delimiter = ',', ignore_case = true)]
+    pub scenario: Vec<Scenario>,
+    /// Backends to run (the naive baseline of S3 comes with redis).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "etcd,redis,redlock"
+    )]
+    pub backends: Vec<ChaosBackend>,
+    /// Upper bound on one scenario run; a run still waiting then is reported as an error.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub run_timeout: Duration,
+    /// Existing etcd endpoints (comma-separated): scenarios that kill servers are skipped.
+    #[arg(long, value_delimiter = ',')]
+    pub etcd: Option<Vec<String>>,
+    /// An existing Redis (redis://host:port/): failover scenarios are skipped.
+    #[arg(long)]
+    pub redis: Option<String>,
+    /// Existing Redlock masters (comma-separated): the clock-jump scenario is skipped.
+    #[arg(long, value_delimiter = ',')]
+    pub redlock: Option<Vec<String>>,
+    /// An existing PostgreSQL for the shared rows (libpq connection string).
+    #[arg(long)]
+    pub postgres: Option<String>,
+    /// Write every row as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write the table as Markdown.
+    #[arg(long)]
+    pub markdown: Option<PathBuf>,
+}
+
+/// Runs the scenarios, prints the table; exits 1 if any run did not behave as the design
+/// expects or failed.
+pub async fn chaos(args: ChaosArgs) -> BoxResult<bool> {
+    let scenarios = if args.scenario.is_empty() {
+        Scenario::ALL.to_vec()
+    } else {
+        args.scenario.clone()
+    };
+    let runs: Vec<(Scenario, ChaosBackend)> = scenarios
+        .iter()
+        .flat_map(|s| s.backends(&args.backends).into_iter().map(move |b| (*s, b)))
+        .collect();
+    if runs.is_empty() {
+        return Err("no scenario applies to the chosen backends".into());
+    }
+    let (_postgres, postgres_url) = match &args.postgres {
+        Some(url) => (None, url.clone()),
+        None => {
+            eprintln!("starting a local postgres");
+            let server = PostgresServer::start().await?;
+            let database = server.create_database().await?;
+            let url = server.connection_string(&database);
+            (Some(server), url)
+        }
+    };
+    let given = Given {
+        etcd: args.etcd.clone(),
+        redis: args.redis.clone(),
+        redlock: args.redlock.clone(),
+    };
+    let logs = tempfile::Builder::new()
+        .prefix("fencelock-chaos-")
+        .tempdir()?;
+    let bar = indicatif::ProgressBar::new(runs.len() as u64).with_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut rows = Vec::new();
+    for (scenario, backend) in runs {
+        bar.set_message(format!(
+            "{scenario:?} {}: {}",
+            backend.name(),
+            scenario.title()
+        ));
+        let started = Instant::now();
+        let mut row =
+            match run_one(scenario, backend, &given, &postgres_url, &args, logs.path()).await {
+                Ok(row) => row,
+                Err(err) => Row {
+                    scenario,
+                    title: scenario.title(),
+                    backend: backend.name(),
+                    status: "error",
+                    verdict: checker::Verdict::default(),
+                    lost_updates: LostUpdates::default(),
+                    expected: scenario.expected(backend),
+                    as_expected: false,
+                    note: err.to_string(),
+                    seconds: 0.0,
+                },
+            };
+        row.seconds = started.elapsed().as_secs_f64();
+        bar.inc(1);
+        rows.push(row);
+    }
+    bar.finish_and_clear();
+    print!("{}", report::terminal(&rows));
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&rows)?)?;
+    }
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, report::markdown(&rows))?;
+    }
+    Ok(rows
+        .iter()
+        .all(|r| r.status == "skipped" || (r.status == "ran" && r.as_expected)))
+}
+
+/// One scenario for one backend: servers, workers, faults, verdict.
+async fn run_one(
+    scenario: Scenario,
+    backend: ChaosBackend,
+    given: &Given,
+    postgres: &str,
+    args: &ChaosArgs,
+    logs: &std::path::Path,
+) -> BoxResult<Row> {
+    let plan = scenario.plan(backend);
+    let skipped = |note: String| Row {
+        scenario,
+        title: scenario.title(),
+        backend: backend.name(),
+        status: "skipped",
+        verdict: checker::Verdict::default(),
+        lost_updates: LostUpdates::default(),
+        expected: scenario.expected(backend),
+        as_expected: false,
+        note,
+        seconds: 0.0,
+    };
+    let mut stage = match Stage::build(backend, plan.topology, given).await? {
+        Ok(stage) => stage,
+        Err(reason) => return Ok(skipped(reason)),
+    };
+    let run = format!("{scenario:?}-{}-{:x}", backend.flag(), monotonic::now_ns()).to_lowercase();
+    let store = Store::connect(postgres, &run).await?;
+    store.prepare().await?;
+
+    let mut proxies = Vec::new();
+    let mut specs = Vec::new();
+    for i in 0..plan.workers {
+        let endpoints = if plan.proxied {
+            let (worker_proxies, rewritten) = proxied(&stage.endpoints).await?;
+            proxies.push(worker_proxies);
+            rewritten
+        } else {
+            stage.endpoints.clone()
+        };
+        specs.push(WorkerArgs {
+            backend,
+            endpoints,
+            postgres: postgres.to_owned(),
+            run: run.clone(),
+            client: client_name(i),
+            ttl: plan.ttl,
+            hold: plan.hold,
+            no_renewal: !plan.renewal,
+        });
+    }
+    let run_dir = logs.join(&run);
+    std::fs::create_dir_all(&run_dir)?;
+    let mut fleet = Fleet::start(
+        specs,
+        &run_dir,
+        tokio::time::Instant::now() + args.run_timeout,
+    )?;
+    let staged = scenario
+        .stage(backend, &mut fleet, &mut stage, &proxies)
+        .await;
+    let sections = fleet.stop().await;
+    let finding: Finding = staged?;
+    let verdict = checker::check(&sections);
+    let counts = store.counts().await?;
+    let lost_updates = LostUpdates::count(&sections, counts.fenced, counts.unfenced);
+    Ok(Row {
+        scenario,
+        title: scenario.title(),
+        backend: backend.name(),
+        status: "ran",
+        as_expected: scenario.met(backend, &verdict, lost_updates, &finding),
+        verdict,
+        lost_updates,
+        expected: scenario.expected(backend),
+        note: finding.note,
+        seconds: 0.0,
+    })
+}
 
 /// Options of `fencelock check-log`.
 #[derive(Debug, Args)]
 pub struct CheckLogArgs {
     /// A file of JSON lines, one critical section each:
-    /// `{"client":"a","token":42,"start_ns":1,"end_ns":2,"write":{"Accepted":{"at_ns":2}}}`
-    /// (`"write"` may also be `"Rejected"` or `"Failed"`).
+    /// `{"client":"a","token":42,"start_ns":1,"end_ns":2,"write":{"Accepted":{"order":7}}}`
+    /// (`"write"` may also be `"Rejected"` or `"Failed"`; optional fields:
+    /// `"unfenced_written"`, `"lost_ns"`, `"release"`).
     log: PathBuf,
 }
 

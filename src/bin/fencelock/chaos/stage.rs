@@ -1,0 +1,134 @@
+//! The servers of one scenario run: fresh local ones the run may kill, or the endpoints
+//! the user gave (for the scenarios whose faults hit only the clients).
+
+use std::net::SocketAddr;
+
+use fencelock::testkit::{EtcdCluster, FaultProxy, JumpingClock, RedisServer};
+
+use super::worker::ChaosBackend;
+use crate::bench::BoxResult;
+
+/// Endpoints given on the command line instead of local servers.
+#[derive(Clone, Debug, Default)]
+pub struct Given {
+    pub etcd: Option<Vec<String>>,
+    pub redis: Option<String>,
+    pub redlock: Option<Vec<String>>,
+}
+
+/// What a scenario needs from the lock service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Topology {
+    /// Any deployment: the faults hit the clients only.
+    Any,
+    /// A local 3-member etcd cluster whose leader the run kills.
+    EtcdCluster,
+    /// A local Redis master and its replica, which the run promotes.
+    RedisWithReplica,
+    /// Three local Redlock masters, the second on a clock that can jump.
+    RedlockWithClock,
+}
+
+/// The lock service of one run.
+pub struct Stage {
+    /// What the workers connect to (Redis: master first, then the failover candidates).
+    pub endpoints: Vec<String>,
+    pub etcd: Option<EtcdCluster>,
+    pub redis: Vec<RedisServer>,
+    pub clock: Option<JumpingClock>,
+}
+
+impl Stage {
+    /// Starts (or points at) the servers; `Ok(Err(reason))` when the scenario cannot run
+    /// on the given endpoints.
+    pub async fn build(
+        backend: ChaosBackend,
+        topology: Topology,
+        given: &Given,
+    ) -> BoxResult<Result<Self, String>> {
+        let mut stage = Self {
+            endpoints: Vec::new(),
+            etcd: None,
+            redis: Vec::new(),
+            clock: None,
+        };
+        let given_endpoints = match backend {
+            ChaosBackend::Etcd => given.etcd.clone(),
+            ChaosBackend::Redis | ChaosBackend::Naive => given.redis.clone().map(|u| vec![u]),
+            ChaosBackend::Redlock => given.redlock.clone(),
+        };
+        if let Some(endpoints) = given_endpoints {
+            if topology != Topology::Any {
+                return Ok(Err(
+                    "needs servers the tool starts itself (it kills or skews them)".into(),
+                ));
+            }
+            stage.endpoints = endpoints;
+            return Ok(Ok(stage));
+        }
+        match (backend, topology) {
+            (ChaosBackend::Etcd, topology) => {
+                let members = if topology == Topology::EtcdCluster {
+                    3
+                } else {
+                    1
+                };
+                let cluster = EtcdCluster::builder().members(members).start().await?;
+                stage.endpoints = cluster.endpoints();
+                stage.etcd = Some(cluster);
+            }
+            (ChaosBackend::Redis, Topology::RedisWithReplica) => {
+                let master = RedisServer::start().await?;
+                let replica = RedisServer::start_replica_of(&master).await?;
+                stage.endpoints = vec![master.url(), replica.url()];
+                stage.redis = vec![master, replica];
+            }
+            (ChaosBackend::Redis | ChaosBackend::Naive, _) => {
+                let server = RedisServer::start().await?;
+                stage.endpoints = vec![server.url()];
+                stage.redis = vec![server];
+            }
+            (ChaosBackend::Redlock, topology) => {
+                let clock = match topology {
+                    Topology::RedlockWithClock => Some(JumpingClock::new()?),
+                    _ => None,
+                };
+                for i in 0..3 {
+                    let server = match (&clock, i) {
+                        (Some(clock), 1) => RedisServer::start_wrapped(&clock.wrapper()?).await?,
+                        _ => RedisServer::start().await?,
+                    };
+                    stage.endpoints.push(server.url());
+                    stage.redis.push(server);
+                }
+                stage.clock = clock;
+            }
+        }
+        Ok(Ok(stage))
+    }
+}
+
+/// One fault proxy per endpoint, and the endpoints rewritten to go through them.
+pub async fn proxied(endpoints: &[String]) -> BoxResult<(Vec<FaultProxy>, Vec<String>)> {
+    let mut proxies = Vec::new();
+    let mut rewritten = Vec::new();
+    for endpoint in endpoints {
+        let (scheme, rest) = endpoint
+            .split_once("://")
+            .ok_or_else(|| format!("not a URL: {endpoint}"))?;
+        let (host_port, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let upstream: SocketAddr = tokio::net::lookup_host(host_port)
+            .await?
+            .next()
+            .ok_or_else(|| format!("cannot resolve {host_port}"))?;
+        let proxy = FaultProxy::start(upstream).await?;
+        let slash = if path.is_empty() && scheme == "http" {
+            ""
+        } else {
+            "/"
+        };
+        rewritten.push(format!("{scheme}://{}{slash}{path}", proxy.address()));
+        proxies.push(proxy);
+    }
+    Ok((proxies, rewritten))
+}
