@@ -419,7 +419,7 @@ pub async fn fetch_metrics(endpoint: &str) -> Result<String, TestkitError> {
 }
 
 /// (member id, leader id) as reported by the member at `endpoint`.
-async fn status_leader(endpoint: &str) -> Result<(u64, u64), etcd_client::Error> {
+pub(super) async fn status_leader(endpoint: &str) -> Result<(u64, u64), etcd_client::Error> {
     let mut client = Client::connect([endpoint], None).await?;
     let status = client.status().await?;
     let id = status.header().map(|h| h.member_id()).unwrap_or_default();

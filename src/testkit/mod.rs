@@ -21,6 +21,8 @@
 //! process that started it even if that one is killed outright.
 
 mod clock;
+#[cfg(feature = "containers")]
+mod containers;
 mod etcd;
 mod postgres;
 mod process;
@@ -28,6 +30,11 @@ mod proxy;
 mod redis;
 
 pub use clock::{JumpingClock, LIBFAKETIME_ENV};
+#[cfg(feature = "containers")]
+pub use containers::{
+    ContainerEtcdCluster, DEFAULT_ETCD_IMAGE, ETCD_IMAGE_ENV, HARNESS_ENV, IMAGE_ENVS,
+    containers_selected,
+};
 pub use etcd::{ETCD_BIN_ENV, EtcdCluster, EtcdClusterBuilder, fetch_metrics, metric_sum};
 pub use postgres::{PG_BIN_DIR_ENV, PostgresServer};
 pub use process::{ProcessOptions, ServerProcess, free_port};
