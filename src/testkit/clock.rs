@@ -123,11 +123,19 @@ fn jemalloc_standin() -> Result<&'static Path, TestkitError> {
         .map_err(|reason| TestkitError::Cluster(format!("jemalloc stand-in: {reason}")))
 }
 
+/// One shared directory for every process (the library is the same for all): built once,
+/// then reused; concurrent builders each compile to a file of their own and rename it into
+/// place, so a reader never sees a half-written library.
 fn build_standin() -> Result<PathBuf, TestkitError> {
-    let dir =
-        std::env::temp_dir().join(format!("fencelock-jemalloc-standin-{}", std::process::id()));
+    let dir = std::env::temp_dir().join("fencelock-jemalloc-standin");
+    let library = dir.join("libjemalloc.so.2");
+    if library.is_file() {
+        return Ok(dir);
+    }
     std::fs::create_dir_all(&dir).map_err(|e| TestkitError::io("creating the stand-in dir", e))?;
-    let source = dir.join("standin.c");
+    let pid = std::process::id();
+    let source = dir.join(format!("standin-{pid}.c"));
+    let staged = dir.join(format!("libjemalloc-{pid}.so"));
     std::fs::write(&source, JEMALLOC_STANDIN)
         .map_err(|e| TestkitError::io("writing the stand-in source", e))?;
     let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
@@ -139,15 +147,19 @@ fn build_standin() -> Result<PathBuf, TestkitError> {
             "-Wl,-soname,libjemalloc.so.2",
             "-o",
         ])
-        .arg(dir.join("libjemalloc.so.2"))
+        .arg(&staged)
         .arg(&source)
         .output()
-        .map_err(|e| TestkitError::io(format!("running {compiler}"), e))?;
+        .map_err(|e| TestkitError::io(format!("running {compiler}"), e));
+    let _ = std::fs::remove_file(&source);
+    let output = output?;
     if !output.status.success() {
         return Err(TestkitError::Cluster(format!(
             "{compiler} failed: {}",
             String::from_utf8_lossy(&output.stderr)
         )));
     }
+    std::fs::rename(&staged, &library)
+        .map_err(|e| TestkitError::io("installing the stand-in", e))?;
     Ok(dir)
 }

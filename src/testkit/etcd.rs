@@ -378,26 +378,31 @@ impl EtcdCluster {
 
     /// Compacts the keyspace at the current revision; returns that revision.
     pub async fn compact(&self) -> Result<i64, TestkitError> {
-        let mut client = self.client().await?;
-        let revision = client
-            .get("compaction-probe", None)
-            .await?
-            .header()
-            .map(|h| h.revision())
-            .unwrap_or_default();
-        client
-            .compact(
-                revision,
-                Some(etcd_client::CompactionOptions::new().with_physical()),
-            )
-            .await?;
-        Ok(revision)
+        compact_now(&mut self.client().await?).await
     }
 
     /// The Prometheus metrics text of member `i` (`GET /metrics` on its client port).
     pub async fn metrics(&self, i: usize) -> Result<String, TestkitError> {
         fetch_metrics(&self.endpoint(i)).await
     }
+}
+
+/// Compacts the keyspace of the cluster `client` talks to at its current revision
+/// (physically: the old revisions are gone when it returns); returns that revision.
+pub async fn compact_now(client: &mut Client) -> Result<i64, TestkitError> {
+    let revision = client
+        .get("compaction-probe", None)
+        .await?
+        .header()
+        .map(|h| h.revision())
+        .unwrap_or_default();
+    client
+        .compact(
+            revision,
+            Some(etcd_client::CompactionOptions::new().with_physical()),
+        )
+        .await?;
+    Ok(revision)
 }
 
 /// The Prometheus metrics text of the etcd member at `endpoint` (`http://host:port`):

@@ -35,7 +35,9 @@ pub use containers::{
     ContainerEtcdCluster, DEFAULT_ETCD_IMAGE, ETCD_IMAGE_ENV, HARNESS_ENV, IMAGE_ENVS,
     containers_selected,
 };
-pub use etcd::{ETCD_BIN_ENV, EtcdCluster, EtcdClusterBuilder, fetch_metrics, metric_sum};
+pub use etcd::{
+    ETCD_BIN_ENV, EtcdCluster, EtcdClusterBuilder, compact_now, fetch_metrics, metric_sum,
+};
 pub use postgres::{PG_BIN_DIR_ENV, PostgresServer};
 pub use process::{ProcessOptions, ServerProcess, free_port};
 pub use proxy::FaultProxy;

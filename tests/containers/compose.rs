@@ -120,22 +120,6 @@ impl Project {
             .expect("compose ps");
         String::from_utf8_lossy(&output.stdout).trim().to_owned()
     }
-
-    /// The project's network.
-    pub fn network(&self) -> String {
-        format!("{}_default", self.name)
-    }
-}
-
-/// Runs `docker` with `args`, failing the test if it fails.
-pub fn docker(args: &[&str]) {
-    let output = Command::new("docker").args(args).output().expect("docker");
-    assert!(
-        output.status.success(),
-        "docker {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr)
-    );
 }
 
 const PORTS: [&str; 9] = [
@@ -149,3 +133,25 @@ const PORTS: [&str; 9] = [
     "FENCELOCK_SENTINEL3_PORT",
     "FENCELOCK_POSTGRES_PORT",
 ];
+
+/// Adds (`-A`) or deletes (`-D`) an iptables rule inside `container`'s network namespace,
+/// from the host (`nsenter`; needs root): the images carry no iptables, and a rule there
+/// leaves the container on its network, so its name keeps resolving for its peers.
+pub fn netns_iptables(container: &str, rule: &[&str]) {
+    let pid = Command::new("docker")
+        .args(["inspect", "-f", "{{.State.Pid}}", container])
+        .output()
+        .expect("docker inspect");
+    let pid = String::from_utf8_lossy(&pid.stdout).trim().to_owned();
+    let output = Command::new("nsenter")
+        .args(["-t", &pid, "-n", "iptables"])
+        .args(rule)
+        .output()
+        .expect("nsenter iptables");
+    assert!(
+        output.status.success(),
+        "iptables {}: {}",
+        rule.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -4,6 +4,7 @@
 
 mod bench;
 mod chaos;
+mod endpoints;
 mod run;
 
 use std::process::ExitCode;

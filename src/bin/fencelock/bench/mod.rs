@@ -48,18 +48,8 @@ pub struct BenchArgs {
     /// How long the renewal workload holds them.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub renewal_duration: Duration,
-    /// Existing etcd endpoints instead of a local etcd (comma-separated).
-    #[arg(long, value_delimiter = ',')]
-    pub etcd: Option<Vec<String>>,
-    /// An existing Redis instead of a local one (redis://host:port/).
-    #[arg(long)]
-    pub redis: Option<String>,
-    /// Existing Redis masters for Redlock instead of 3 local ones (comma-separated).
-    #[arg(long, value_delimiter = ',')]
-    pub redlock: Option<Vec<String>>,
-    /// An existing PostgreSQL instead of a local one (libpq connection string).
-    #[arg(long)]
-    pub postgres: Option<String>,
+    #[command(flatten)]
+    pub endpoints: crate::endpoints::Endpoints,
     /// Start a local 3-member etcd cluster instead of a single node.
     #[arg(long)]
     pub cluster: bool,

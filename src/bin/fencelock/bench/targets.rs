@@ -26,10 +26,10 @@ impl Targets {
     pub async fn prepare(args: &BenchArgs) -> BoxResult<Self> {
         let wants = |name: &str| args.backends.iter().any(|b| b == name);
         let mut targets = Self {
-            etcd: args.etcd.clone(),
-            redis: args.redis.clone(),
-            redlock: args.redlock.clone(),
-            postgres: args.postgres.clone(),
+            etcd: args.endpoints.etcd.clone(),
+            redis: args.endpoints.redis.clone(),
+            redlock: args.endpoints.redlock.clone(),
+            postgres: args.endpoints.postgres.clone(),
             embedded: false,
             _etcd: None,
             _redis: Vec::new(),

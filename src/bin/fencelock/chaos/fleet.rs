@@ -128,25 +128,25 @@ impl Fleet {
         Ok(())
     }
 
-    /// Waits for a worker to be granted the lock and to start working under it.
-    pub async fn holder_at_work(&mut self) -> BoxResult<(usize, u64)> {
+    /// Waits for a worker that `who` accepts to start working under the lock; returns
+    /// (worker, token).
+    pub async fn at_work(&mut self, who: impl Fn(usize) -> bool) -> BoxResult<(usize, u64)> {
         let (i, event) = self
-            .wait_for("a holder at work", |_, e| {
-                matches!(e, Event::Working { .. })
+            .wait_for("a holder at work", |i, e| {
+                who(i) && matches!(e, Event::Working { .. })
             })
             .await?;
-        let token = match event {
-            Event::Working { token, .. } => token,
-            _ => 0,
-        };
-        Ok((i, token))
+        match event {
+            Event::Working { token, .. } => Ok((i, token)),
+            _ => Err("unreachable: not at work".into()),
+        }
     }
 
-    /// Waits for a grant to another worker than `holder`; returns (worker, token, at_ns).
-    pub async fn grant_to_other(&mut self, holder: usize) -> BoxResult<(usize, u64, u64)> {
+    /// Waits for a grant to a worker that `to` accepts; returns (worker, token, at_ns).
+    pub async fn grant(&mut self, to: impl Fn(usize) -> bool) -> BoxResult<(usize, u64, u64)> {
         let (i, event) = self
-            .wait_for("a grant to another client", |i, e| {
-                i != holder && matches!(e, Event::Acquired { .. })
+            .wait_for("a grant", |i, e| {
+                to(i) && matches!(e, Event::Acquired { .. })
             })
             .await?;
         match event {

@@ -25,7 +25,7 @@ use crate::bench::{BoxResult, parse_duration};
 use fleet::{Fleet, client_name};
 use report::Row;
 use scenarios::{Finding, LostUpdates, Scenario};
-use stage::{Given, Stage, proxied};
+use stage::{Stage, proxied};
 use storage::Store;
 use worker::{ChaosBackend, WorkerArgs};
 
@@ -46,18 +46,10 @@ pub struct ChaosArgs {
     /// Upper bound on one scenario run; a run still waiting then is reported as an error.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub run_timeout: Duration,
-    /// Existing etcd endpoints (comma-separated): scenarios that kill servers are skipped.
-    #[arg(long, value_delimiter = ',')]
-    pub etcd: Option<Vec<String>>,
-    /// An existing Redis (redis://host:port/): failover scenarios are skipped.
-    #[arg(long)]
-    pub redis: Option<String>,
-    /// Existing Redlock masters (comma-separated): the clock-jump scenario is skipped.
-    #[arg(long, value_delimiter = ',')]
-    pub redlock: Option<Vec<String>>,
-    /// An existing PostgreSQL for the shared rows (libpq connection string).
-    #[arg(long)]
-    pub postgres: Option<String>,
+    /// Existing servers; with them, the scenarios that kill or skew servers (S4, S5, S7)
+    /// are skipped.
+    #[command(flatten)]
+    pub endpoints: crate::endpoints::Endpoints,
     /// Write every row as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -81,7 +73,7 @@ pub async fn chaos(args: ChaosArgs) -> BoxResult<bool> {
     if runs.is_empty() {
         return Err("no scenario applies to the chosen backends".into());
     }
-    let (_postgres, postgres_url) = match &args.postgres {
+    let (_postgres, postgres_url) = match &args.endpoints.postgres {
         Some(url) => (None, url.clone()),
         None => {
             eprintln!("starting a local postgres");
@@ -90,11 +82,6 @@ pub async fn chaos(args: ChaosArgs) -> BoxResult<bool> {
             let url = server.connection_string(&database);
             (Some(server), url)
         }
-    };
-    let given = Given {
-        etcd: args.etcd.clone(),
-        redis: args.redis.clone(),
-        redlock: args.redlock.clone(),
     };
     let logs = tempfile::Builder::new()
         .prefix("fencelock-chaos-")
@@ -111,22 +98,10 @@ pub async fn chaos(args: ChaosArgs) -> BoxResult<bool> {
             scenario.title()
         ));
         let started = Instant::now();
-        let mut row =
-            match run_one(scenario, backend, &given, &postgres_url, &args, logs.path()).await {
-                Ok(row) => row,
-                Err(err) => Row {
-                    scenario,
-                    title: scenario.title(),
-                    backend: backend.name(),
-                    status: "error",
-                    verdict: checker::Verdict::default(),
-                    lost_updates: LostUpdates::default(),
-                    expected: scenario.expected(backend),
-                    as_expected: false,
-                    note: err.to_string(),
-                    seconds: 0.0,
-                },
-            };
+        let mut row = match run_one(scenario, backend, &postgres_url, &args, logs.path()).await {
+            Ok(row) => row,
+            Err(err) => Row::not_run(scenario, backend, "error", err.to_string()),
+        };
         row.seconds = started.elapsed().as_secs_f64();
         bar.inc(1);
         rows.push(row);
@@ -148,27 +123,14 @@ pub async fn chaos(args: ChaosArgs) -> BoxResult<bool> {
 async fn run_one(
     scenario: Scenario,
     backend: ChaosBackend,
-    given: &Given,
     postgres: &str,
     args: &ChaosArgs,
     logs: &std::path::Path,
 ) -> BoxResult<Row> {
     let plan = scenario.plan(backend);
-    let skipped = |note: String| Row {
-        scenario,
-        title: scenario.title(),
-        backend: backend.name(),
-        status: "skipped",
-        verdict: checker::Verdict::default(),
-        lost_updates: LostUpdates::default(),
-        expected: scenario.expected(backend),
-        as_expected: false,
-        note,
-        seconds: 0.0,
-    };
-    let mut stage = match Stage::build(backend, plan.topology, given).await? {
+    let mut stage = match Stage::build(backend, plan.topology, &args.endpoints).await? {
         Ok(stage) => stage,
-        Err(reason) => return Ok(skipped(reason)),
+        Err(reason) => return Ok(Row::not_run(scenario, backend, "skipped", reason)),
     };
     let run = format!("{scenario:?}-{}-{:x}", backend.flag(), monotonic::now_ns()).to_lowercase();
     let store = Store::connect(postgres, &run).await?;

@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use super::checker::Verdict;
 use super::scenarios::{LostUpdates, Scenario};
+use super::worker::ChaosBackend;
 
 /// How one scenario run for one backend ended.
 #[derive(Debug, Serialize)]
@@ -23,6 +24,29 @@ pub struct Row {
     /// What the run observed, or why it was skipped or failed.
     pub note: String,
     pub seconds: f64,
+}
+
+impl Row {
+    /// A run that was skipped or failed before it could be judged.
+    pub fn not_run(
+        scenario: Scenario,
+        backend: ChaosBackend,
+        status: &'static str,
+        note: String,
+    ) -> Self {
+        Self {
+            scenario,
+            title: scenario.title(),
+            backend: backend.name(),
+            status,
+            verdict: Verdict::default(),
+            lost_updates: LostUpdates::default(),
+            expected: scenario.expected(backend),
+            as_expected: false,
+            note,
+            seconds: 0.0,
+        }
+    }
 }
 
 const HEADER: [&str; 12] = [

@@ -5,10 +5,11 @@
 use std::time::Duration;
 
 use clap::ValueEnum;
-use fencelock::testkit::FaultProxy;
+use fencelock::testkit::{FaultProxy, compact_now};
 use serde::Serialize;
 
 use super::checker::{Section, Verdict, Write};
+use super::events::Event;
 use super::fleet::{Fleet, client_name};
 use super::monotonic::now_ns;
 use super::stage::{Stage, Topology};
@@ -246,10 +247,10 @@ fn ms(from_ns: u64, to_ns: u64) -> u64 {
 /// S1: SIGKILL a holder at work; the next grant comes when its lease runs out.
 async fn holder_killed(fleet: &mut Fleet) -> BoxResult<Finding> {
     fleet.sections_more(2).await?;
-    let (victim, token) = fleet.holder_at_work().await?;
+    let (victim, token) = fleet.at_work(|_| true).await?;
     let killed_ns = now_ns();
     fleet.signal(victim, libc::SIGKILL)?;
-    let (_, next_token, granted_ns) = fleet.grant_to_other(victim).await?;
+    let (_, next_token, granted_ns) = fleet.grant(|i| i != victim).await?;
     fleet.sections_more(3).await?;
     Ok(Finding {
         note: format!(
@@ -265,13 +266,13 @@ async fn holder_killed(fleet: &mut Fleet) -> BoxResult<Finding> {
 /// then SIGCONT it: it writes with its old token.
 async fn holder_paused(fleet: &mut Fleet) -> BoxResult<Finding> {
     fleet.sections_more(2).await?;
-    let (victim, token) = fleet.holder_at_work().await?;
+    let (victim, token) = fleet.at_work(|_| true).await?;
     let paused_ns = now_ns();
     fleet.signal(victim, libc::SIGSTOP)?;
     let waited = fleet
         .wait_for("another holder's accepted write", |i, e| {
             i != victim
-                && matches!(e, super::events::Event::Section { section }
+                && matches!(e, Event::Section { section }
                     if matches!(section.write, Write::Accepted { .. }))
         })
         .await;
@@ -303,7 +304,7 @@ async fn holder_paused(fleet: &mut Fleet) -> BoxResult<Finding> {
 async fn leader_killed(fleet: &mut Fleet, stage: &mut Stage) -> BoxResult<Finding> {
     let cluster = stage.etcd.as_mut().ok_or("no local etcd cluster")?;
     fleet.sections_more(2).await?;
-    let (holder, token) = fleet.holder_at_work().await?;
+    let (holder, token) = fleet.at_work(|_| true).await?;
     let leader = cluster.leader().await?;
     cluster.kill(leader)?;
     fleet.sections_more(4).await?;
@@ -328,10 +329,10 @@ async fn master_failover(fleet: &mut Fleet, stage: &mut Stage) -> BoxResult<Find
     fleet.sections_more(1).await?;
     stage.redis[1].break_replication().await?;
     fleet.sections_more(2).await?;
-    let (holder, token) = fleet.holder_at_work().await?;
+    let (holder, token) = fleet.at_work(|_| true).await?;
     stage.redis[0].kill()?;
     stage.redis[1].promote().await?;
-    let (other, other_token, _) = fleet.grant_to_other(holder).await?;
+    let (other, other_token, _) = fleet.grant(|i| i != holder).await?;
     let section = fleet.section_of(holder).await?;
     fleet.sections_more(2).await?;
     Ok(Finding {
@@ -355,25 +356,14 @@ async fn clock_jump(fleet: &mut Fleet, stage: &mut Stage) -> BoxResult<Finding> 
     }
     fleet.sections_more(1).await?;
     stage.redis[2].kill()?;
-    let (holder, _) = fleet
-        .wait_for("a grant while the third master is down", |_, e| {
-            matches!(e, super::events::Event::Acquired { .. })
-        })
-        .await?;
-    let (_, token) = fleet
-        .wait_for("the holder at work", |i, e| {
-            i == holder && matches!(e, super::events::Event::Working { .. })
-        })
-        .await
-        .map(|(i, e)| match e {
-            super::events::Event::Working { token, .. } => (i, token),
-            _ => (i, 0),
-        })?;
+    // The next grant is made while the third master is down.
+    let (holder, _, _) = fleet.grant(|_| true).await?;
+    let (_, token) = fleet.at_work(|i| i == holder).await?;
     if let Some(clock) = &stage.clock {
         clock.jump_forward(Duration::from_secs(3600))?;
     }
     stage.redis[2].restart().await?;
-    let (other, other_token, _) = fleet.grant_to_other(holder).await?;
+    let (other, other_token, _) = fleet.grant(|i| i != holder).await?;
     fleet.section_of(holder).await?;
     fleet.sections_more(1).await?;
     Ok(Finding {
@@ -391,13 +381,13 @@ async fn clock_jump(fleet: &mut Fleet, stage: &mut Stage) -> BoxResult<Finding> 
 /// longer than the TTL while it works.
 async fn holder_cut_off(fleet: &mut Fleet, proxies: &[Vec<FaultProxy>]) -> BoxResult<Finding> {
     fleet.sections_more(1).await?;
-    let (victim, token) = fleet.holder_at_work().await?;
+    let (victim, token) = fleet.at_work(|_| true).await?;
     let cut_ns = now_ns();
     for proxy in &proxies[victim] {
         proxy.pause();
     }
     let outcome = async {
-        let (_, _, granted_ns) = fleet.grant_to_other(victim).await?;
+        let (_, _, granted_ns) = fleet.grant(|i| i != victim).await?;
         let section = fleet.section_of(victim).await?;
         BoxResult::Ok((granted_ns, section))
     }
@@ -432,24 +422,8 @@ async fn compaction(fleet: &mut Fleet, stage: &mut Stage) -> BoxResult<Finding> 
     let mut client = etcd_client::Client::connect(&endpoints, None).await?;
     let mut revisions = Vec::new();
     for _ in 0..6 {
-        fleet
-            .wait_for("a grant", |_, e| {
-                matches!(e, super::events::Event::Acquired { .. })
-            })
-            .await?;
-        let revision = client
-            .get("fencelock-chaos-compaction-probe", None)
-            .await?
-            .header()
-            .map(|h| h.revision())
-            .unwrap_or_default();
-        client
-            .compact(
-                revision,
-                Some(etcd_client::CompactionOptions::new().with_physical()),
-            )
-            .await?;
-        revisions.push(revision);
+        fleet.grant(|_| true).await?;
+        revisions.push(compact_now(&mut client).await?);
     }
     fleet.sections_more(3).await?;
     Ok(Finding {

@@ -7,14 +7,7 @@ use fencelock::testkit::{EtcdCluster, FaultProxy, JumpingClock, RedisServer};
 
 use super::worker::ChaosBackend;
 use crate::bench::BoxResult;
-
-/// Endpoints given on the command line instead of local servers.
-#[derive(Clone, Debug, Default)]
-pub struct Given {
-    pub etcd: Option<Vec<String>>,
-    pub redis: Option<String>,
-    pub redlock: Option<Vec<String>>,
-}
+use crate::endpoints::Endpoints;
 
 /// What a scenario needs from the lock service.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,7 +37,7 @@ impl Stage {
     pub async fn build(
         backend: ChaosBackend,
         topology: Topology,
-        given: &Given,
+        given: &Endpoints,
     ) -> BoxResult<Result<Self, String>> {
         let mut stage = Self {
             endpoints: Vec::new(),

@@ -1,0 +1,20 @@
+//! Existing servers to use instead of the local ones a command starts itself.
+
+use clap::Args;
+
+/// `--etcd`, `--redis`, `--redlock`, `--postgres`: shared by `bench` and `chaos`.
+#[derive(Clone, Debug, Default, Args)]
+pub struct Endpoints {
+    /// Existing etcd endpoints instead of a local etcd (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub etcd: Option<Vec<String>>,
+    /// An existing Redis instead of a local one (redis://host:port/).
+    #[arg(long)]
+    pub redis: Option<String>,
+    /// Existing Redis masters for Redlock instead of 3 local ones (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub redlock: Option<Vec<String>>,
+    /// An existing PostgreSQL instead of a local one (libpq connection string).
+    #[arg(long)]
+    pub postgres: Option<String>,
+}
