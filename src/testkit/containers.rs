@@ -27,18 +27,10 @@ pub const IMAGE_ENVS: [&str; 3] = [
     "FENCELOCK_REDIS_IMAGE",
     "FENCELOCK_POSTGRES_IMAGE",
 ];
-/// Environment variable that selects the harness: `containers` or `processes` (default).
-pub const HARNESS_ENV: &str = "FENCELOCK_HARNESS";
 /// The etcd image when [`ETCD_IMAGE_ENV`] is unset: the local build.
 pub const DEFAULT_ETCD_IMAGE: &str = "fencelock/etcd:local";
 
 const START_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Whether [`HARNESS_ENV`] asks for containers.
-#[must_use]
-pub fn containers_selected() -> bool {
-    std::env::var(HARNESS_ENV).is_ok_and(|v| v == "containers")
-}
 
 struct Member {
     name: String,
@@ -131,6 +123,11 @@ impl ContainerEtcdCluster {
     #[must_use]
     pub fn endpoints(&self) -> Vec<String> {
         (0..self.members.len()).map(|i| self.endpoint(i)).collect()
+    }
+
+    /// A lock configuration for this cluster with short timeouts, in `namespace`.
+    pub fn config(&self, namespace: &str) -> crate::etcd::EtcdConfig {
+        super::etcd::test_config(self.endpoints(), namespace)
     }
 
     /// The index of the member that reports itself leader, asking every member that

@@ -273,10 +273,7 @@ impl EtcdCluster {
 
     /// A lock configuration for this cluster with short timeouts, in `namespace`.
     pub fn config(&self, namespace: &str) -> EtcdConfig {
-        EtcdConfig::new(self.endpoints())
-            .with_namespace(namespace)
-            .with_connect_timeout(Duration::from_secs(5))
-            .with_request_timeout(Duration::from_secs(3))
+        test_config(self.endpoints(), namespace)
     }
 
     /// A plain etcd client connected to all members.
@@ -385,6 +382,14 @@ impl EtcdCluster {
     pub async fn metrics(&self, i: usize) -> Result<String, TestkitError> {
         fetch_metrics(&self.endpoint(i)).await
     }
+}
+
+/// The lock configuration the harness hands out: short timeouts, in `namespace`.
+pub(super) fn test_config(endpoints: Vec<String>, namespace: &str) -> EtcdConfig {
+    EtcdConfig::new(endpoints)
+        .with_namespace(namespace)
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_request_timeout(Duration::from_secs(3))
 }
 
 /// Compacts the keyspace of the cluster `client` talks to at its current revision

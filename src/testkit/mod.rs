@@ -21,6 +21,7 @@
 //! process that started it even if that one is killed outright.
 
 mod clock;
+mod cluster;
 #[cfg(feature = "containers")]
 mod containers;
 mod etcd;
@@ -30,11 +31,9 @@ mod proxy;
 mod redis;
 
 pub use clock::{JumpingClock, LIBFAKETIME_ENV};
+pub use cluster::{HARNESS_ENV, SelectedEtcdCluster};
 #[cfg(feature = "containers")]
-pub use containers::{
-    ContainerEtcdCluster, DEFAULT_ETCD_IMAGE, ETCD_IMAGE_ENV, HARNESS_ENV, IMAGE_ENVS,
-    containers_selected,
-};
+pub use containers::{ContainerEtcdCluster, DEFAULT_ETCD_IMAGE, ETCD_IMAGE_ENV, IMAGE_ENVS};
 pub use etcd::{
     ETCD_BIN_ENV, EtcdCluster, EtcdClusterBuilder, compact_now, fetch_metrics, metric_sum,
 };

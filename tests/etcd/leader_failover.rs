@@ -3,18 +3,15 @@
 
 use std::time::Duration;
 
-use fencelock::testkit::EtcdCluster;
+use fencelock::testkit::SelectedEtcdCluster;
 use fencelock::{LockBackend, LockGuard, LockOptions, ReleaseOutcome};
 
 use crate::support::{namespace, within};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_keep_increasing_across_a_leader_kill() {
-    let mut cluster = EtcdCluster::builder()
-        .members(3)
-        .start()
-        .await
-        .expect("cluster");
+    // Processes, or containers with FENCELOCK_HARNESS=containers (and the feature).
+    let mut cluster = SelectedEtcdCluster::start(3).await.expect("cluster");
     let ns = namespace("failover");
     let config = cluster.config(&ns);
     let holder_locks = fencelock::etcd::EtcdLocker::connect(config.clone())
@@ -41,7 +38,7 @@ async fn tokens_keep_increasing_across_a_leader_kill() {
     };
 
     let leader = cluster.leader().await.expect("leader");
-    cluster.kill(leader).expect("kill leader");
+    cluster.kill(leader).await.expect("kill leader");
     let new_leader = cluster.wait_for_leader().await.expect("new leader");
     assert_ne!(leader, new_leader);
 
