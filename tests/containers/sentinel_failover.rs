@@ -25,6 +25,46 @@ async fn switch_master_events(port: &str) -> redis::aio::PubSub {
     pubsub
 }
 
+/// Waits until the Sentinel on `port` knows the replica and both other Sentinels: only
+/// then can it take part in a failover. It learns them from the master's `INFO` (every
+/// 10 s) and from hello messages (every 2 s), so right after start-up it may not yet.
+/// Subscribes to the discovery events first, then checks, then awaits an event: a
+/// discovery between the check and the wait is not missed.
+async fn sentinel_ready(port: &str) {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("url");
+    let mut discoveries = client.get_async_pubsub().await.expect("sentinel pubsub");
+    discoveries
+        .subscribe(&["+slave", "+sentinel"])
+        .await
+        .expect("subscribe");
+    let mut events = discoveries.on_message();
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("sentinel connection");
+    loop {
+        let state: std::collections::HashMap<String, String> = redis::cmd("SENTINEL")
+            .arg("master")
+            .arg("fencelock")
+            .query_async(&mut connection)
+            .await
+            .expect("SENTINEL master");
+        let count = |field: &str| {
+            state
+                .get(field)
+                .and_then(|v| v.parse::<u32>().ok())
+                .unwrap_or(0)
+        };
+        if count("num-slaves") >= 1 && count("num-other-sentinels") >= 2 {
+            return;
+        }
+        tokio::time::timeout(Duration::from_secs(30), events.next())
+            .await
+            .unwrap_or_else(|_| panic!("sentinel on {port} still incomplete: {state:?}"))
+            .expect("the sentinel's event stream ended");
+    }
+}
+
 fn locker_config(port: &str) -> RedisConfig {
     RedisConfig::new(format!("redis://127.0.0.1:{port}/"))
         .with_connect_timeout(Duration::from_secs(2))
@@ -34,6 +74,13 @@ fn locker_config(port: &str) -> RedisConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_failover_after_a_master_partition_loses_a_held_lock() {
     let project = compose::up();
+    for sentinel in [
+        "FENCELOCK_SENTINEL1_PORT",
+        "FENCELOCK_SENTINEL2_PORT",
+        "FENCELOCK_SENTINEL3_PORT",
+    ] {
+        sentinel_ready(project.port(sentinel)).await;
+    }
     let mut failovers = switch_master_events(project.port("FENCELOCK_SENTINEL1_PORT")).await;
     let master = project.container("redis-master");
     let replica = project.container("redis-replica");
