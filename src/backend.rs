@@ -73,6 +73,17 @@ pub trait LockGuard: Send + Sync + 'static {
     /// this process's clock. `true` is not a promise: use the token for correctness.
     fn is_held(&self) -> bool;
 
+    /// How long the lock is certainly still ours by this machine's clock, counting time the
+    /// machine spent suspended: the time left until the lease's local deadline (when the
+    /// last confirmed renewal was *sent*, plus the TTL, so the server's lease cannot end
+    /// earlier). Zero once the loss is known or the deadline has passed; it grows again
+    /// with each confirmed renewal. `None` for locks without a lease (PostgreSQL advisory
+    /// locks last exactly as long as their connection).
+    ///
+    /// This is what a process that must stop its work *before* anyone else may take the
+    /// lock schedules by (`fencelock run` sends SIGKILL to its command no later than this).
+    fn lease_remaining(&self) -> Option<std::time::Duration>;
+
     /// Releases the lock, reporting whether we still owned it. Never removes another
     /// holder's lock.
     ///

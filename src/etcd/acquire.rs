@@ -1,9 +1,18 @@
 //! Taking an etcd lock: one transaction to join the queue, then FIFO waiting by watch.
 //!
 //! Every acquisition runs in a task of its own, and the caller awaits its answer. If the
-//! caller goes away (its future dropped or timed out) the task notices and removes its key,
-//! so no orphan key is ever left in the queue; if a grant races with the drop, the guard
-//! that nobody receives releases the lock as it is dropped.
+//! caller goes away (its future dropped or timed out) the task notices and removes its key;
+//! if a grant races with the drop, the guard that nobody receives releases the lock as it
+//! is dropped.
+//!
+//! A key that leaves the queue without the lock (a `try_lock` miss, a wait timeout, an
+//! error, a dropped call) is removed before the caller is answered, or, if etcd does not
+//! confirm the removal within [`CLEANUP_ALLOWANCE`], in the background, retried until etcd
+//! confirms it or the session is gone: the session's lease is renewed for as long as the
+//! process lives, so a key left behind would block the lock until then. When the join
+//! itself failed without an answer, it may still be applied later (a request in flight
+//! through another member), after any removal; the session is then retired, so that its
+//! lease, and the late key with it, is revoked once no lock uses it.
 
 use etcd_client::{
     Compare, CompareOp, GetOptions, GetResponse, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
@@ -16,50 +25,35 @@ use tracing::Instrument;
 use super::call::{call_retrying, malformed};
 use super::guard::EtcdGuard;
 use super::keys;
+use super::kind::Kind;
 use super::session::{Session, SessionInner};
 use crate::{FencingToken, LockError, LossReason};
+
+/// How long a caller's answer waits for its queue key to be removed; see the module docs.
+/// A wait timeout returns at most this much later than the timeout.
+pub(crate) const CLEANUP_ALLOWANCE: Duration = Duration::from_millis(250);
 
 /// Whether to wait for the lock, and until when.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Mode {
     /// Return at once if someone is ahead of us.
     Try,
-    /// Wait in line; `timeout` bounds the whole acquisition.
+    /// Wait in line; `timeout` bounds the whole acquisition, counted from its start.
     Wait { timeout: Option<Duration> },
-}
-
-/// How a key waits in its queue, and what it holds.
-#[derive(Clone, Debug)]
-pub(crate) struct Queue {
-    /// How many holders at once: 1 for a mutex, N for a semaphore.
-    pub(crate) permits: usize,
-    /// A reader of a read-write lock: admitted when no *writer* is ahead.
-    pub(crate) shared: bool,
-    /// What the key holds (an election candidate's value, a read-write lock's side).
-    pub(crate) value: Vec<u8>,
-}
-
-impl Queue {
-    /// One holder at a time.
-    pub(crate) fn exclusive() -> Self {
-        Self {
-            permits: 1,
-            shared: false,
-            value: Vec::new(),
-        }
-    }
 }
 
 /// Runs one acquisition in its own task and returns its outcome.
 ///
 /// `owns_session`: the session was opened for this lock alone (no renewal) and ends with it.
-/// `queue`: the discipline (mutex, semaphore in `permits.rs`, reader in `shared.rs`).
+/// `kind`: what the key stands for, which decides when it is admitted (see `kind.rs`).
+/// `started`: when the caller's call began; a wait timeout counts from it.
 pub(crate) async fn acquire(
     session: Session,
     owns_session: bool,
     name: &str,
     mode: Mode,
-    queue: Queue,
+    kind: Kind,
+    started: Instant,
 ) -> Result<Option<EtcdGuard>, LockError> {
     let (reply, answer) = oneshot::channel();
     let span = tracing::Span::current();
@@ -68,10 +62,9 @@ pub(crate) async fn acquire(
         name: name.to_owned(),
         session,
         owns_session,
-        started: Instant::now(),
-        permits: queue.permits,
-        shared: queue.shared,
-        value: queue.value,
+        started,
+        value: kind.value(),
+        kind,
     };
     tokio::spawn(task.run(mode, reply).instrument(span));
     answer.await.unwrap_or_else(|_| {
@@ -92,9 +85,8 @@ pub(super) struct Acquisition {
     pub(super) name: String,
     pub(super) prefix: String,
     started: Instant,
-    pub(super) permits: usize,
-    pub(super) shared: bool,
-    /// What the key holds (an election candidate's value; empty for locks).
+    pub(super) kind: Kind,
+    /// What the key holds: the kind's marker, or an election candidate's value.
     pub(super) value: Vec<u8>,
 }
 
@@ -120,36 +112,36 @@ impl Acquisition {
             self.inner().lease_id(),
             self.inner().next_sequence(),
         );
-        let joined = if self.shared {
-            self.enqueue_shared(&key).await
-        } else if self.permits > 1 {
-            self.enqueue_for_permit(&key).await
-        } else {
-            self.enqueue(&key).await
+        let joined = match self.kind {
+            Kind::Reader => self.enqueue_shared(&key).await,
+            Kind::Permit { .. } => self.enqueue_for_permit(&key).await,
+            Kind::Mutex | Kind::Writer | Kind::Candidate { .. } => self.enqueue(&key).await,
         };
         let (token, place) = match joined {
             Ok(joined) => joined,
             Err(err) => {
-                // No answer does not mean not applied: remove the key in case the put went
-                // through. It holds our lease id, so it can only be ours.
-                self.remove_unconditionally(&key).await;
-                let _ = reply.send(Err(err));
-                return;
+                if !err.is_permission_denied() {
+                    // No answer does not mean not applied, now or later: see the module
+                    // docs. The key holds our lease id, so it can only be ours.
+                    tracing::debug!(%err, key, "join failed; retiring the session");
+                    self.inner().retire();
+                }
+                return self.leave(&key, None, reply, Err(err)).await;
             }
         };
         let outcome = match (place, mode) {
-            (Place::Head, _) => Some(Ok(true)),
+            (Place::Head, _) => Some(Ok(false)),
             (Place::Gone, _) => Some(Err(self.lost_while_waiting())),
-            (Place::Behind(_), Mode::Try) => Some(Ok(false)),
+            (Place::Behind(_), Mode::Try) => None,
             (Place::Behind(ahead), Mode::Wait { timeout }) => {
                 let deadline = timeout.map(|t| self.started + t);
                 let waiting = async {
-                    if self.shared {
-                        self.wait_shared(token).await
-                    } else if self.permits > 1 {
-                        self.wait_for_permit(token, &key).await
-                    } else {
-                        self.wait_turn(token, ahead).await
+                    match self.kind {
+                        Kind::Reader => self.wait_shared(token).await,
+                        Kind::Permit { .. } => self.wait_for_permit(token, &key).await,
+                        Kind::Mutex | Kind::Writer | Kind::Candidate { .. } => {
+                            self.wait_turn(token, ahead).await
+                        }
                     }
                 };
                 tokio::select! {
@@ -159,29 +151,26 @@ impl Acquisition {
                         name: self.name.clone(),
                         waited: timeout.unwrap_or_default(),
                     })),
-                    _ = reply.closed() => None,
+                    _ = reply.closed() => {
+                        tracing::debug!("caller gave up waiting; leaving the queue");
+                        return self.remove_until_confirmed(&key, Some(token)).await;
+                    }
                 }
             }
         };
         match outcome {
-            Some(Ok(true)) => {
-                tracing::debug!(%token, "lock acquired");
+            Some(Ok(waited)) => {
+                tracing::debug!(%token, waited, "lock acquired");
+                if self.owns_session {
+                    // The lock's TTL counts from now, not from when it queued.
+                    self.inner().stop_renewing(waited).await;
+                }
                 let guard = EtcdGuard::new(self.session, self.owns_session, self.name, key, token);
                 // If the caller is gone, the guard comes back and its drop releases.
                 let _ = reply.send(Ok(Some(guard)));
             }
-            Some(Ok(false)) => {
-                self.remove_if_mine(&key, token).await;
-                let _ = reply.send(Ok(None));
-            }
-            Some(Err(err)) => {
-                self.remove_if_mine(&key, token).await;
-                let _ = reply.send(Err(err));
-            }
-            None => {
-                tracing::debug!("caller gave up waiting; leaving the queue");
-                self.remove_if_mine(&key, token).await;
-            }
+            None => self.leave(&key, Some(token), reply, Ok(None)).await,
+            Some(Err(err)) => self.leave(&key, Some(token), reply, Err(err)).await,
         }
     }
 
@@ -318,22 +307,56 @@ impl Acquisition {
         }
     }
 
-    async fn remove_if_mine(&self, key: &str, token: FencingToken) {
-        if let Err(err) = delete_if_owner(self.inner(), &self.name, key, token).await {
-            tracing::warn!(%err, key, "could not remove our queue entry; the lease will");
+    /// Removes my key, then answers the caller; see the module docs for what happens
+    /// when etcd does not confirm the removal within [`CLEANUP_ALLOWANCE`].
+    async fn leave(
+        &self,
+        key: &str,
+        token: Option<FencingToken>,
+        reply: Reply,
+        answer: Result<Option<EtcdGuard>, LockError>,
+    ) {
+        let removal = self.remove_until_confirmed(key, token);
+        tokio::pin!(removal);
+        let removed = tokio::time::timeout(CLEANUP_ALLOWANCE, &mut removal)
+            .await
+            .is_ok();
+        let _ = reply.send(answer);
+        if !removed {
+            tracing::warn!(key, "queue entry not removed yet; still trying");
+            removal.await;
         }
     }
 
-    async fn remove_unconditionally(&self, key: &str) {
+    /// Deletes my key (only if its create revision is `token`, when known), retrying until
+    /// etcd confirms it or the session is gone: its lease then takes the key with it.
+    async fn remove_until_confirmed(&self, key: &str, token: Option<FencingToken>) {
         let inner = self.inner();
-        let timeout = inner.config.request_timeout;
-        let delete = call_retrying("acquire cleanup", Some(&self.name), timeout, || {
-            let mut client = inner.kv.clone();
-            async move { client.delete(key, None).await }
-        });
-        if let Err(err) = delete.await {
-            tracing::warn!(%err, key, "could not remove a possibly written key; the lease will");
+        let mut backoff = Backoff::new();
+        while inner.is_alive() {
+            let removed = match token {
+                Some(token) => delete_if_owner(inner, &self.name, key, token)
+                    .await
+                    .map(drop),
+                None => {
+                    let timeout = inner.config.request_timeout;
+                    call_retrying("acquire cleanup", Some(&self.name), timeout, || {
+                        let mut client = inner.kv.clone();
+                        async move { client.delete(key, None).await }
+                    })
+                    .await
+                    .map(drop)
+                }
+            };
+            match removed {
+                Ok(()) => return,
+                Err(err) => {
+                    tracing::debug!(%err, key, "could not remove our queue entry; retrying");
+                    backoff.wait().await;
+                }
+            }
         }
+        tracing::debug!(key, "session gone: its lease removes our queue entry");
     }
 }
 

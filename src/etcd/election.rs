@@ -7,9 +7,10 @@
 
 use etcd_client::{EventType, GetOptions, PutOptions, SortOrder, SortTarget, TxnOp, WatchOptions};
 
-use super::acquire::{Mode, Queue};
+use super::acquire::Mode;
 use super::call::{call, map_error};
 use super::keys::lock_prefix;
+use super::kind::{Kind, check_candidate_value};
 use super::{EtcdGuard, EtcdLocker};
 use crate::{Backend, FencingToken, LockError, LockGuard, LockOptions, LossReason, validate_name};
 
@@ -57,6 +58,7 @@ impl EtcdElection {
     }
 
     /// Stands as a candidate with `value` and waits until elected (or the wait timeout).
+    /// Values starting with `fencelock:` are reserved ([`LockError::InvalidOption`]).
     ///
     /// # Cancel safety
     ///
@@ -67,20 +69,14 @@ impl EtcdElection {
         value: impl Into<Vec<u8>>,
         options: &LockOptions,
     ) -> Result<Leadership, LockError> {
+        let value = value.into();
+        check_candidate_value(&value)?;
         let mode = Mode::Wait {
             timeout: options.wait_timeout(),
         };
         let guard = self
             .locker
-            .acquire(
-                &self.name,
-                options,
-                mode,
-                Queue {
-                    value: value.into(),
-                    ..Queue::exclusive()
-                },
-            )
+            .acquire(&self.name, options, mode, Kind::Candidate { value })
             .await?
             .ok_or_else(|| LockError::Backend {
                 backend: Backend::Etcd,
@@ -220,10 +216,12 @@ impl Leadership {
     }
 
     /// Announces a new value, only while still the leader ([`LockError::NotHeld`]
-    /// otherwise: nothing is written).
+    /// otherwise: nothing is written). Values starting with `fencelock:` are reserved.
     pub async fn proclaim(&self, value: impl Into<Vec<u8>>) -> Result<(), LockError> {
+        let value = value.into();
+        check_candidate_value(&value)?;
         let put = PutOptions::new().with_lease(self.guard.lease_id());
-        let op = TxnOp::put(self.guard.key(), value.into(), Some(put));
+        let op = TxnOp::put(self.guard.key(), value, Some(put));
         self.guard.txn_if_held(vec![op]).await.map(drop)
     }
 

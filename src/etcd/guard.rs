@@ -163,6 +163,14 @@ impl LockGuard for EtcdGuard {
         !self.released && self.session.is_alive()
     }
 
+    fn lease_remaining(&self) -> Option<std::time::Duration> {
+        Some(if self.released {
+            std::time::Duration::ZERO
+        } else {
+            self.session.inner.remaining()
+        })
+    }
+
     #[tracing::instrument(skip(self), fields(backend = "etcd", lock = %self.name, token = %self.token))]
     async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
         // Until the answer is in, the guard stays armed: if this future is dropped, the

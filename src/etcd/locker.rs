@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use etcd_client::{Client, GetOptions};
 
-use super::acquire::{Mode, Queue, acquire};
+use super::acquire::{CLEANUP_ALLOWANCE, Mode, acquire};
 use super::call::{call_retrying, map_error};
+use super::kind::Kind;
 use super::{EtcdConfig, EtcdElection, EtcdGuard, EtcdRwLock, EtcdSemaphore, Session};
 use crate::{Backend, LockBackend, LockError, LockOptions, validate_name};
 
@@ -123,7 +124,6 @@ impl EtcdLocker {
             self.inner.client.clone(),
             self.inner.config.clone(),
             Duration::from_secs(seconds),
-            true,
         )
         .await?;
         self.sessions().insert(seconds, session.clone());
@@ -164,7 +164,7 @@ impl EtcdLocker {
     fn live_session(&self, seconds: u64) -> Option<Session> {
         self.sessions()
             .get(&seconds)
-            .filter(|s| s.is_alive())
+            .filter(|s| s.inner.is_usable())
             .cloned()
     }
 
@@ -176,27 +176,47 @@ impl EtcdLocker {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Takes a lock of `kind` under `name`. A wait timeout bounds the whole call: opening
+    /// the session, joining the queue and waiting (plus at most [`CLEANUP_ALLOWANCE`] to
+    /// leave the queue cleanly).
     pub(super) async fn acquire(
         &self,
         name: &str,
         options: &LockOptions,
         mode: Mode,
-        queue: Queue,
+        kind: Kind,
     ) -> Result<Option<EtcdGuard>, LockError> {
         validate_name(name)?;
         options.validate(MIN_TTL)?;
-        if options.renews() {
-            let session = self.session(options.ttl()).await?;
-            acquire(session, false, name, mode, queue).await
-        } else {
-            let session = Session::open(
-                self.inner.client.clone(),
-                self.inner.config.clone(),
-                options.ttl(),
-                false,
-            )
-            .await?;
-            acquire(session, true, name, mode, queue).await
+        let started = tokio::time::Instant::now();
+        let work = async {
+            if options.renews() {
+                let session = self.session(options.ttl()).await?;
+                acquire(session, false, name, mode, kind, started).await
+            } else {
+                let session = Session::open(
+                    self.inner.client.clone(),
+                    self.inner.config.clone(),
+                    options.ttl(),
+                )
+                .await?;
+                acquire(session, true, name, mode, kind, started).await
+            }
+        };
+        match mode {
+            // The acquisition stops waiting at the timeout by itself; this bounds what it
+            // cannot interrupt (opening a session, joining) when etcd does not answer.
+            Mode::Wait {
+                timeout: Some(timeout),
+            } => tokio::time::timeout(timeout + CLEANUP_ALLOWANCE, work)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(LockError::WaitTimeout {
+                        name: name.to_owned(),
+                        waited: timeout,
+                    })
+                }),
+            Mode::Try | Mode::Wait { timeout: None } => work.await,
         }
     }
 }
@@ -209,9 +229,7 @@ impl LockBackend for EtcdLocker {
         let mode = Mode::Wait {
             timeout: options.wait_timeout(),
         };
-        let guard = self
-            .acquire(name, options, mode, Queue::exclusive())
-            .await?;
+        let guard = self.acquire(name, options, mode, Kind::Mutex).await?;
         guard.ok_or_else(|| LockError::Backend {
             backend: Backend::Etcd,
             operation: "acquire",
@@ -226,7 +244,6 @@ impl LockBackend for EtcdLocker {
         name: &str,
         options: &LockOptions,
     ) -> Result<Option<EtcdGuard>, LockError> {
-        self.acquire(name, options, Mode::Try, Queue::exclusive())
-            .await
+        self.acquire(name, options, Mode::Try, Kind::Mutex).await
     }
 }

@@ -5,6 +5,8 @@
 //!   transaction; its create revision is the [`FencingToken`](crate::FencingToken).
 //! - Waiters queue by create revision and each watches only the key right ahead of it.
 //! - Release deletes the key only if its create revision is still the token.
+//! - Every primitive under one name shares one queue; see `kind.rs` for who may hold
+//!   beside whom (and Go's `etcdctl lock` queues in it too).
 //! - An uncontended lock + release costs exactly two round trips, one Raft write each.
 
 mod acquire;
@@ -13,6 +15,7 @@ mod config;
 mod election;
 mod guard;
 mod keys;
+mod kind;
 mod locker;
 mod permits;
 mod rwlock;

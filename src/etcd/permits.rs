@@ -13,20 +13,27 @@
 //!   first, and starts watching the prefix.
 //!
 //! Each event wakes at most two waiters, and FIFO order by create revision is kept.
+//!
+//! A key ahead that is not a permit of the same semaphore (a mutex, a reader, a permit of
+//! a semaphore with another N: see `kind.rs`) holds every permit behind it back until it is
+//! gone; the waiter then watches the key right ahead of it, which changes (it is admitted
+//! and touches its key, or it is deleted) before that waiter can be admitted.
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
 
 use super::acquire::{Acquisition, Backoff, Joined, Place};
 use super::call::call_retrying;
+use super::kind::Kind;
 use super::watch_hub::{Registration, Scope};
 use crate::{FencingToken, LockError};
 
 /// What a waiter must watch to learn that its turn may have come.
 #[derive(Debug, PartialEq, Eq)]
 enum Rank {
-    /// Fewer than N keys ahead: a permit is ours.
+    /// Fewer than N keys ahead, all permits of this semaphore: a permit is ours.
     Admitted,
-    /// All N keys ahead are holders: watch every deletion under the prefix.
+    /// Exactly N keys ahead, all holders of this semaphore: watch every deletion under
+    /// the prefix.
     First,
     /// Watch this key (the one right ahead) for any change.
     Behind(Vec<u8>),
@@ -35,25 +42,28 @@ enum Rank {
 }
 
 impl Acquisition {
-    /// Joins the queue: put my key and count the semaphore's keys in the same revision
-    /// (mine is the newest, so the count is my rank plus one).
+    /// Joins the queue: put my key and read the N oldest keys in the same revision (mine
+    /// is the newest: if it is among them, they are everything ahead of me).
     pub(super) async fn enqueue_for_permit(
         &self,
         key: &str,
     ) -> Result<(FencingToken, Place), LockError> {
         // A waiting place carries no key: the wait reads its rank first.
         let waiting = Place::Behind(Vec::new());
-        match self.join(key, GetOptions::new().with_count_only()).await? {
+        let oldest = GetOptions::new()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(i64::try_from(self.kind.holders()).unwrap_or(i64::MAX));
+        match self.join(key, oldest).await? {
             Joined::Now { token, read } => {
-                let keys = usize::try_from(read.count()).unwrap_or(usize::MAX);
-                Ok((
-                    token,
-                    if keys <= self.permits {
-                        Place::Head
-                    } else {
-                        waiting
-                    },
-                ))
+                let kvs = read.kvs();
+                let complete = kvs.last().is_some_and(|kv| {
+                    FencingToken::from_revision(kv.create_revision()) == Some(token)
+                });
+                let place = match complete.then(|| rank_of(&self.kind, token, kvs)) {
+                    Some(Rank::Admitted) => Place::Head,
+                    _ => waiting,
+                };
+                Ok((token, place))
             }
             Joined::Earlier(token) => {
                 let place = match self.rank(token).await? {
@@ -122,23 +132,11 @@ impl Acquisition {
         }
     }
 
-    /// My rank: the keys up to mine, oldest first.
+    /// My rank: the keys up to mine, oldest first, with what they are.
     async fn rank(&self, token: FencingToken) -> Result<Rank, LockError> {
-        let oldest_first = GetOptions::new()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_keys_only();
+        let oldest_first = GetOptions::new().with_sort(SortTarget::Create, SortOrder::Ascend);
         let read = self.read_up_to(token, oldest_first).await?;
-        let kvs = read.kvs();
-        let mine = kvs
-            .last()
-            .is_some_and(|kv| FencingToken::from_revision(kv.create_revision()) == Some(token));
-        let ahead = kvs.len().saturating_sub(1);
-        Ok(match (mine, ahead) {
-            (false, _) => Rank::Gone,
-            (true, n) if n < self.permits => Rank::Admitted,
-            (true, n) if n == self.permits => Rank::First,
-            (true, n) => Rank::Behind(kvs[n - 1].key().to_vec()),
-        })
+        Ok(rank_of(&self.kind, token, read.kvs()))
     }
 
     /// A write to my key that keeps its create revision (so the token stands), made only
@@ -152,7 +150,7 @@ impl Acquisition {
                 CompareOp::Equal,
                 token.as_revision(),
             )])
-            .and_then([TxnOp::put(key, "admitted", Some(put))]);
+            .and_then([TxnOp::put(key, self.value.clone(), Some(put))]);
         let response = call_retrying(
             "acquire",
             Some(&self.name),
@@ -169,5 +167,24 @@ impl Acquisition {
         } else {
             Err(self.lost_while_waiting())
         }
+    }
+}
+
+/// My rank from the keys up to mine (oldest first, mine last).
+fn rank_of(kind: &Kind, token: FencingToken, oldest_first: &[etcd_client::KeyValue]) -> Rank {
+    let Some((mine, ahead)) = oldest_first.split_last() else {
+        return Rank::Gone;
+    };
+    if FencingToken::from_revision(mine.create_revision()) != Some(token) {
+        return Rank::Gone;
+    }
+    if kind.admitted(ahead.iter().map(etcd_client::KeyValue::value)) {
+        return Rank::Admitted;
+    }
+    let all_ours = ahead.iter().all(|kv| kind.shares_with(kv.value()));
+    match ahead.last() {
+        Some(_) if all_ours && ahead.len() == kind.holders() => Rank::First,
+        Some(right_ahead) => Rank::Behind(right_ahead.key().to_vec()),
+        None => Rank::Admitted,
     }
 }

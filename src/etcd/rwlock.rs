@@ -1,7 +1,7 @@
 //! A read-write lock on etcd: readers share, writers exclude, FIFO by create revision.
 
-use super::acquire::{Mode, Queue};
-use super::shared::{READ, WRITE};
+use super::acquire::Mode;
+use super::kind::Kind;
 use super::{EtcdGuard, EtcdLocker};
 use crate::{Backend, LockError, LockOptions, validate_name};
 
@@ -11,6 +11,8 @@ use crate::{Backend, LockError, LockOptions, validate_name};
 /// for the writers ahead of it, so a waiting writer holds back the readers that arrive
 /// after it and writers never starve. Each side's guard is an [`EtcdGuard`] with its own
 /// fencing token; storage that must order writers against readers can compare them.
+/// Readers share only with readers: any other key under the same name (a lock, a
+/// semaphore permit, Go's `etcdctl lock`) counts as a writer.
 ///
 /// ```no_run
 /// use fencelock::etcd::{EtcdConfig, EtcdLocker};
@@ -74,27 +76,20 @@ impl EtcdRwLock {
             .await
     }
 
-    fn reader() -> Queue {
-        Queue {
-            permits: 1,
-            shared: true,
-            value: READ.to_vec(),
-        }
+    fn reader() -> Kind {
+        Kind::Reader
     }
 
-    fn writer() -> Queue {
-        Queue {
-            value: WRITE.to_vec(),
-            ..Queue::exclusive()
-        }
+    fn writer() -> Kind {
+        Kind::Writer
     }
 
-    async fn wait(&self, options: &LockOptions, queue: Queue) -> Result<EtcdGuard, LockError> {
+    async fn wait(&self, options: &LockOptions, kind: Kind) -> Result<EtcdGuard, LockError> {
         let mode = Mode::Wait {
             timeout: options.wait_timeout(),
         };
         self.locker
-            .acquire(&self.name, options, mode, queue)
+            .acquire(&self.name, options, mode, kind)
             .await?
             .ok_or_else(|| LockError::Backend {
                 backend: Backend::Etcd,

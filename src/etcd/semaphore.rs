@@ -1,7 +1,8 @@
 //! A counting semaphore on etcd: N holders at once, FIFO, each permit fenced by its key's
 //! create revision.
 
-use super::acquire::{Mode, Queue};
+use super::acquire::Mode;
+use super::kind::Kind;
 use super::{EtcdGuard, EtcdLocker};
 use crate::options::validate_permits;
 use crate::{LockError, LockOptions, validate_name};
@@ -11,7 +12,9 @@ use crate::{LockError, LockOptions, validate_name};
 /// Waiters are admitted in the order they arrived (create revision), and only the waiters
 /// concerned are woken (see the module `permits`). Each permit is an [`EtcdGuard`]: its
 /// token, loss reporting, guarded release, cancel safety and session are those of the
-/// mutex. Every client must use the same number of permits for the same name.
+/// mutex. Every client should use the same number of permits for the same name: permits
+/// of semaphores with different N (or a lock, or a read-write lock, under the same name)
+/// never share, so holders are never more than any of them allows, but they serialise.
 ///
 /// ```no_run
 /// use fencelock::etcd::{EtcdConfig, EtcdLocker};
@@ -43,11 +46,9 @@ impl EtcdSemaphore {
         })
     }
 
-    fn queue(&self) -> Queue {
-        Queue {
+    fn kind(&self) -> Kind {
+        Kind::Permit {
             permits: self.permits,
-            shared: false,
-            value: Vec::new(),
         }
     }
 
@@ -69,7 +70,7 @@ impl EtcdSemaphore {
         };
         let guard = self
             .locker
-            .acquire(&self.name, options, mode, self.queue())
+            .acquire(&self.name, options, mode, self.kind())
             .await?;
         guard.ok_or_else(|| LockError::Backend {
             backend: crate::Backend::Etcd,
@@ -87,7 +88,7 @@ impl EtcdSemaphore {
     #[tracing::instrument(skip(self, options), fields(backend = "etcd", semaphore = %self.name, permits = self.permits))]
     pub async fn try_acquire(&self, options: &LockOptions) -> Result<Option<EtcdGuard>, LockError> {
         self.locker
-            .acquire(&self.name, options, Mode::Try, self.queue())
+            .acquire(&self.name, options, Mode::Try, self.kind())
             .await
     }
 }

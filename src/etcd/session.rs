@@ -5,14 +5,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use etcd_client::{Client, KvClient, LeaseKeepAliveStream, LeaseKeeper};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::EtcdConfig;
-use super::call::{call, call_retrying, malformed};
+use super::call::{call_retrying, malformed};
 use super::watch_hub::WatchHub;
-use crate::lease_clock::LeaseClock;
+use crate::lease_clock::{Clock, ClockInstant, LeaseClock};
 use crate::loss::{LossNotifier, LossWatch, loss_channel};
 use crate::{LockError, LossReason};
 
@@ -42,8 +42,23 @@ pub(crate) struct SessionInner {
     loss: LossWatch,
     clock: Arc<LeaseClock>,
     pub(crate) hub: WatchHub,
+    /// Set once an acquisition on this session may have left a key that nobody could
+    /// confirm removed: no new acquisition uses the session, and its lease (with any such
+    /// key) is revoked when the last guard on it goes.
+    retired: std::sync::atomic::AtomicBool,
+    control: mpsc::UnboundedSender<Control>,
     // Dropped with the last handle: tells the keep-alive task to revoke and stop.
     _stop: oneshot::Sender<()>,
+}
+
+/// Requests to the keep-alive task.
+enum Control {
+    /// Stop renewing: the lease then runs out its TTL. With `confirm`, renew once more
+    /// first, so that the TTL counts from now; `done` is answered when that is settled.
+    StopRenewing {
+        confirm: bool,
+        done: oneshot::Sender<()>,
+    },
 }
 
 impl std::fmt::Debug for SessionInner {
@@ -58,18 +73,19 @@ impl std::fmt::Debug for SessionInner {
 }
 
 impl Session {
-    /// Grants a lease of `ttl` (rounded up to whole seconds) and, if `renew`, starts the
-    /// task that keeps it alive. Without renewal the lease simply runs out after its TTL.
+    /// Grants a lease of `ttl` (rounded up to whole seconds) and starts the task that
+    /// keeps it alive. A session for a lock without renewal is renewed only while its
+    /// acquisition waits ([`stop_renewing`](SessionInner::stop_renewing) ends that at the
+    /// grant), so that the lock's TTL counts from the grant, not from the queueing.
     #[tracing::instrument(skip(client, config), fields(backend = "etcd"))]
     pub(crate) async fn open(
         client: Client,
         config: Arc<EtcdConfig>,
         ttl: Duration,
-        renew: bool,
     ) -> Result<Self, LockError> {
         let timeout = config.request_timeout;
         let seconds = i64::try_from(ttl.as_millis().div_ceil(1000)).unwrap_or(i64::MAX);
-        let sent = Instant::now();
+        let sent = Clock::BOOT.now();
         // A retried grant can at worst leave an unused lease to run out.
         let grant = call_retrying("lease grant", None, timeout, || {
             let mut client = client.clone();
@@ -82,27 +98,25 @@ impl Session {
             .ok_or_else(|| malformed("lease grant", None, "non-positive TTL"))?;
         let ttl = Duration::from_secs(granted);
         let lease_id = grant.id();
-        let clock = Arc::new(LeaseClock::new(sent + ttl));
+        let clock = Arc::new(LeaseClock::new(Clock::BOOT, sent + ttl));
         let (notifier, loss) = loss_channel();
         let notifier = Arc::new(notifier);
         let (stop_tx, stop_rx) = oneshot::channel();
+        let (control, control_rx) = mpsc::unbounded_channel();
 
         let task = KeepAlive {
             client: client.clone(),
             lease_id,
             ttl,
             timeout,
+            config: config.clone(),
             notifier: notifier.clone(),
             loss: loss.clone(),
             clock: clock.clone(),
         };
         let span = tracing::info_span!("etcd session", lease_id = format_args!("{lease_id:x}"));
-        if renew {
-            tokio::spawn(task.run(stop_rx).instrument(span));
-        } else {
-            tokio::spawn(task.expire(stop_rx).instrument(span));
-        }
-        tracing::debug!(lease_id, ?ttl, renew, "session opened");
+        tokio::spawn(task.run(stop_rx, control_rx).instrument(span));
+        tracing::debug!(lease_id, ?ttl, "session opened");
 
         let hub = WatchHub::start(client.clone());
         Ok(Self {
@@ -117,6 +131,8 @@ impl Session {
                 loss,
                 clock,
                 hub,
+                retired: std::sync::atomic::AtomicBool::new(false),
+                control,
                 _stop: stop_tx,
             }),
         })
@@ -155,24 +171,27 @@ impl Session {
     pub async fn close(&self) -> Result<(), LockError> {
         // Mark first: from now on no guard of this session may believe it holds a lock.
         self.inner.notifier.mark(LossReason::Closed);
-        let mut client = self.inner.client.clone();
-        let revoked = call(
-            "lease revoke",
-            None,
-            self.inner.config.request_timeout,
-            client.lease_revoke(self.inner.lease_id),
-        )
-        .await;
-        match revoked {
-            Ok(_) => Ok(()),
-            // Already gone on the server: what closing wanted.
-            Err(LockError::Backend { source, .. })
-                if source.to_string().contains("requested lease not found") =>
-            {
-                Ok(())
-            }
-            Err(err) => Err(err),
+        revoke(&self.inner.client, self.inner.lease_id, &self.inner.config).await
+    }
+}
+
+/// Revokes `lease_id`, trying another member when one refuses or does not answer (a
+/// revoke applied twice finds the lease gone, which is what revoking wanted).
+async fn revoke(client: &Client, lease_id: i64, config: &EtcdConfig) -> Result<(), LockError> {
+    let revoked = call_retrying("lease revoke", None, config.request_timeout, || {
+        let mut client = client.clone();
+        async move { client.lease_revoke(lease_id).await }
+    })
+    .await;
+    match revoked {
+        Ok(_) => Ok(()),
+        // Already gone on the server: what closing wanted.
+        Err(LockError::Backend { source, .. })
+            if source.to_string().contains("requested lease not found") =>
+        {
+            Ok(())
         }
+        Err(err) => Err(err),
     }
 }
 
@@ -187,13 +206,48 @@ impl SessionInner {
     }
 
     pub(crate) fn is_alive(&self) -> bool {
-        self.loss.current().is_none() && Instant::now() < self.clock.deadline()
+        self.loss.current().is_none() && !self.clock.has_passed()
     }
 
     pub(crate) fn loss_reason(&self) -> Option<LossReason> {
         self.loss
             .current()
-            .or_else(|| (Instant::now() >= self.clock.deadline()).then_some(LossReason::Expired))
+            .or_else(|| self.clock.has_passed().then_some(LossReason::Expired))
+    }
+
+    /// How long the lease is certainly still ours by this machine's clock (suspend
+    /// included); zero once it is lost or its time has run out.
+    pub(crate) fn remaining(&self) -> Duration {
+        if self.loss.current().is_some() {
+            return Duration::ZERO;
+        }
+        self.clock.remaining()
+    }
+
+    /// Takes the session out of use for new acquisitions; see `retired`.
+    pub(crate) fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+    }
+
+    /// Whether new acquisitions may use this session.
+    pub(crate) fn is_usable(&self) -> bool {
+        self.is_alive() && !self.retired.load(Ordering::Acquire)
+    }
+
+    /// Ends renewal: from now on the lease runs out its TTL. With `confirm`, one more
+    /// renewal is made first, so that the TTL counts from now (a lock without renewal that
+    /// waited in line gets its whole TTL from the grant).
+    pub(crate) async fn stop_renewing(&self, confirm: bool) {
+        let (done, settled) = oneshot::channel();
+        if self
+            .control
+            .send(Control::StopRenewing { confirm, done })
+            .is_ok()
+        {
+            // An error means the task has ended: the lease is lost or closed, and the
+            // guard reports that by itself.
+            let _ = settled.await;
+        }
     }
 
     pub(crate) async fn lost(&self) -> LossReason {
@@ -207,6 +261,7 @@ struct KeepAlive {
     lease_id: i64,
     ttl: Duration,
     timeout: Duration,
+    config: Arc<EtcdConfig>,
     notifier: Arc<LossNotifier>,
     loss: LossWatch,
     clock: Arc<LeaseClock>,
@@ -216,25 +271,41 @@ struct KeepAlive {
 struct Stream {
     keeper: LeaseKeeper,
     responses: LeaseKeepAliveStream,
-    outstanding: Option<Instant>,
+    outstanding: Option<ClockInstant>,
 }
 
 impl KeepAlive {
-    /// Renews every TTL/3 until the session is dropped or closed, or the lease is lost.
-    async fn run(mut self, mut stop: oneshot::Receiver<()>) {
+    /// Renews every TTL/3 until the session is dropped or closed, the lease is lost, or
+    /// renewal is stopped (then the lease runs out its TTL).
+    async fn run(
+        mut self,
+        mut stop: oneshot::Receiver<()>,
+        mut control: mpsc::UnboundedReceiver<Control>,
+    ) {
         let interval = self.ttl / 3;
         let mut stream: Option<Stream> = None;
         let mut next_send = Instant::now() + interval;
         let loss = self.loss.clone();
+        let clock = self.clock.clone();
         loop {
-            let deadline = self.clock.deadline();
             tokio::select! {
                 biased;
                 _ = &mut stop => return self.revoke().await,
                 _ = loss.wait() => return,
-                _ = tokio::time::sleep_until(deadline) => {
+                () = clock.passed() => {
                     tracing::warn!("no renewal confirmed before the lease ran out");
                     return self.notifier.mark(LossReason::Expired);
+                }
+                Some(Control::StopRenewing { confirm, done }) = control.recv() => {
+                    if confirm {
+                        if let Err(why) = self.reopen().await {
+                            // The lease keeps the deadline of its last confirmed renewal.
+                            tracing::debug!(?why, "last renewal before stopping failed");
+                        }
+                    }
+                    drop(stream);
+                    let _ = done.send(());
+                    return self.expire(stop).await;
                 }
                 reply = next_reply(&mut stream) => match reply {
                     Reply::Renewed(sent) => self.clock.extend_to(sent + self.ttl),
@@ -255,7 +326,7 @@ impl KeepAlive {
                         // off. Reopen, which may reach another member.
                         Some(s) if s.outstanding.is_some() => stream = None,
                         Some(s) => {
-                            let sent = Instant::now();
+                            let sent = self.clock.now();
                             if s.keeper.keep_alive().await.is_ok() {
                                 s.outstanding = Some(sent);
                             } else {
@@ -285,10 +356,11 @@ impl KeepAlive {
     /// Without renewal: the lease is trusted until its TTL runs out, then lost.
     async fn expire(self, mut stop: oneshot::Receiver<()>) {
         let loss = self.loss.clone();
+        let clock = self.clock.clone();
         tokio::select! {
             _ = &mut stop => self.revoke().await,
             _ = loss.wait() => {}
-            _ = tokio::time::sleep_until(self.clock.deadline()) => {
+            () = clock.passed() => {
                 self.notifier.mark(LossReason::Expired);
             }
         }
@@ -297,10 +369,8 @@ impl KeepAlive {
     /// Opens a keep-alive stream; opening sends one keep-alive and waits for its answer,
     /// but never past the lease's deadline, so that the loss is reported on time.
     async fn reopen(&mut self) -> Result<Stream, Reopen> {
-        let sent = Instant::now();
-        let limit = self
-            .timeout
-            .min(self.clock.deadline().saturating_duration_since(sent));
+        let sent = self.clock.now();
+        let limit = self.timeout.min(self.clock.remaining());
         let opened = tokio::time::timeout(limit, self.client.lease_keep_alive(self.lease_id)).await;
         match opened {
             Ok(Ok((keeper, responses))) => {
@@ -320,23 +390,22 @@ impl KeepAlive {
     }
 
     /// Best effort: the lease dies by its TTL anyway if this does not get through.
-    async fn revoke(mut self) {
+    async fn revoke(self) {
         self.notifier.mark(LossReason::Closed);
-        let revoke = self.client.lease_revoke(self.lease_id);
-        match tokio::time::timeout(self.timeout, revoke).await {
-            Ok(Ok(_)) => tracing::debug!("lease revoked"),
-            Ok(Err(err)) => tracing::debug!(%err, "lease revoke failed"),
-            Err(_) => tracing::debug!("lease revoke timed out"),
+        match revoke(&self.client, self.lease_id, &self.config).await {
+            Ok(()) => tracing::debug!("lease revoked"),
+            Err(err) => tracing::debug!(%err, "lease revoke failed"),
         }
     }
 }
 
 enum Reply {
-    Renewed(Instant),
+    Renewed(ClockInstant),
     Gone,
     Broken(String),
 }
 
+#[derive(Debug)]
 enum Reopen {
     Gone,
     Failed(String),

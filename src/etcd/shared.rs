@@ -1,20 +1,17 @@
-//! The reader's side of a read-write lock: admitted when no writer is ahead.
+//! The reader's side of a read-write lock: admitted when only readers are ahead.
 //!
-//! Every key of a read-write lock holds its side (`read` or `write`). A writer queues
-//! exactly like a mutex waiter (any key ahead holds it back). A reader only waits for the
-//! nearest *writer* ahead of it, watching that key's deletion; readers ahead of it do not
-//! hold it back. Since a writer waits for everyone ahead, and readers queue behind a
-//! waiting writer, writers do not starve.
+//! Every key of a read-write lock holds its side (see `kind.rs`). A writer queues exactly
+//! like a mutex waiter (any key ahead holds it back). A reader only waits for the nearest
+//! key ahead of it that is *not* a reader (a writer, or any other primitive's key under the
+//! same name: a mutex, a semaphore permit, Go's `etcdctl lock`), watching that key's
+//! deletion; readers ahead of it do not hold it back. Since a writer waits for everyone
+//! ahead, and readers queue behind a waiting writer, writers do not starve.
 
 use etcd_client::{GetOptions, SortOrder, SortTarget};
 
 use super::acquire::{Acquisition, Backoff, Joined, Place};
+use super::kind::Kind;
 use crate::{FencingToken, LockError};
-
-/// The value of a writer's key.
-pub(crate) const WRITE: &[u8] = b"write";
-/// The value of a reader's key.
-pub(crate) const READ: &[u8] = b"read";
 
 impl Acquisition {
     /// Joins the queue as a reader: put my key and read every key ahead, with their
@@ -29,7 +26,7 @@ impl Acquisition {
         }
     }
 
-    /// Waits until no writer is ahead, watching the nearest one each time.
+    /// Waits until only readers are ahead, watching the nearest other key each time.
     pub(super) async fn wait_shared(&self, token: FencingToken) -> Result<(), LockError> {
         let hub = &self.inner().hub;
         let mut backoff = Backoff::new();
@@ -68,7 +65,7 @@ impl Acquisition {
         }
     }
 
-    /// Reads the keys up to mine and finds the nearest writer ahead, if any.
+    /// Reads the keys up to mine and finds the nearest key ahead that is not a reader.
     async fn reader_place(&self, token: FencingToken) -> Result<Place, LockError> {
         let read = self.read_up_to(token, newest_first()).await?;
         Ok(place_of_reader(token, read.kvs()))
@@ -88,8 +85,12 @@ fn place_of_reader(token: FencingToken, newest_first: &[etcd_client::KeyValue]) 
     if !mine {
         return Place::Gone;
     }
-    match newest_first.iter().skip(1).find(|kv| kv.value() == WRITE) {
-        Some(writer) => Place::Behind(writer.key().to_vec()),
+    let exclusive = newest_first
+        .iter()
+        .skip(1)
+        .find(|kv| !Kind::Reader.shares_with(kv.value()));
+    match exclusive {
+        Some(key) => Place::Behind(key.key().to_vec()),
         None => Place::Head,
     }
 }

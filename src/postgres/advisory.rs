@@ -381,6 +381,10 @@ impl LockGuard for PgAdvisoryGuard {
             .is_some_and(|conn| conn.closed.current().is_none())
     }
 
+    fn lease_remaining(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     #[tracing::instrument(skip(self), fields(backend = "postgres", lock = %self.name, token = %self.token))]
     async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
         let Some(conn) = self.conn.take() else {

@@ -15,6 +15,7 @@ use super::keys::LockKeys;
 use super::node::Attempt;
 use super::owner::{jittered, owner_value};
 use super::subscriber::{Interest, Subscriber};
+use crate::lease_clock::{Clock, ClockInstant};
 use crate::{FencingToken, LockError, LockOptions};
 
 /// How often a waiter without release messages (Redlock) retries at most: the usual
@@ -105,7 +106,7 @@ impl Acquisition {
             if let Some(n) = notified.as_mut().as_pin_mut() {
                 n.enable();
             }
-            let sent = Instant::now();
+            let sent = Clock::BOOT.now();
             let remaining = match self.attempt().await? {
                 Attempt::Granted(token, slot) => return Ok(Some(self.guard(token, slot, sent))),
                 Attempt::Held { remaining } => remaining,
@@ -193,7 +194,7 @@ impl Acquisition {
         Ok(Attempt::Held { remaining })
     }
 
-    fn guard(&self, token: FencingToken, slot: usize, sent: Instant) -> RedisGuard {
+    fn guard(&self, token: FencingToken, slot: usize, sent: ClockInstant) -> RedisGuard {
         let keys = self.keys.granted(slot);
         let registration = self.core.renewer.register(
             keys.lock.clone(),

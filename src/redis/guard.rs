@@ -116,6 +116,15 @@ impl LockGuard for RedisGuard {
             && !self.registration.clock.has_passed()
     }
 
+    fn lease_remaining(&self) -> Option<std::time::Duration> {
+        let gone = self.released || self.registration.loss.current().is_some();
+        Some(if gone {
+            std::time::Duration::ZERO
+        } else {
+            self.registration.clock.remaining()
+        })
+    }
+
     #[tracing::instrument(skip(self), fields(backend = %self.core.backend, lock = %self.name, token = %self.token))]
     async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
         // The guard stays armed until the answer is in: dropping this future releases in

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::node::Node;
 use crate::LossReason;
-use crate::lease_clock::LeaseClock;
+use crate::lease_clock::{Clock, ClockInstant, LeaseClock, RECHECK};
 use crate::loss::{LossNotifier, LossWatch, loss_channel};
 
 /// Never tick more often than this, whatever the TTLs.
@@ -90,23 +90,25 @@ impl Renewer {
         drift(ttl, self.shared.drift_factor)
     }
 
-    /// Starts tracking a lock granted by a request sent at `sent`. With `renew` it is
-    /// renewed every tick; either way it is reported lost when its time runs out.
+    /// Starts tracking a lock granted by a request sent at `sent` (on [`Clock::BOOT`]).
+    /// With `renew` it is renewed every tick; either way it is reported lost when its time
+    /// runs out.
     pub(crate) fn register(
         &self,
         key: String,
         owner: String,
         ttl: Duration,
         renew: bool,
-        sent: Instant,
+        sent: ClockInstant,
     ) -> Registration {
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let deadline = sent + ttl.saturating_sub(self.drift(ttl));
-        let clock = Arc::new(LeaseClock::new(deadline));
+        let clock = Arc::new(LeaseClock::new(Clock::BOOT, deadline));
+        let expires = Clock::BOOT.tokio_instant(deadline);
         let needs = if renew {
-            deadline.min(Instant::now() + (ttl / 3).max(MIN_INTERVAL))
+            expires.min(Instant::now() + (ttl / 3).max(MIN_INTERVAL))
         } else {
-            deadline
+            expires
         };
         let (notifier, loss) = loss_channel();
         let needs = self.shared.nanos(needs);
@@ -165,15 +167,17 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
             () = tokio::time::sleep_until(earliest) => expire_due(&shared),
             () = tokio::time::sleep_until(next_tick) => {
                 // A renewal can hang for the request timeout (a partition); deadlines
-                // passing meanwhile must still be reported on time, not when it returns.
+                // passing meanwhile must still be reported on time, not when it returns,
+                // including the deadlines of locks registered while it hangs.
                 let renewal = renew_all(&shared);
                 tokio::pin!(renewal);
                 loop {
-                    let earliest = schedule(&held(&shared)).1;
+                    let earliest = plan_during_renewal(&shared);
                     tokio::select! {
                         biased;
                         _ = &mut stop => return,
                         () = &mut renewal => break,
+                        () = shared.changed.notified() => {}
                         () = tokio::time::sleep_until(earliest) => expire_due(&shared),
                     }
                 }
@@ -185,8 +189,8 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
     }
 }
 
-/// The next tick (no later than `next_tick`) and the earliest deadline, with the wake-up
-/// time published under the map's lock.
+/// The next tick (no later than `next_tick`) and when to check the deadlines next, with
+/// the wake-up time published under the map's lock.
 fn plan(shared: &Shared, next_tick: Instant) -> (Instant, Instant) {
     let held = held(shared);
     let (interval, earliest) = schedule(&held);
@@ -197,7 +201,20 @@ fn plan(shared: &Shared, next_tick: Instant) -> (Instant, Instant) {
     (next_tick, earliest)
 }
 
-/// (tick interval, earliest deadline) over the tracked locks.
+/// While a renewal is in flight there is no tick to plan: only deadlines, published so
+/// that a lock registered meanwhile with an earlier one wakes the task.
+fn plan_during_renewal(shared: &Shared) -> Instant {
+    let held = held(shared);
+    let earliest = schedule(&held).1;
+    shared
+        .planned_wake
+        .store(shared.nanos(earliest), Ordering::Release);
+    earliest
+}
+
+/// (tick interval, when to check the deadlines next) over the tracked locks. Deadlines
+/// are on the suspend-aware clock, timers are not: with locks held, look at least every
+/// [`RECHECK`].
 fn schedule(held: &HashMap<u64, Held>) -> (Duration, Instant) {
     let interval = held
         .values()
@@ -209,6 +226,11 @@ fn schedule(held: &HashMap<u64, Held>) -> (Duration, Instant) {
         .values()
         .map(|h| h.clock.deadline())
         .min()
+        .map(|deadline| {
+            Clock::BOOT
+                .tokio_instant(deadline)
+                .min(Instant::now() + RECHECK)
+        })
         .unwrap_or_else(|| Instant::now() + FAR);
     (interval, earliest)
 }
@@ -226,7 +248,7 @@ async fn renew_all(shared: &Shared) {
         .iter()
         .map(|(_, key, owner, ttl)| (key.as_str(), owner.as_str(), *ttl))
         .collect();
-    let sent = Instant::now();
+    let sent = Clock::BOOT.now();
     let replies = join_all(shared.nodes.iter().map(|node| node.renew(&items))).await;
     let node_count = shared.nodes.len();
     let mut held = held(shared);

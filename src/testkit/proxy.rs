@@ -1,10 +1,11 @@
 //! A fault-injecting TCP proxy: put it between one client and a server to freeze that
-//! client's traffic (a partition, or a process paused from the network's point of view)
-//! while everyone else still reaches the server.
+//! client's traffic (a process paused from the network's point of view) or cut it off (a
+//! partition), while everyone else still reaches the server.
 
 use std::io;
 use std::net::SocketAddr;
 
+use futures_util::FutureExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -19,12 +20,14 @@ use tokio::task::JoinSet;
 /// // Point one client at proxy.address() ...
 /// proxy.pause();  // ... its bytes stop flowing, its connections stay open
 /// proxy.resume(); // ... and flow again
+/// proxy.cut();    // ... nothing gets through, and what is sent meanwhile is lost
+/// proxy.heal();   // ... connections that saw the cut are closed; new ones work
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
 pub struct FaultProxy {
     address: SocketAddr,
-    paused: watch::Sender<bool>,
+    state: watch::Sender<State>,
     // Dropping the proxy aborts the accept loop, which aborts every connection.
     _accepting: tokio::task::JoinHandle<()>,
 }
@@ -34,13 +37,19 @@ impl FaultProxy {
     pub async fn start(upstream: SocketAddr) -> io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let address = listener.local_addr()?;
-        let (paused, _) = watch::channel(false);
-        let state = paused.clone();
+        let (state, _) = watch::channel(State::Open);
+        let states = state.clone();
         let accepting = tokio::spawn(async move {
             let mut connections = JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
-                let state = state.subscribe();
+                let mut state = states.subscribe();
                 connections.spawn(async move {
+                    // Cut off: the connection is accepted, nothing goes through, and it is
+                    // closed when the cut heals.
+                    if *state.borrow_and_update() == State::Cut {
+                        let _ = state.wait_for(|s| *s != State::Cut).await;
+                        return;
+                    }
                     if let Ok(server) = TcpStream::connect(upstream).await {
                         forward_both(client, server, state).await;
                     }
@@ -51,7 +60,7 @@ impl FaultProxy {
         });
         Ok(Self {
             address,
-            paused,
+            state,
             _accepting: accepting,
         })
     }
@@ -71,20 +80,44 @@ impl FaultProxy {
     /// Stops forwarding in both directions. Connections stay open and bytes wait (TCP
     /// back-pressure), as with a partition that heals or a peer that froze.
     pub fn pause(&self) {
-        self.paused.send_replace(true);
+        self.state.send_replace(State::Paused);
     }
 
     /// Forwards again, including what waited.
     pub fn resume(&self) {
-        self.paused.send_replace(false);
+        self.state.send_replace(State::Open);
+    }
+
+    /// Cuts the client off (a partition): nothing gets through in either direction, and
+    /// what is sent meanwhile is lost. Connections stay open until [`heal`](Self::heal),
+    /// which closes every one of them that saw the cut, as TCP and gRPC keep-alives would
+    /// after a long partition; requests in flight are never delivered late.
+    pub fn cut(&self) {
+        self.state.send_replace(State::Cut);
+    }
+
+    /// Ends a [`cut`](Self::cut): the connections that saw it are closed, new ones work.
+    pub fn heal(&self) {
+        self.state.send_replace(State::Open);
     }
 }
 
-async fn forward_both(client: TcpStream, server: TcpStream, paused: watch::Receiver<bool>) {
+/// What the proxy does with traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Forwards.
+    Open,
+    /// Holds: bytes wait and flow again on resume.
+    Paused,
+    /// Drops: nothing flows, and connections that saw it close when it ends.
+    Cut,
+}
+
+async fn forward_both(client: TcpStream, server: TcpStream, state: watch::Receiver<State>) {
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
-    let upstream = forward(client_read, server_write, paused.clone());
-    let downstream = forward(server_read, client_write, paused);
+    let upstream = forward(client_read, server_write, state.clone());
+    let downstream = forward(server_read, client_write, state);
     // When either side closes, close both.
     tokio::select! {
         () = upstream => {}
@@ -95,23 +128,43 @@ async fn forward_both(client: TcpStream, server: TcpStream, paused: watch::Recei
 async fn forward(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut paused: watch::Receiver<bool>,
+    mut state: watch::Receiver<State>,
 ) {
     let mut buffer = vec![0u8; 16 * 1024];
     loop {
         // Hold still while paused: nothing read, nothing written.
-        if paused.wait_for(|p| !p).await.is_err() {
+        if !passable(&mut state).await {
             return;
         }
-        let read = match from.read(&mut buffer).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
+        let read = tokio::select! {
+            read = from.read(&mut buffer) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            // Cut while waiting for bytes: wait for the heal, then close.
+            Ok(()) = state.wait_for(|s| *s == State::Cut).map(|r| r.map(drop)) => {
+                let _ = state.wait_for(|s| *s != State::Cut).await;
+                return;
+            }
         };
-        if paused.wait_for(|p| !p).await.is_err() {
+        if !passable(&mut state).await {
             return;
         }
         if to.write_all(&buffer[..read]).await.is_err() {
             return;
         }
     }
+}
+
+/// Waits while paused; `false` if the connection must close (it saw a cut, or the proxy
+/// is gone). Bytes read during a cut are dropped with the connection.
+async fn passable(state: &mut watch::Receiver<State>) -> bool {
+    let Ok(now) = state.wait_for(|s| *s != State::Paused).await.map(|s| *s) else {
+        return false;
+    };
+    if now == State::Cut {
+        let _ = state.wait_for(|s| *s != State::Cut).await;
+        return false;
+    }
+    true
 }

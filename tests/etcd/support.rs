@@ -116,3 +116,25 @@ impl PrefixWatch {
 pub fn released(outcome: Result<ReleaseOutcome, LockError>) {
     assert_eq!(outcome.expect("release"), ReleaseOutcome::Released);
 }
+
+/// The socket address of an `http://host:port` endpoint (for a fault proxy in front of it).
+pub fn address(endpoint: &str) -> std::net::SocketAddr {
+    endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .expect("endpoint address")
+}
+
+/// A locker that reaches etcd only through `proxy`, with the given request timeout.
+pub async fn locker_through(
+    proxy: &fencelock::testkit::FaultProxy,
+    namespace: &str,
+    request_timeout: Duration,
+) -> EtcdLocker {
+    let config = fencelock::etcd::EtcdConfig::new([proxy.http_url()])
+        .with_namespace(namespace)
+        .with_request_timeout(request_timeout);
+    EtcdLocker::connect(config)
+        .await
+        .expect("connect through the proxy")
+}

@@ -1,0 +1,160 @@
+//! What a key in a lock's queue stands for, and who may hold the lock beside whom.
+//!
+//! Every primitive (mutex, semaphore permit, reader, writer, election candidate) queues
+//! under the same prefix `<namespace>/<name>/`, ordered by create revision, and so do Go's
+//! `concurrency.Mutex`, `etcdctl lock` and etcd's Lock RPC (keys `<prefix><lease id>`,
+//! empty value). One name may therefore be used by several primitives at once, by mistake
+//! or during a migration. Rather than trust every client to use one primitive per name,
+//! each key says what it is in its value, and every waiter treats a key it does not
+//! recognise as its own kind as exclusive:
+//!
+//! - a mutex, a writer and a candidate are admitted only when no key at all is ahead;
+//! - a reader is admitted when every key ahead is a reader;
+//! - a permit of an N-permit semaphore is admitted when fewer than N keys are ahead and
+//!   every one of them is a permit of an N-permit semaphore.
+//!
+//! Whatever the mix, no holder's promise is broken: a mutex holder is alone, readers share
+//! only with readers, a semaphore never has more than N holders. A name used by two
+//! primitives simply serialises them.
+
+use crate::LockError;
+
+/// Values that start with this are fencelock's markers; election values may not.
+pub(crate) const RESERVED_PREFIX: &[u8] = b"fencelock:";
+
+/// The value of a reader's key.
+pub(crate) const READER: &[u8] = b"fencelock:read";
+/// The value of a writer's key.
+pub(crate) const WRITER: &[u8] = b"fencelock:write";
+const PERMIT_PREFIX: &str = "fencelock:permit/";
+
+/// The primitive an acquisition belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A lock: alone. Its key's value is empty, as Go's `concurrency.Mutex` writes it.
+    Mutex,
+    /// The writing side of a read-write lock: alone.
+    Writer,
+    /// The reading side of a read-write lock: shares with readers only.
+    Reader,
+    /// One of `permits` permits of a semaphore: shares with permits of the same semaphore.
+    Permit {
+        /// How many holders at once.
+        permits: usize,
+    },
+    /// An election candidate: alone (the leader); the value is what it proclaims.
+    Candidate {
+        /// The candidate's value.
+        value: Vec<u8>,
+    },
+}
+
+impl Kind {
+    /// What this kind's key holds.
+    pub(crate) fn value(&self) -> Vec<u8> {
+        match self {
+            Self::Mutex => Vec::new(),
+            Self::Writer => WRITER.to_vec(),
+            Self::Reader => READER.to_vec(),
+            Self::Permit { permits } => format!("{PERMIT_PREFIX}{permits}").into_bytes(),
+            Self::Candidate { value } => value.clone(),
+        }
+    }
+
+    /// How many holders of this kind may share the lock (1: alone).
+    pub(crate) fn holders(&self) -> usize {
+        match self {
+            Self::Permit { permits } => *permits,
+            // Readers share with any number of readers.
+            Self::Reader => usize::MAX,
+            Self::Mutex | Self::Writer | Self::Candidate { .. } => 1,
+        }
+    }
+
+    /// Whether a key holding `value` is one this kind may hold the lock beside.
+    pub(crate) fn shares_with(&self, value: &[u8]) -> bool {
+        match self {
+            Self::Reader => value == READER,
+            Self::Permit { .. } => value == self.value().as_slice(),
+            Self::Mutex | Self::Writer | Self::Candidate { .. } => false,
+        }
+    }
+
+    /// Whether a key of this kind is admitted with the keys ahead of it, given as values
+    /// (any order).
+    pub(crate) fn admitted<'a>(&self, ahead: impl ExactSizeIterator<Item = &'a [u8]>) -> bool {
+        let count = ahead.len();
+        count < self.holders() && { ahead }.all(|value| self.shares_with(value))
+    }
+}
+
+/// Refuses an election value that would pass for one of fencelock's markers (a candidate
+/// proclaiming `fencelock:read` would otherwise look like a reader to readers).
+pub(crate) fn check_candidate_value(value: &[u8]) -> Result<(), LockError> {
+    if value.starts_with(RESERVED_PREFIX) {
+        return Err(LockError::InvalidOption {
+            option: "value",
+            reason: "election values starting with \"fencelock:\" are reserved".into(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_kinds() -> Vec<Kind> {
+        vec![
+            Kind::Mutex,
+            Kind::Writer,
+            Kind::Reader,
+            Kind::Permit { permits: 2 },
+            Kind::Permit { permits: 3 },
+            Kind::Candidate {
+                value: b"host-a".to_vec(),
+            },
+        ]
+    }
+
+    #[test]
+    fn only_readers_share_with_readers_and_permits_with_their_own_semaphore() {
+        for holder in all_kinds() {
+            for newcomer in all_kinds() {
+                let value = holder.value();
+                let admitted = newcomer.admitted([value.as_slice()].into_iter());
+                let expected = matches!(
+                    (&holder, &newcomer),
+                    (Kind::Reader, Kind::Reader)
+                        | (Kind::Permit { permits: 2 }, Kind::Permit { permits: 2 })
+                        | (Kind::Permit { permits: 3 }, Kind::Permit { permits: 3 })
+                );
+                assert_eq!(admitted, expected, "{newcomer:?} behind {holder:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn go_mutex_keys_exclude_everyone() {
+        // etcdctl lock / concurrency.Mutex keys hold an empty value.
+        for kind in all_kinds() {
+            assert!(!kind.admitted([&b""[..]].into_iter()), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn a_semaphore_admits_fewer_than_n_ahead() {
+        let permit = Kind::Permit { permits: 2 };
+        let value = permit.value();
+        assert!(permit.admitted(std::iter::empty::<&[u8]>()));
+        assert!(permit.admitted([value.as_slice()].into_iter()));
+        assert!(!permit.admitted([value.as_slice(), value.as_slice()].into_iter()));
+    }
+
+    #[test]
+    fn reserved_values_are_refused_for_candidates() {
+        assert!(check_candidate_value(b"fencelock:read").is_err());
+        assert!(check_candidate_value(b"host-a:8080").is_ok());
+        assert!(check_candidate_value(b"").is_ok());
+    }
+}
