@@ -31,10 +31,11 @@ pub(crate) async fn call<T>(
 }
 
 /// Like [`call`], but retries a request that found its member unreachable (connection
-/// refused or reset while another member may answer) up to three times with a short
-/// pause, and a request that timed out once (a proposal dropped by a dying leader is
-/// never answered). Only for requests that are safe to apply twice: reads, and
-/// transactions guarded by a compare that an earlier attempt would make fail.
+/// refused or reset: the client balances over every endpoint, so the next attempt may
+/// reach a live member) until `timeout` has passed since the first attempt, and a request
+/// that timed out once (a proposal dropped by a dying leader is never answered). Only for
+/// requests that are safe to apply twice: reads, deletes, revokes, and transactions
+/// guarded by a compare that an earlier attempt would make fail.
 pub(crate) async fn call_retrying<T, F, Fut>(
     operation: &'static str,
     lock: Option<&str>,
@@ -45,14 +46,16 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, etcd_client::Error>>,
 {
+    let started = tokio::time::Instant::now();
     let mut attempt: u32 = 0;
     let mut timed_out = false;
     loop {
         match call(operation, lock, timeout, request()).await {
-            Err(err @ LockError::Unavailable { .. }) if attempt < 3 => {
+            Err(err @ LockError::Unavailable { .. }) if started.elapsed() < timeout => {
                 attempt += 1;
                 tracing::debug!(%err, attempt, "member unreachable; retrying");
-                tokio::time::sleep(Duration::from_millis(50) * attempt).await;
+                let pause = (Duration::from_millis(25) * attempt).min(Duration::from_millis(250));
+                tokio::time::sleep(pause).await;
             }
             Err(err @ LockError::Timeout { .. }) if !timed_out => {
                 timed_out = true;

@@ -2,3 +2,9 @@
 
 mod check_log;
 mod run;
+mod run_cut_off;
+mod run_dies_with_fencelock;
+mod run_leftovers;
+mod run_member_down;
+mod run_start_failure;
+mod support;

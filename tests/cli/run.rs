@@ -9,16 +9,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
 fn fencelock(etcd: &EtcdCluster) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_fencelock"));
-    command.args([
-        "run",
-        "--etcd",
-        &etcd.endpoint(0),
-        "--namespace",
-        "cli-test",
-    ]);
-    command.kill_on_drop(true);
-    command
+    crate::support::fencelock_run(&etcd.endpoints(), "cli-test")
 }
 
 /// Starts `count` invocations of `fencelock run <args> -- sh -c <script>` at once, where

@@ -16,6 +16,7 @@ mod harness;
 mod invalid_input;
 mod leader_failover;
 mod lease_revoked;
+mod member_down;
 mod mixed_primitives;
 mod mutual_exclusion;
 mod round_trips;

@@ -23,7 +23,7 @@ struct Cli {
 enum Command {
     /// Benchmark every lock backend through the same trait, beside the raw ceilings.
     Bench(bench::BenchArgs),
-    /// Run a command while holding an etcd lock; terminate it if the lock is lost.
+    /// Run a command while holding an etcd lock; it is killed before the lock can pass on.
     Run(run::RunArgs),
     /// Check a log of critical sections (JSON lines) for overlapping holders, stale
     /// writes accepted or rejected, and tokens out of grant order.
@@ -33,10 +33,18 @@ enum Command {
     /// One chaos client (started by `fencelock chaos`).
     #[command(hide = true)]
     ChaosWorker(chaos::worker::WorkerArgs),
+    /// The watchdog of `fencelock run` (started by it): kills the command's process group
+    /// if `fencelock run` dies.
+    #[command(hide = true)]
+    RunWatchdog,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::RunWatchdog = cli.command {
+        // Before any runtime thread exists: it is a plain blocking loop.
+        return run::watchdog();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

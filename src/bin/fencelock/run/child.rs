@@ -1,0 +1,254 @@
+//! The command of `fencelock run`: started in a process group of its own, tied to this
+//! process's life, and watched without being reaped until the whole group is gone.
+//!
+//! - The command leads a new process group; every process it starts (a shell's background
+//!   jobs included) is in that group unless it leaves on purpose (`setsid`, `setpgid`),
+//!   and signals go to the whole group.
+//! - `PR_SET_PDEATHSIG = SIGKILL`: the kernel kills the command if the thread that forked
+//!   it ends, which for us is the end of this process. The thread that forks it lives
+//!   until the command has exited. The rest of the group is the watchdog's job
+//!   (`watchdog.rs`).
+//! - The command is waited for with `WNOWAIT`: it stays a zombie until we are done with
+//!   its group, so its pid, and the group id, cannot be reused by an unrelated process
+//!   that a late signal would then hit.
+
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+use tokio::sync::oneshot;
+
+/// A running command: the leader of its own process group.
+#[derive(Debug)]
+pub struct Job {
+    pid: libc::pid_t,
+    exited: Option<oneshot::Receiver<io::Result<Exit>>>,
+    reaped: bool,
+}
+
+/// How the command's main process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// It exited with this code.
+    Code(i32),
+    /// A signal ended it.
+    Signal(i32),
+}
+
+impl Exit {
+    /// The exit status a shell would report: the code, or 128 + the signal.
+    pub fn shell_status(self) -> u8 {
+        match self {
+            Self::Code(code) => u8::try_from(code & 0xff).unwrap_or(1),
+            Self::Signal(signal) => u8::try_from(128 + signal).unwrap_or(255),
+        }
+    }
+}
+
+impl Job {
+    /// Starts `command` in a new process group, killed by the kernel if this process dies.
+    pub fn start(mut command: Command) -> io::Result<Self> {
+        // SAFETY: getpid has no preconditions.
+        let parent = unsafe { libc::getpid() };
+        command.process_group(0);
+        // SAFETY: between fork and exec only async-signal-safe calls (prctl, getppid,
+        // _exit by returning an error) are made, touching no memory of the parent.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // The parent may have died before the line above took effect.
+                if libc::getppid() != parent {
+                    return Err(io::Error::other(
+                        "fencelock exited while starting the command",
+                    ));
+                }
+                Ok(())
+            });
+        }
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (exited_tx, exited) = oneshot::channel();
+        // The death signal fires when the *thread* that forked the command ends: fork on a
+        // thread that waits for the command, so that it outlives it.
+        std::thread::Builder::new()
+            .name("fencelock-run-child".into())
+            .spawn(move || {
+                let child = match command.spawn() {
+                    Ok(child) => child,
+                    Err(err) => {
+                        let _ = started_tx.send(Err(err));
+                        return;
+                    }
+                };
+                let pid = libc::pid_t::try_from(child.id()).unwrap_or(libc::pid_t::MAX);
+                let _ = started_tx.send(Ok(pid));
+                // `child` is never waited on through std: that would reap it.
+                std::mem::forget(child);
+                let _ = exited_tx.send(wait_without_reaping(pid));
+            })?;
+        let pid = started
+            .recv()
+            .map_err(|_| io::Error::other("the thread starting the command stopped"))??;
+        Ok(Self {
+            pid,
+            exited: Some(exited),
+            reaped: false,
+        })
+    }
+
+    /// The process group (the command's pid).
+    pub fn group(&self) -> libc::pid_t {
+        self.pid
+    }
+
+    /// Waits until the command's main process has exited (it is not reaped yet).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a later call picks up the same exit.
+    pub async fn exited(&mut self) -> io::Result<Exit> {
+        let Some(receiver) = self.exited.as_mut() else {
+            return Err(io::Error::other("exit already collected"));
+        };
+        let exit = receiver
+            .await
+            .unwrap_or_else(|_| Err(io::Error::other("the thread watching the command stopped")));
+        self.exited = None;
+        exit
+    }
+
+    /// Sends `signal` to every process of the group. A group with no process left is
+    /// not an error.
+    pub fn signal_group(&self, signal: i32) {
+        // SAFETY: kill(2) on the group we created; its leader is not reaped yet, so the
+        // group id cannot belong to anyone else.
+        let sent = unsafe { libc::kill(-self.pid, signal) };
+        if sent != 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::ESRCH) {
+                eprintln!("fencelock run: cannot signal the command's process group: {err}");
+            }
+        }
+    }
+
+    /// The processes of the group that are still running (zombies left out: they have
+    /// finished, they only wait to be reaped).
+    pub fn running_members(&self) -> Vec<libc::pid_t> {
+        group_members(self.pid)
+    }
+
+    /// Reaps the command's main process, once the group is no longer needed.
+    pub fn reap(&mut self) {
+        if self.reaped {
+            return;
+        }
+        let mut status = 0;
+        // SAFETY: waitpid on our own child; it has exited (or is killed just before).
+        unsafe {
+            libc::waitpid(self.pid, &mut status, 0);
+        }
+        self.reaped = true;
+    }
+}
+
+impl Drop for Job {
+    /// Whatever path we leave by, nothing of the command outlives this handle.
+    fn drop(&mut self) {
+        if !self.reaped {
+            self.signal_group(libc::SIGKILL);
+            self.reap();
+        }
+    }
+}
+
+/// Blocks until `pid` has exited, leaving it a zombie (`WNOWAIT`).
+fn wait_without_reaping(pid: libc::pid_t) -> io::Result<Exit> {
+    loop {
+        // SAFETY: an all-zero siginfo_t is a valid value to pass for waitid to fill in.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid on our own child, writing into `info`.
+        let waited = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                libc::id_t::try_from(pid).unwrap_or(0),
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if waited != 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        // SAFETY: waitid succeeded for a child that exited, so si_status is set.
+        let status = unsafe { info.si_status() };
+        return Ok(match info.si_code {
+            libc::CLD_EXITED => Exit::Code(status),
+            _ => Exit::Signal(status),
+        });
+    }
+}
+
+/// Running processes whose process group is `group`, from `/proc`.
+fn group_members(group: libc::pid_t) -> Vec<libc::pid_t> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter(|pid| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                return false;
+            };
+            // The command name (in parentheses) may contain anything: parse after it.
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                return false;
+            };
+            let mut fields = rest.split_whitespace();
+            let state = fields.next();
+            let _ppid = fields.next();
+            let pgrp = fields.next().and_then(|f| f.parse::<libc::pid_t>().ok());
+            pgrp == Some(group) && !matches!(state, Some("Z" | "X"))
+        })
+        .collect()
+}
+
+/// Maps an error starting the command to the status a shell uses: 127 when the program
+/// does not exist, 126 when it exists but cannot be run.
+pub fn start_failure_status(err: &io::Error) -> u8 {
+    if err.kind() == io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    }
+}
+
+/// Checks that `program` can be found and run (as `execvp` would search `PATH`), before
+/// the lock is taken: a typo must not cost a lock holder its turn.
+pub fn check_program(program: &str) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |path: &std::path::Path| -> io::Result<()> {
+        let meta = std::fs::metadata(path)?;
+        if meta.is_dir() || meta.permissions().mode() & 0o111 == 0 {
+            return Err(io::Error::from(io::ErrorKind::PermissionDenied));
+        }
+        Ok(())
+    };
+    if program.contains('/') {
+        return runnable(std::path::Path::new(program));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    let mut denied = None;
+    for dir in std::env::split_paths(&path) {
+        match runnable(&dir.join(program)) {
+            Ok(()) => return Ok(()),
+            Err(err) if err.kind() == io::ErrorKind::PermissionDenied => denied = Some(err),
+            Err(_) => {}
+        }
+    }
+    Err(denied.unwrap_or_else(|| io::Error::from(io::ErrorKind::NotFound)))
+}

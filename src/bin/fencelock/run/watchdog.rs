@@ -1,0 +1,97 @@
+//! The watchdog of `fencelock run`: a small process that kills the command's whole
+//! process group the moment `fencelock` itself dies, however it dies (SIGKILL, the OOM
+//! killer, a crash), so that the command never runs on while the lock expires and
+//! another host takes it.
+//!
+//! It is this same binary (`/proc/self/exe run-watchdog`, so a binary replaced on disk
+//! meanwhile does not matter), in a process group of its own (a Ctrl-C or a hang-up for
+//! `fencelock` does not reach it), reading a pipe whose only writer is `fencelock`:
+//!
+//! - `group <pgid>`: the group to kill;
+//! - `done`: `fencelock` has finished with the group; exit without killing anything;
+//! - end of file without `done`: `fencelock` is gone; SIGKILL the group, then exit.
+//!
+//! The pipe's writing end is close-on-exec, so the command cannot hold it open.
+
+use std::io::{self, BufRead, Write};
+use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
+
+/// The `fencelock` side: tells the watchdog which group to guard, and when it is done.
+#[derive(Debug)]
+pub struct Watchdog {
+    child: Child,
+    pipe: Option<ChildStdin>,
+}
+
+impl Watchdog {
+    /// Starts the watchdog process.
+    pub fn start() -> io::Result<Self> {
+        use std::os::unix::process::CommandExt;
+        let mut child = Command::new("/proc/self/exe")
+            .arg("run-watchdog")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .process_group(0)
+            .spawn()?;
+        let pipe = child.stdin.take();
+        Ok(Self { child, pipe })
+    }
+
+    /// From now on, `fencelock`'s death kills `group`.
+    pub fn guard(&mut self, group: libc::pid_t) -> io::Result<()> {
+        self.send(&format!("group {group}\n"))
+    }
+
+    /// `fencelock` is done with the group: the watchdog exits without killing; waits for
+    /// it.
+    pub fn finish(mut self) {
+        if self.send("done\n").is_ok() {
+            self.pipe = None;
+            let _ = self.child.wait();
+        }
+    }
+
+    fn send(&mut self, line: &str) -> io::Result<()> {
+        match self.pipe.as_mut() {
+            Some(pipe) => {
+                pipe.write_all(line.as_bytes())?;
+                pipe.flush()
+            }
+            None => Err(io::Error::other("watchdog pipe closed")),
+        }
+    }
+}
+
+/// The watchdog process itself (`fencelock run-watchdog`, started by `fencelock run`).
+pub fn run() -> ExitCode {
+    // SAFETY: setting signal dispositions to SIG_IGN before any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGHUP, libc::SIG_IGN);
+    }
+    let mut group: Option<libc::pid_t> = None;
+    let stdin = io::stdin();
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else { break };
+        if line == "done" {
+            return ExitCode::SUCCESS;
+        }
+        if let Some(pgid) = line
+            .strip_prefix("group ")
+            .and_then(|g| g.trim().parse::<libc::pid_t>().ok())
+            .filter(|pgid| *pgid > 1)
+        {
+            group = Some(pgid);
+        }
+    }
+    // End of file without `done`: fencelock died.
+    if let Some(pgid) = group {
+        // SAFETY: kill(2) of the group fencelock started. A group id cannot be reused
+        // while any member of the group lives; with none left there is nothing to kill.
+        unsafe {
+            libc::kill(-pgid, libc::SIGKILL);
+        }
+        eprintln!("fencelock run: fencelock died; killed the command's process group {pgid}");
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,66 @@
+//! Helpers shared by the CLI tests.
+
+use std::time::Duration;
+
+use tokio::io::{BufReader, Lines};
+use tokio::process::{ChildStdout, Command};
+
+/// `fencelock run --etcd <endpoints> --namespace <ns>`, killed if the test drops it. Its
+/// stderr is discarded unless the test asks for it (`.stderr(Stdio::piped())`).
+pub fn fencelock_run(endpoints: &[String], namespace: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_fencelock"));
+    command.args([
+        "run",
+        "--etcd",
+        &endpoints.join(","),
+        "--namespace",
+        namespace,
+    ]);
+    command.stderr(std::process::Stdio::null());
+    command.kill_on_drop(true);
+    command
+}
+
+/// Whether `pid` is a running process (a zombie has finished: it only waits to be reaped).
+pub fn is_running(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+/// Waits until none of `pids` runs, for at most `limit`; returns how long it took, or
+/// `None` if some still ran. No event tells a test when a process that is not its child
+/// ends, so this looks every 10 ms.
+pub async fn gone_within(pids: &[i32], limit: Duration) -> Option<Duration> {
+    let start = tokio::time::Instant::now();
+    loop {
+        if pids.iter().all(|pid| !is_running(*pid)) {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() >= limit {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The next line the command printed, within 10 s.
+pub async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> String {
+    tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("the command prints within 10 s")
+        .expect("read")
+        .expect("a line")
+}
+
+/// The socket address of an `http://host:port` endpoint.
+pub fn address(endpoint: &str) -> std::net::SocketAddr {
+    endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .expect("endpoint address")
+}
