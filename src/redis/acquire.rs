@@ -49,7 +49,26 @@ pub(crate) async fn acquire(
         started: Instant::now(),
         armed: true,
     };
-    let outcome = acquisition.run(wait).await;
+    // The wait timeout bounds every step: attempts, subscribing, sleeping. Cut short,
+    // the acquisition's drop cleans up after an attempt that may be in flight.
+    let deadline = options
+        .wait_timeout()
+        .filter(|_| wait)
+        .map(|timeout| (acquisition.started + timeout, timeout));
+    let outcome = match deadline {
+        Some((deadline, timeout)) => {
+            match tokio::time::timeout_at(deadline, acquisition.run(wait)).await {
+                Ok(outcome) => outcome,
+                Err(_) => {
+                    return Err(LockError::WaitTimeout {
+                        name: name.to_owned(),
+                        waited: timeout,
+                    });
+                }
+            }
+        }
+        None => acquisition.run(wait).await,
+    };
     // A granted lock now belongs to its guard; a refused attempt set nothing (Redlock
     // undoes partial grants itself), and a wait timeout came after a refused attempt.
     // Only a failed request may have been applied without our knowing.

@@ -65,10 +65,11 @@ impl RedisLocker {
                 reason: err.to_string(),
             }
         })?;
+        let subscriber = Subscriber::new(client, config.connect_timeout, config.request_timeout);
         let core = Core::connect(config, Backend::Redis).await?;
         Ok(Self {
             core: Arc::new(core),
-            subscriber: Arc::new(Subscriber::new(client)),
+            subscriber: Arc::new(subscriber),
         })
     }
 

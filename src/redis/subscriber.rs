@@ -5,13 +5,19 @@
 //! locks are not fair: whoever retries first wins). A broken connection only costs
 //! waiters their wake-ups until the next interest reconnects: they still retry after
 //! their bounded sleep.
+//!
+//! Opening the connection is bounded by the connect timeout and each (un)subscribe by the
+//! request timeout: a half-open connection (a peer that stopped answering without closing)
+//! must cost a waiter at most that, never the kernel's retransmission timeout. A connection
+//! that timed out is dropped, and its reader task with it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::aio::PubSubSink;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 
 #[derive(Default)]
 struct Channels {
@@ -23,20 +29,35 @@ struct Channel {
     interests: usize,
 }
 
+/// The sending half of the pub/sub connection, and the handle whose drop stops the task
+/// that reads its messages (which closes the connection).
+struct Connection {
+    sink: PubSubSink,
+    _reader: oneshot::Sender<()>,
+}
+
 /// The shared subscriber of one client.
 pub(crate) struct Subscriber {
     client: redis::Client,
+    connect_timeout: Duration,
+    request_timeout: Duration,
     channels: Arc<Mutex<Channels>>,
-    // The sending half of the connection; `None` until first use or after it broke.
-    sink: Arc<tokio::sync::Mutex<Option<PubSubSink>>>,
+    // `None` until first use or after it broke or timed out.
+    connection: Arc<tokio::sync::Mutex<Option<Connection>>>,
 }
 
 impl Subscriber {
-    pub(crate) fn new(client: redis::Client) -> Self {
+    pub(crate) fn new(
+        client: redis::Client,
+        connect_timeout: Duration,
+        request_timeout: Duration,
+    ) -> Self {
         Self {
             client,
+            connect_timeout,
+            request_timeout,
             channels: Arc::default(),
-            sink: Arc::default(),
+            connection: Arc::default(),
         }
     }
 
@@ -73,28 +94,41 @@ impl Subscriber {
     }
 
     async fn subscribe(&self, channel: &str) -> redis::RedisResult<()> {
-        let mut sink = self.sink.lock().await;
-        if sink.is_none() {
-            *sink = Some(self.reconnect().await?);
+        let mut connection = self.connection.lock().await;
+        if connection.is_none() {
+            *connection = Some(self.reconnect().await?);
         }
-        match sink.as_mut() {
-            Some(s) => s.subscribe(channel).await,
-            None => Ok(()),
+        let Some(open) = connection.as_mut() else {
+            return Ok(());
+        };
+        let subscribed = bounded(self.request_timeout, open.sink.subscribe(channel)).await;
+        if subscribed.is_err() {
+            // No answer: the connection is of no use; the next interest opens another.
+            *connection = None;
         }
+        subscribed
     }
 
     /// Opens a new pub/sub connection, resubscribes to every channel still wanted, and
     /// starts the task that turns messages into wake-ups.
-    async fn reconnect(&self) -> redis::RedisResult<PubSubSink> {
-        let (mut sink, mut stream) = self.client.get_async_pubsub().await?.split();
+    async fn reconnect(&self) -> redis::RedisResult<Connection> {
+        let pubsub = bounded(self.connect_timeout, self.client.get_async_pubsub()).await?;
+        let (mut sink, mut stream) = pubsub.split();
         let wanted: Vec<String> = self.channels().by_name.keys().cloned().collect();
         for channel in wanted {
-            sink.subscribe(channel).await?;
+            bounded(self.request_timeout, sink.subscribe(channel)).await?;
         }
         let channels = Arc::downgrade(&self.channels);
-        let sink_slot = Arc::downgrade(&self.sink);
+        let slot = Arc::downgrade(&self.connection);
+        let (reader, mut stop) = oneshot::channel::<()>();
         tokio::spawn(async move {
-            while let Some(message) = stream.next().await {
+            loop {
+                let message = tokio::select! {
+                    message = stream.next() => message,
+                    // The connection was replaced or dropped: stop reading it.
+                    _ = &mut stop => return,
+                };
+                let Some(message) = message else { break };
                 let Some(channels) = channels.upgrade() else {
                     return;
                 };
@@ -103,11 +137,14 @@ impl Subscriber {
                 }
             }
             // The connection is gone: the next interest reconnects.
-            if let Some(slot) = sink_slot.upgrade() {
+            if let Some(slot) = slot.upgrade() {
                 *slot.lock().await = None;
             }
         });
-        Ok(sink)
+        Ok(Connection {
+            sink,
+            _reader: reader,
+        })
     }
 
     fn drop_interest(self: &Arc<Self>, channel: &str) {
@@ -133,8 +170,15 @@ impl Subscriber {
                     if this.channels().by_name.contains_key(&channel) {
                         return;
                     }
-                    if let Some(sink) = this.sink.lock().await.as_mut() {
-                        let _ = sink.unsubscribe(&channel).await;
+                    let mut connection = this.connection.lock().await;
+                    if let Some(open) = connection.as_mut() {
+                        let timeout = this.request_timeout;
+                        if bounded(timeout, open.sink.unsubscribe(&channel))
+                            .await
+                            .is_err()
+                        {
+                            *connection = None;
+                        }
                     }
                 });
             }
@@ -159,6 +203,20 @@ impl Interest {
 impl Drop for Interest {
     fn drop(&mut self) {
         self.subscriber.drop_interest(&self.channel);
+    }
+}
+
+/// `request` within `timeout`, a timeout reported as Redis reports its own.
+async fn bounded<T>(
+    timeout: Duration,
+    request: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
+    match tokio::time::timeout(timeout, request).await {
+        Ok(result) => result,
+        Err(_) => Err(redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "pub/sub request timed out",
+        ))),
     }
 }
 

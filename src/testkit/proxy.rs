@@ -22,12 +22,14 @@ use tokio::task::JoinSet;
 /// proxy.resume(); // ... and flow again
 /// proxy.cut();    // ... nothing gets through, and what is sent meanwhile is lost
 /// proxy.heal();   // ... connections that saw the cut are closed; new ones work
+/// proxy.hold_new_connections(); // ... new connections hang, open ones flow
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
 pub struct FaultProxy {
     address: SocketAddr,
     state: watch::Sender<State>,
+    accepted: watch::Sender<usize>,
     // Dropping the proxy aborts the accept loop, which aborts every connection.
     _accepting: tokio::task::JoinHandle<()>,
 }
@@ -38,17 +40,31 @@ impl FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let address = listener.local_addr()?;
         let (state, _) = watch::channel(State::Open);
+        let (accepted, _) = watch::channel(0usize);
         let states = state.clone();
+        let count = accepted.clone();
         let accepting = tokio::spawn(async move {
             let mut connections = JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
+                count.send_modify(|n| *n += 1);
                 let mut state = states.subscribe();
                 connections.spawn(async move {
-                    // Cut off: the connection is accepted, nothing goes through, and it is
-                    // closed when the cut heals.
-                    if *state.borrow_and_update() == State::Cut {
-                        let _ = state.wait_for(|s| *s != State::Cut).await;
-                        return;
+                    let now = *state.borrow_and_update();
+                    match now {
+                        // Cut off: the connection is accepted, nothing goes through, and
+                        // it is closed when the cut heals.
+                        State::Cut => {
+                            let _ = state.wait_for(|s| *s != State::Cut).await;
+                            return;
+                        }
+                        // A new connection that hangs: accepted, then nothing until the
+                        // proxy opens again.
+                        State::HoldNew => {
+                            if state.wait_for(|s| *s != State::HoldNew).await.is_err() {
+                                return;
+                            }
+                        }
+                        State::Open | State::Paused => {}
                     }
                     if let Ok(server) = TcpStream::connect(upstream).await {
                         forward_both(client, server, state).await;
@@ -61,6 +77,7 @@ impl FaultProxy {
         Ok(Self {
             address,
             state,
+            accepted,
             _accepting: accepting,
         })
     }
@@ -100,6 +117,18 @@ impl FaultProxy {
     pub fn heal(&self) {
         self.state.send_replace(State::Open);
     }
+
+    /// Waits until `count` connections have been accepted since the start (a client
+    /// opening a connection is often the event a test waits for).
+    pub async fn accepted(&self, count: usize) {
+        let _ = self.accepted.subscribe().wait_for(|n| *n >= count).await;
+    }
+
+    /// Connections opened from now on hang (accepted, nothing forwarded: a half-open
+    /// connection) until [`resume`](Self::resume); the ones already open keep working.
+    pub fn hold_new_connections(&self) {
+        self.state.send_replace(State::HoldNew);
+    }
 }
 
 /// What the proxy does with traffic.
@@ -111,6 +140,8 @@ enum State {
     Paused,
     /// Drops: nothing flows, and connections that saw it close when it ends.
     Cut,
+    /// New connections hang; open ones flow.
+    HoldNew,
 }
 
 async fn forward_both(client: TcpStream, server: TcpStream, state: watch::Receiver<State>) {

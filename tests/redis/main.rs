@@ -3,10 +3,12 @@
 
 mod support;
 
+mod bounded_wait;
 mod cancel_safety;
 mod exclusion;
 mod failover;
 mod invalid_input;
+mod loss_during_renewal;
 mod redlock;
 mod release_not_owner;
 mod renewal_traffic;
