@@ -1,6 +1,7 @@
 //! Tests of the `fencelock` command line against real servers.
 
 mod check_log;
+mod etcdctl_interop;
 mod run;
 mod run_cut_off;
 mod run_dies_with_fencelock;

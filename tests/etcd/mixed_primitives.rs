@@ -136,3 +136,26 @@ async fn election_values_that_look_like_markers_are_refused() {
         .expect_err("reserved value");
     assert!(err.is_invalid_input(), "{err}");
 }
+
+#[tokio::test]
+async fn a_lock_held_through_etcds_lock_rpc_excludes_every_primitive() {
+    let cluster = etcd().await;
+    let ns = namespace("mixed-go");
+    let a = locker(&cluster, &ns).await;
+    let mut client = cluster.client().await.expect("client");
+    // etcd's Lock RPC runs Go's concurrency.Mutex on the server: key `<prefix>/<lease>`,
+    // empty value, the same queue as ours.
+    let lease = client.lease_grant(10, None).await.expect("lease").id();
+    let options = etcd_client::LockOptions::new().with_lease(lease);
+    client
+        .lock(format!("{ns}/shared"), Some(options))
+        .await
+        .expect("lock through the Lock RPC");
+    for primitive in ALL {
+        assert!(
+            try_take(&a, primitive, "shared").await.is_none(),
+            "{primitive:?} taken beside a Go lock"
+        );
+    }
+    client.lease_revoke(lease).await.expect("revoke");
+}
