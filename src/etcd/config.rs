@@ -155,7 +155,13 @@ impl EtcdConfig {
             // Detect a dead connection (a stopped or partitioned member) without waiting for
             // the kernel's TCP timeouts. Not more often than every 5 s: etcd's default
             // --grpc-keepalive-min-time, below which it answers pings with GOAWAY.
-            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            // A member without a leader (cut off into a minority) refuses requests and
+            // cancels streams (watches, keep-alives) instead of serving them stale or
+            // never: the client then retries on a member that has a leader. Without it, a
+            // watch on such a member never sees the holder's delete, and its waiter
+            // stalls for as long as the partition lasts.
+            .with_require_leader(true);
         if let Some((user, password)) = &self.credentials {
             options = options.with_user(user.clone(), password.clone());
         }

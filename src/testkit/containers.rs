@@ -186,6 +186,46 @@ impl ContainerEtcdCluster {
         docker(&["network", "connect", "--alias", name, &self.network, name])
     }
 
+    /// Cuts member `i` off from its peers only (Raft traffic, port 2380, dropped both ways)
+    /// while clients still reach it: a member in a minority that keeps answering clients,
+    /// without a leader. iptables rules in its network namespace, entered from the host
+    /// (`nsenter`; needs root, as CI runs).
+    pub fn isolate_from_peers(&self, i: usize) -> Result<(), TestkitError> {
+        self.peer_rules(i, "-A")
+    }
+
+    /// Undoes [`isolate_from_peers`](Self::isolate_from_peers).
+    pub fn rejoin_peers(&self, i: usize) -> Result<(), TestkitError> {
+        self.peer_rules(i, "-D")
+    }
+
+    fn peer_rules(&self, i: usize, action: &str) -> Result<(), TestkitError> {
+        let name = &self.members[i].name;
+        let pid = Command::new("docker")
+            .args(["inspect", "-f", "{{.State.Pid}}", name])
+            .output()
+            .map_err(|e| TestkitError::io("running docker inspect", e))?;
+        let pid = String::from_utf8_lossy(&pid.stdout).trim().to_owned();
+        // Peer streams run both ways over connections either side opened: drop packets
+        // to and from port 2380, in and out.
+        for chain in ["INPUT", "OUTPUT"] {
+            for port in ["--dport", "--sport"] {
+                let output = Command::new("nsenter")
+                    .args(["-t", &pid, "-n", "iptables", action, chain])
+                    .args(["-p", "tcp", port, "2380", "-j", "DROP"])
+                    .output()
+                    .map_err(|e| TestkitError::io("running nsenter iptables (root needed)", e))?;
+                if !output.status.success() {
+                    return Err(TestkitError::Cluster(format!(
+                        "iptables {action} {chain} {port} 2380 in {name}: {}",
+                        String::from_utf8_lossy(&output.stderr).trim()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Delays every packet member `i` sends by `delay` (`tc netem`; needs the kernel's
     /// `sch_netem`).
     pub fn delay(&self, i: usize, delay: Duration) -> Result<(), TestkitError> {

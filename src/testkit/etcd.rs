@@ -436,13 +436,16 @@ pub(super) async fn status_leader(endpoint: &str) -> Result<(u64, u64), etcd_cli
     Ok((id, status.leader()))
 }
 
-/// Sums a Prometheus counter over the samples whose labels contain all of `labels`
-/// (each given as `name="value"`).
+/// Sums a Prometheus metric over the samples whose labels contain all of `labels` (each
+/// given as `name="value"`; none for a metric without labels).
 #[must_use]
 pub fn metric_sum(metrics: &str, name: &str, labels: &[&str]) -> f64 {
     metrics
         .lines()
-        .filter(|line| line.starts_with(name) && line[name.len()..].starts_with('{'))
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
         .filter(|line| labels.iter().all(|label| line.contains(label)))
         .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
         .sum()

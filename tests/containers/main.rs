@@ -7,6 +7,7 @@ mod compose_bench;
 mod follower_partition;
 mod leader_partition;
 mod sentinel_failover;
+mod watch_on_minority;
 
 use std::time::Duration;
 
