@@ -26,10 +26,15 @@ pub trait LockBackend: Send + Sync {
     /// Takes the lock, waiting (in FIFO order where the backend supports it) until it is
     /// free or the wait timeout of `options` runs out.
     ///
+    /// The wait timeout bounds the whole call (connecting a session, joining the queue,
+    /// waiting), plus a moment (at most 250 ms on etcd) to leave the queue cleanly.
+    ///
     /// # Cancel safety
     ///
     /// Cancel safe: dropping the future (or timing it out) leaves no queue entry or lock key
-    /// behind; a grant that races with the drop is released in the background.
+    /// behind: it is removed in the background, retried until the server confirms it or
+    /// the session that carries it is gone. A grant that races with the drop is released
+    /// in the background.
     fn lock(
         &self,
         name: &str,

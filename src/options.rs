@@ -55,7 +55,8 @@ impl LockOptions {
     }
 
     /// Gives up waiting after `timeout`, with [`LockError::WaitTimeout`]; nothing is left
-    /// behind in the queue.
+    /// behind in the queue. The timeout bounds the whole call, connecting and joining
+    /// included (plus at most 250 ms to leave the queue cleanly).
     pub fn with_wait_timeout(mut self, timeout: Duration) -> Self {
         self.wait_timeout = Some(timeout);
         self
