@@ -117,6 +117,21 @@ pub enum LockError {
         message: String,
     },
 
+    /// A TLS handshake failed: the server's certificate is not trusted (unknown CA,
+    /// expired, issued for another name), the server requires a client certificate it did
+    /// not get or does not trust, or one side does not speak TLS. Retrying does not help;
+    /// the message says what to change. (Unreadable or malformed certificate and key files
+    /// are [`InvalidConfig`](Self::InvalidConfig), with the path.)
+    #[error("{backend} TLS failure during {operation}: {reason}")]
+    Tls {
+        /// The backend.
+        backend: Backend,
+        /// The remote operation.
+        operation: &'static str,
+        /// What failed, in words a person can act on.
+        reason: String,
+    },
+
     /// The lease behind the lock (or behind a wait for it) is gone: ownership cannot be
     /// relied on any more.
     #[error("lease lost{}: {reason}", on_lock(.lock))]
@@ -196,6 +211,12 @@ impl LockError {
     #[must_use]
     pub fn is_permission_denied(&self) -> bool {
         matches!(self, Self::PermissionDenied { .. })
+    }
+
+    /// A TLS handshake failed (see [`LockError::Tls`]).
+    #[must_use]
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Self::Tls { .. })
     }
 }
 

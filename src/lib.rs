@@ -17,6 +17,7 @@ mod lease_clock;
 mod loss;
 mod name;
 mod options;
+mod tls;
 mod token;
 
 pub mod etcd;
@@ -30,6 +31,7 @@ pub use error::{Backend, BoxError, LockError};
 pub use loss::LossReason;
 pub use name::{MAX_NAME_LEN, validate_name};
 pub use options::{LockOptions, MAX_TTL};
+pub use tls::{Pem, TlsConfig};
 pub use token::FencingToken;
 
 // The README's examples compile as doctests.

@@ -25,11 +25,22 @@ pub fn validate_name(name: &str) -> Result<(), LockError> {
     };
     match reason {
         Some(reason) => Err(LockError::InvalidName {
-            name: name.to_owned(),
+            name: shorten(name),
             reason,
         }),
         None => Ok(()),
     }
+}
+
+/// Input as it may appear in a message: long input is cut (a 5,000-character name would
+/// otherwise fill a terminal), with how much was left out.
+pub(crate) fn shorten(input: &str) -> String {
+    const KEEP: usize = 64;
+    if input.chars().count() <= KEEP {
+        return input.to_owned();
+    }
+    let kept: String = input.chars().take(KEEP).collect();
+    format!("{kept}... ({} bytes in all)", input.len())
 }
 
 fn is_name_byte(b: u8) -> bool {
@@ -38,6 +49,15 @@ fn is_name_byte(b: u8) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn long_names_are_cut_in_errors() {
+        let long = "x".repeat(5000);
+        let err = super::validate_name(&long).expect_err("too long");
+        let message = err.to_string();
+        assert!(message.len() < 200, "{message}");
+        assert!(message.contains("5000 bytes in all"), "{message}");
+    }
+
     use super::*;
 
     #[test]

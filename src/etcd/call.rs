@@ -74,6 +74,20 @@ pub(crate) fn map_error(
 ) -> LockError {
     use etcd_client::Error as E;
     let lock = lock.map(str::to_owned);
+    // etcd-client's error exposes no source chain: start from what it wraps.
+    let inner: Option<&(dyn std::error::Error + 'static)> = match &err {
+        E::GRpcStatus(status) => Some(status),
+        E::TransportError(transport) => Some(transport),
+        E::IoError(io) => Some(io),
+        _ => None,
+    };
+    if let Some(reason) = inner.and_then(crate::tls::describe_tls_failure) {
+        return LockError::Tls {
+            backend: Backend::Etcd,
+            operation,
+            reason,
+        };
+    }
     let kind = match &err {
         E::GRpcStatus(status) => match status.code() {
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted => {

@@ -3,9 +3,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use etcd_client::ConnectOptions;
+use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
 
-use crate::{Backend, LockError};
+use crate::tls::LoadedTls;
+use crate::{Backend, LockError, TlsConfig};
 
 /// Where etcd is and how to talk to it.
 ///
@@ -22,6 +23,20 @@ use crate::{Backend, LockError};
 /// // The password never shows up in logs.
 /// assert!(!format!("{config:?}").contains("s3cret"));
 /// ```
+///
+/// A cluster that requires mutual TLS:
+///
+/// ```
+/// use fencelock::TlsConfig;
+/// use fencelock::etcd::EtcdConfig;
+///
+/// let config = EtcdConfig::new(["https://10.0.0.1:2379", "https://10.0.0.2:2379"]).with_tls(
+///     TlsConfig::new()
+///         .with_ca_file("/etc/etcd/ca.pem")
+///         .with_identity_files("/etc/etcd/locker.pem", "/etc/etcd/locker-key.pem"),
+/// );
+/// assert!(config.validate().is_ok());
+/// ```
 #[derive(Clone)]
 #[must_use]
 pub struct EtcdConfig {
@@ -30,6 +45,7 @@ pub struct EtcdConfig {
     pub(crate) request_timeout: Duration,
     pub(crate) credentials: Option<(String, String)>,
     pub(crate) namespace: String,
+    pub(crate) tls: Option<TlsConfig>,
 }
 
 impl fmt::Debug for EtcdConfig {
@@ -40,12 +56,14 @@ impl fmt::Debug for EtcdConfig {
             .field("request_timeout", &self.request_timeout)
             .field("user", &self.credentials.as_ref().map(|(user, _)| user))
             .field("namespace", &self.namespace)
+            .field("tls", &self.tls)
             .finish()
     }
 }
 
 impl EtcdConfig {
-    /// Endpoints as `http://host:port` (or `host:port`); any member of the cluster will do.
+    /// Endpoints as `http://host:port`, `https://host:port` (TLS), or `host:port` (plaintext,
+    /// or TLS when [`with_tls`](Self::with_tls) is set); any member of the cluster will do.
     pub fn new<I, S>(endpoints: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -57,7 +75,18 @@ impl EtcdConfig {
             request_timeout: Duration::from_secs(5),
             credentials: None,
             namespace: "fencelock".to_owned(),
+            tls: None,
         }
+    }
+
+    /// Connects with TLS: which CA to trust (default: the system's trust store), which
+    /// client certificate to present (mutual TLS; with etcd's `--client-cert-auth` and
+    /// auth enabled, its common name is the etcd user), which server name to expect.
+    /// Endpoints must then be `https://` (or bare `host:port`). An `https://` endpoint
+    /// without this uses TLS with the system's trust store.
+    pub fn with_tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     /// How long connecting (and the first request that proves the connection) may take.
@@ -120,19 +149,47 @@ impl EtcdConfig {
         if self.endpoints.is_empty() {
             return fail("no endpoints given".into());
         }
+        let mut schemes = (false, false);
         for endpoint in &self.endpoints {
-            let address = endpoint
-                .strip_prefix("http://")
-                .or_else(|| endpoint.strip_prefix("https://"))
-                .unwrap_or(endpoint);
+            let shown = crate::name::shorten(endpoint);
+            let (scheme, address) = match endpoint.split_once("://") {
+                Some(("http", rest)) => (Some(false), rest),
+                Some(("https", rest)) => (Some(true), rest),
+                Some((other, _)) => {
+                    return fail(format!(
+                        "endpoint {shown:?}: unsupported scheme {:?}; use http://host:port, \
+                         https://host:port or host:port",
+                        crate::name::shorten(other)
+                    ));
+                }
+                None => (None, endpoint.as_str()),
+            };
             let port_ok = address
                 .rsplit_once(':')
                 .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-            if address.is_empty() || address.contains(char::is_whitespace) || !port_ok {
+            if address.is_empty()
+                || address.contains(char::is_whitespace)
+                || address.contains('/')
+                || !port_ok
+            {
                 return fail(format!(
-                    "endpoint {endpoint:?} is not of the form http://host:port"
+                    "endpoint {shown:?} is not of the form http://host:port, https://host:port \
+                     or host:port"
                 ));
             }
+            match scheme {
+                Some(true) => schemes.1 = true,
+                Some(false) => schemes.0 = true,
+                None => {}
+            }
+        }
+        if schemes.0 && schemes.1 {
+            return fail(
+                "endpoints mix http:// and https://: use one for the whole cluster".into(),
+            );
+        }
+        if schemes.0 && self.tls.is_some() {
+            return fail("TLS is configured, but the endpoints are http://: use https://".into());
         }
         if self.connect_timeout.is_zero() || self.request_timeout.is_zero() {
             return fail("timeouts must be above zero".into());
@@ -149,7 +206,26 @@ impl EtcdConfig {
         Ok(())
     }
 
-    pub(crate) fn connect_options(&self) -> ConnectOptions {
+    /// Whether connections use TLS.
+    pub(crate) fn uses_tls(&self) -> bool {
+        self.tls.is_some() || self.endpoints.iter().any(|e| e.starts_with("https://"))
+    }
+
+    /// The TLS material, read and checked, if connections use TLS.
+    pub(crate) fn loaded_tls(&self) -> Result<Option<LoadedTls>, LockError> {
+        if !self.uses_tls() {
+            return Ok(None);
+        }
+        self.tls
+            .clone()
+            .unwrap_or_default()
+            .load(Backend::Etcd)
+            .map(Some)
+    }
+
+    /// The client library's options: timeouts, keep-alive, require-leader, credentials and
+    /// the TLS material of [`loaded_tls`](Self::loaded_tls).
+    pub(crate) fn connect_options(&self, tls: Option<&LoadedTls>) -> ConnectOptions {
         let mut options = ConnectOptions::new()
             .with_connect_timeout(self.connect_timeout)
             // Detect a dead connection (a stopped or partitioned member) without waiting for
@@ -165,6 +241,20 @@ impl EtcdConfig {
         if let Some((user, password)) = &self.credentials {
             options = options.with_user(user.clone(), password.clone());
         }
+        if let Some(loaded) = tls {
+            let mut tls = TlsOptions::new();
+            tls = match &loaded.ca {
+                Some(ca) => tls.ca_certificate(Certificate::from_pem(ca)),
+                None => tls.with_native_roots(),
+            };
+            if let Some((certificate, key)) = &loaded.identity {
+                tls = tls.identity(Identity::from_pem(certificate, key));
+            }
+            if let Some(name) = &loaded.server_name {
+                tls = tls.domain_name(name.clone());
+            }
+            options = options.with_tls(tls);
+        }
         options
     }
 }
@@ -177,6 +267,27 @@ mod tests {
     fn accepts_usual_endpoints() {
         let config = EtcdConfig::new(["http://127.0.0.1:2379", "localhost:2380"]);
         assert!(config.validate().is_ok());
+        let tls = EtcdConfig::new(["https://127.0.0.1:2379", "localhost:2380"]);
+        assert!(tls.validate().is_ok());
+    }
+
+    #[test]
+    fn refuses_other_schemes_and_mixed_ones() {
+        for endpoints in [
+            vec!["ftp://127.0.0.1:2379"],
+            vec!["http://127.0.0.1:2379/v3"],
+            vec!["http://127.0.0.1:2379", "https://127.0.0.1:2380"],
+        ] {
+            let err = EtcdConfig::new(endpoints.clone())
+                .validate()
+                .expect_err("refused");
+            assert!(err.is_invalid_input(), "{endpoints:?}: {err}");
+        }
+        let err = EtcdConfig::new(["http://127.0.0.1:2379"])
+            .with_tls(TlsConfig::new())
+            .validate()
+            .expect_err("TLS with http://");
+        assert!(err.to_string().contains("https://"), "{err}");
     }
 
     #[test]

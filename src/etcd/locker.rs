@@ -7,7 +7,7 @@ use std::time::Duration;
 use etcd_client::{Client, GetOptions};
 
 use super::acquire::{CLEANUP_ALLOWANCE, Mode, acquire};
-use super::call::{call_retrying, map_error};
+use super::call::{call, call_retrying, map_error};
 use super::kind::Kind;
 use super::{EtcdConfig, EtcdElection, EtcdGuard, EtcdRwLock, EtcdSemaphore, Session};
 use crate::{Backend, LockBackend, LockError, LockOptions, validate_name};
@@ -60,22 +60,57 @@ impl EtcdLocker {
     #[tracing::instrument(fields(backend = "etcd"))]
     pub async fn connect(config: EtcdConfig) -> Result<Self, LockError> {
         config.validate()?;
+        let tls = config.loaded_tls()?;
+        let options = config.connect_options(tls.as_ref());
         let timeout = config.connect_timeout;
-        let connecting = async {
-            let client = Client::connect(&config.endpoints, Some(config.connect_options()))
+        let started = tokio::time::Instant::now();
+        // Boxed: the connect future is large (a probe, a diagnosis racing it), and a
+        // caller's stack need not carry it.
+        let connecting = Box::pin(async {
+            let client = Client::connect(&config.endpoints, Some(options))
                 .await
                 .map_err(|err| map_error("connect", None, err))?;
             let probe = GetOptions::new().with_prefix().with_count_only();
             let prefix = format!("{}/", config.namespace);
-            // One member down must not fail the connect: retry on another.
-            call_retrying("connect", None, timeout, || {
+            let read = || {
                 let mut client = client.clone();
                 let (prefix, probe) = (prefix.clone(), probe.clone());
                 async move { client.get(prefix, Some(probe)).await }
-            })
-            .await?;
+            };
+            // The client library may see only a closed connection, or nothing at all, when
+            // TLS is what is wrong: if the first probe fails, or has not answered by half
+            // the connect timeout, a TLS handshake of our own tells what the server objects
+            // to, if anything.
+            let tls_failure = |reason| LockError::Tls {
+                backend: Backend::Etcd,
+                operation: "connect",
+                reason,
+            };
+            let first = call("connect", None, timeout, read());
+            tokio::pin!(first);
+            let mut late = Box::pin(async {
+                tokio::time::sleep(timeout / 2).await;
+                explain(&config, tls.as_ref(), timeout / 2).await
+            });
+            let first = tokio::select! {
+                outcome = &mut first => outcome,
+                Some(reason) = &mut late => return Err(tls_failure(reason)),
+            };
+            match first {
+                Ok(_) => return Ok(client),
+                Err(err) if err.is_unavailable() || matches!(err, LockError::Backend { .. }) => {
+                    let left = timeout.saturating_sub(started.elapsed());
+                    if let Some(reason) = Box::pin(explain(&config, tls.as_ref(), left)).await {
+                        return Err(tls_failure(reason));
+                    }
+                    tracing::debug!(%err, "first connect probe failed; trying the others");
+                }
+                Err(err) => return Err(err),
+            }
+            // One member down must not fail the connect: retry on another.
+            call_retrying("connect", None, timeout, read).await?;
             Ok::<_, LockError>(client)
-        };
+        });
         let client = match tokio::time::timeout(timeout, connecting).await {
             Ok(client) => client?,
             Err(_) => {
@@ -246,4 +281,38 @@ impl LockBackend for EtcdLocker {
     ) -> Result<Option<EtcdGuard>, LockError> {
         self.acquire(name, options, Mode::Try, Kind::Mutex).await
     }
+}
+
+/// Why connecting to the cluster failed, when TLS is the reason: a TLS client that the
+/// server turns away after the handshake, or a plaintext client talking to a TLS server.
+/// Looks at each endpoint in turn, within `limit`.
+async fn explain(
+    config: &EtcdConfig,
+    tls: Option<&crate::tls::LoadedTls>,
+    limit: Duration,
+) -> Option<String> {
+    let per_endpoint = limit / u32::try_from(config.endpoints.len().max(1)).unwrap_or(1);
+    for endpoint in &config.endpoints {
+        let address = endpoint
+            .split_once("://")
+            .map_or(endpoint.as_str(), |(_, rest)| rest);
+        match tls {
+            Some(tls) => {
+                let diagnosis =
+                    crate::tls::diagnose(address, tls, b"h2", Backend::Etcd, per_endpoint).await;
+                if diagnosis.is_some() {
+                    return diagnosis;
+                }
+            }
+            None => {
+                if crate::tls::speaks_tls(address, per_endpoint).await {
+                    return Some(format!(
+                        "{endpoint} expects TLS: use an https:// endpoint (and the cluster's \
+                         CA: --cacert)"
+                    ));
+                }
+            }
+        }
+    }
+    None
 }

@@ -12,13 +12,15 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::{Client, Config};
+
+use super::connect::{Connector, connect_timeout, map_error, parse, spawn_connection};
 use tracing::Instrument;
 
 use crate::loss::{LossWatch, loss_channel};
 use crate::{
     Backend, FencingToken, LockBackend, LockError, LockGuard, LockOptions, LossReason,
-    ReleaseOutcome, validate_name,
+    ReleaseOutcome, TlsConfig, validate_name,
 };
 
 const SEQUENCE: &str = "fencelock_advisory_tokens";
@@ -47,6 +49,7 @@ pub struct PgAdvisoryLocker {
 
 struct Inner {
     config: Config,
+    connector: Connector,
     connect_timeout: Duration,
     idle: Mutex<Vec<Conn>>,
 }
@@ -72,20 +75,23 @@ impl PgAdvisoryLocker {
     /// `postgresql://` URL), proving it with one connection that is kept for reuse.
     #[tracing::instrument(skip(connection), fields(backend = "postgres"))]
     pub async fn connect(connection: &str) -> Result<Self, LockError> {
-        let config: Config =
-            connection
-                .parse()
-                .map_err(|err: tokio_postgres::Error| LockError::InvalidConfig {
-                    backend: Backend::Postgres,
-                    reason: err.to_string(),
-                })?;
-        let connect_timeout = config
-            .get_connect_timeout()
-            .copied()
-            .unwrap_or(Duration::from_secs(5));
+        Self::open_with(connection, None).await
+    }
+
+    /// [`connect`](Self::connect) over TLS: encrypted, the server's certificate verified
+    /// against the configured CA (see [`connect`](super::connect) for the modes).
+    #[tracing::instrument(skip(connection, tls), fields(backend = "postgres"))]
+    pub async fn connect_with_tls(connection: &str, tls: &TlsConfig) -> Result<Self, LockError> {
+        Self::open_with(connection, Some(tls)).await
+    }
+
+    async fn open_with(connection: &str, tls: Option<&TlsConfig>) -> Result<Self, LockError> {
+        let mut config = parse(connection)?;
+        let connector = Connector::new(&mut config, tls)?;
         let inner = Arc::new(Inner {
+            connect_timeout: connect_timeout(&config),
             config,
-            connect_timeout,
+            connector,
             idle: Mutex::default(),
         });
         let first = inner.open().await?;
@@ -134,26 +140,12 @@ impl PgAdvisoryLocker {
 
 impl Inner {
     async fn open(&self) -> Result<Conn, LockError> {
-        let connecting = self.config.connect(NoTls);
-        let (client, connection) =
-            match tokio::time::timeout(self.connect_timeout, connecting).await {
-                Ok(result) => result.map_err(|err| map_error("connect", None, err))?,
-                Err(_) => {
-                    return Err(LockError::Timeout {
-                        backend: Backend::Postgres,
-                        operation: "connect",
-                        lock: None,
-                        after: self.connect_timeout,
-                    });
-                }
-            };
+        let (client, connection) = self
+            .connector
+            .connect(&self.config, self.connect_timeout)
+            .await?;
         let (notifier, closed) = loss_channel();
-        tokio::spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::debug!(%err, "advisory-lock connection ended");
-            }
-            notifier.mark(LossReason::Disconnected);
-        });
+        spawn_connection(connection, notifier);
         let pid: i32 = client
             .query_one("SELECT pg_backend_pid()", &[])
             .await
@@ -258,7 +250,7 @@ impl Acquisition {
             given_up => {
                 // Stop the waiting query and close the connection, which also frees the
                 // lock had it been granted in the meantime.
-                let _ = cancel.cancel_query(NoTls).await;
+                self.inner.connector.cancel(&cancel).await;
                 drop(conn);
                 if matches!(given_up, Waited::TimedOut) {
                     let _ = reply.send(Err(LockError::WaitTimeout {
@@ -414,49 +406,5 @@ impl Drop for PgAdvisoryGuard {
                 let _ = Self::unlock(inner, conn, name).await;
             });
         }
-    }
-}
-
-/// Sorts a PostgreSQL client error into the kinds callers branch on.
-fn map_error(operation: &'static str, lock: Option<&str>, err: tokio_postgres::Error) -> LockError {
-    use tokio_postgres::error::SqlState;
-    let lock = lock.map(str::to_owned);
-    let backend = Backend::Postgres;
-    match err.code() {
-        Some(code)
-            if *code == SqlState::INVALID_PASSWORD
-                || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
-                || *code == SqlState::INSUFFICIENT_PRIVILEGE =>
-        {
-            LockError::PermissionDenied {
-                backend,
-                operation,
-                lock,
-                message: err.to_string(),
-            }
-        }
-        Some(code)
-            if *code == SqlState::ADMIN_SHUTDOWN || *code == SqlState::CANNOT_CONNECT_NOW =>
-        {
-            LockError::Unavailable {
-                backend,
-                operation,
-                lock,
-                source: Box::new(err),
-            }
-        }
-        Some(_) => LockError::Backend {
-            backend,
-            operation,
-            lock,
-            source: Box::new(err),
-        },
-        // No SQL state: the connection failed or closed.
-        None => LockError::Unavailable {
-            backend,
-            operation,
-            lock,
-            source: Box::new(err),
-        },
     }
 }

@@ -8,9 +8,12 @@
 //! - [`VersionColumn`]: optimistic compare-and-set on a version column.
 //! - [`PgAdvisoryLocker`]: advisory locks behind the common [`LockBackend`](crate::LockBackend).
 //!
+//! - [`connect`]: a client for these helpers, plaintext or over TLS (rustls).
+//!
 //! Schema is created only by the explicit `ensure_schema` calls, never by a write.
 
 mod advisory;
+mod connect;
 mod error;
 mod fence;
 mod idempotency;
@@ -19,6 +22,7 @@ mod single_statement;
 mod version_cas;
 
 pub use advisory::{PgAdvisoryGuard, PgAdvisoryLocker};
+pub use connect::connect;
 pub use error::FenceError;
 pub use fence::{Fence, FenceMode, FencedTransaction};
 pub use idempotency::{Claim, IdempotencyKeys};

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::{Backend, LockError};
+use crate::{Backend, LockError, TlsConfig};
 
 /// Where Redis is and how to talk to it; one URL per master for Redlock.
 ///
@@ -15,6 +15,23 @@ use crate::{Backend, LockError};
 ///     .with_request_timeout(Duration::from_millis(500));
 /// assert_eq!(config.prefix(), "billing");
 /// ```
+///
+/// TLS with a private CA and a client certificate, as an ACL user (keep the password out
+/// of code and command lines: read it from the environment or a file):
+///
+/// ```
+/// use fencelock::TlsConfig;
+/// use fencelock::redis::RedisConfig;
+///
+/// let password = std::env::var("REDIS_PASSWORD").unwrap_or_default();
+/// let config = RedisConfig::new(format!("rediss://locker:{password}@redis.internal:6380/"))
+///     .with_tls(
+///         TlsConfig::new()
+///             .with_ca_file("/etc/redis/ca.pem")
+///             .with_identity_files("/etc/redis/client.pem", "/etc/redis/client-key.pem"),
+///     );
+/// assert!(!format!("{config:?}").contains(&format!(":{password}@")) || password.is_empty());
+/// ```
 #[derive(Clone)]
 #[must_use]
 pub struct RedisConfig {
@@ -24,6 +41,7 @@ pub struct RedisConfig {
     pub(crate) prefix: String,
     pub(crate) max_wait_sleep: Duration,
     pub(crate) clock_drift_factor: f64,
+    pub(crate) tls: Option<TlsConfig>,
 }
 
 impl std::fmt::Debug for RedisConfig {
@@ -40,12 +58,14 @@ impl std::fmt::Debug for RedisConfig {
             .field("request_timeout", &self.request_timeout)
             .field("prefix", &self.prefix)
             .field("max_wait_sleep", &self.max_wait_sleep)
+            .field("tls", &self.tls)
             .finish()
     }
 }
 
 impl RedisConfig {
-    /// One Redis server, as a `redis://[user:password@]host:port/[db]` URL.
+    /// One Redis server, as a `redis://[user:password@]host:port/[db]` URL
+    /// (`rediss://` for TLS).
     pub fn new(url: impl Into<String>) -> Self {
         Self::masters([url])
     }
@@ -63,7 +83,17 @@ impl RedisConfig {
             prefix: "fencelock".into(),
             max_wait_sleep: Duration::from_secs(2),
             clock_drift_factor: 0.01,
+            tls: None,
         }
+    }
+
+    /// Connects with TLS (every URL must then be `rediss://`): which CA to trust (default:
+    /// the system's trust store) and which client certificate to present. The server's
+    /// certificate must be valid for the URL's host (a different server name cannot be
+    /// set for Redis). A `rediss://` URL without this uses the system's trust store.
+    pub fn with_tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     /// How long connecting may take (default 5 s).
@@ -98,15 +128,52 @@ impl RedisConfig {
         &self.prefix
     }
 
+    /// A client for `url`, with this configuration's TLS material (read and checked now).
+    pub(crate) fn client(&self, url: &str, backend: Backend) -> Result<::redis::Client, LockError> {
+        let invalid = |err: ::redis::RedisError| LockError::InvalidConfig {
+            backend,
+            reason: err.to_string(),
+        };
+        if self.tls.is_none() && !url.starts_with("rediss://") {
+            return ::redis::Client::open(url).map_err(invalid);
+        }
+        let loaded = self.tls.clone().unwrap_or_default().load(backend)?;
+        let certificates = ::redis::TlsCertificates {
+            client_tls: loaded
+                .identity
+                .map(|(client_cert, client_key)| ::redis::ClientTlsConfig {
+                    client_cert,
+                    client_key,
+                }),
+            root_cert: loaded.ca,
+        };
+        ::redis::Client::build_with_tls(url, certificates).map_err(invalid)
+    }
+
     pub(crate) fn validate(&self, backend: Backend) -> Result<(), LockError> {
         let fail = |reason: String| Err(LockError::InvalidConfig { backend, reason });
         if self.urls.is_empty() {
             return fail("no server URL given".into());
         }
         for url in &self.urls {
+            let shown = crate::name::shorten(url.rsplit_once('@').map_or(url, |(_, host)| host));
             if let Err(err) = ::redis::Client::open(url.as_str()) {
-                return fail(format!("{url:?} is not a Redis URL: {err}"));
+                return fail(format!("{shown:?} is not a Redis URL: {err}"));
             }
+            if self.tls.is_some() && !url.starts_with("rediss://") {
+                return fail(format!(
+                    "TLS is configured, but {shown:?} is not a rediss:// URL"
+                ));
+            }
+        }
+        if self
+            .tls
+            .as_ref()
+            .is_some_and(|tls| tls.server_name().is_some())
+        {
+            return fail(
+                "Redis TLS checks the URL's host: a different server name cannot be set".into(),
+            );
         }
         if self.connect_timeout.is_zero() || self.request_timeout.is_zero() {
             return fail("timeouts must be above zero".into());

@@ -59,12 +59,8 @@ impl RedisLocker {
                 ),
             });
         }
-        let client = redis::Client::open(config.urls[0].as_str()).map_err(|err| {
-            LockError::InvalidConfig {
-                backend: Backend::Redis,
-                reason: err.to_string(),
-            }
-        })?;
+        config.validate(Backend::Redis)?;
+        let client = config.client(&config.urls[0], Backend::Redis)?;
         let subscriber = Subscriber::new(client, config.connect_timeout, config.request_timeout);
         let core = Core::connect(config, Backend::Redis).await?;
         Ok(Self {

@@ -49,10 +49,7 @@ impl Node {
         config: &RedisConfig,
         backend: Backend,
     ) -> Result<Self, LockError> {
-        let client = redis::Client::open(url).map_err(|err| LockError::InvalidConfig {
-            backend,
-            reason: err.to_string(),
-        })?;
+        let client = config.client(url, backend)?;
         let address = client.get_connection_info().addr().to_string();
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
@@ -220,6 +217,13 @@ pub(crate) fn map_error(
     err: RedisError,
 ) -> LockError {
     let lock = lock.map(str::to_owned);
+    if let Some(reason) = crate::tls::describe_tls_failure(&err) {
+        return LockError::Tls {
+            backend,
+            operation,
+            reason,
+        };
+    }
     if err.is_timeout() {
         return LockError::Unavailable {
             backend,

@@ -9,7 +9,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
 use super::TestkitError;
+use super::pki::ServerTls;
 use super::process::{ServerProcess, find_binary, free_port};
+use crate::TlsConfig;
 use crate::etcd::EtcdConfig;
 
 /// Environment variable that overrides the path of the `etcd` binary.
@@ -27,6 +29,8 @@ pub struct EtcdClusterBuilder {
     election: Duration,
     fsync: bool,
     binary: Option<PathBuf>,
+    // Boxed: rarely set, and the builder travels inside every cluster handle.
+    tls: Option<Box<(ServerTls, TlsConfig)>>,
 }
 
 impl Default for EtcdClusterBuilder {
@@ -37,6 +41,7 @@ impl Default for EtcdClusterBuilder {
             election: Duration::from_millis(250),
             fsync: false,
             binary: None,
+            tls: None,
         }
     }
 }
@@ -67,6 +72,16 @@ impl EtcdClusterBuilder {
     /// The `etcd` binary to run (default: `$FENCELOCK_ETCD_BIN`, else `etcd` on `PATH`).
     pub fn binary(mut self, path: impl Into<PathBuf>) -> Self {
         self.binary = Some(path.into());
+        self
+    }
+
+    /// Serves clients over TLS only (`https://` endpoints; with `client_cert_auth`, a
+    /// client certificate is required), as a production cluster would; `client` is the
+    /// TLS configuration [`EtcdCluster::config`] hands out. Each member also listens on a
+    /// plaintext loopback port of the harness's own ([`EtcdCluster::admin_endpoint`]), for
+    /// readiness probes, metrics and the tests' administrative client.
+    pub fn tls(mut self, server: ServerTls, client: TlsConfig) -> Self {
+        self.tls = Some(Box::new((server, client)));
         self
     }
 
@@ -116,6 +131,8 @@ pub struct EtcdCluster {
 struct Member {
     name: String,
     client_port: u16,
+    /// The plaintext port for the harness when clients use TLS (else the client port).
+    admin_port: u16,
     peer_port: u16,
     process: Option<ServerProcess>,
 }
@@ -138,10 +155,17 @@ impl EtcdCluster {
             .map_err(|e| TestkitError::io("creating the etcd temp dir", e))?;
         let members = (0..settings.members)
             .map(|i| {
+                let port = || free_port().map_err(|e| TestkitError::io("finding a port", e));
+                let client_port = port()?;
                 Ok(Member {
                     name: format!("m{i}"),
-                    client_port: free_port().map_err(|e| TestkitError::io("finding a port", e))?,
-                    peer_port: free_port().map_err(|e| TestkitError::io("finding a port", e))?,
+                    client_port,
+                    admin_port: if settings.tls.is_some() {
+                        port()?
+                    } else {
+                        client_port
+                    },
+                    peer_port: port()?,
                     process: None,
                 })
             })
@@ -173,13 +197,18 @@ impl EtcdCluster {
             .collect::<Vec<_>>()
             .join(",");
         let member = &self.members[i];
-        let client_url = format!("http://127.0.0.1:{}", member.client_port);
+        let client_url = self.endpoint(i);
+        let listen = if self.settings.tls.is_some() {
+            format!("{client_url},{}", self.admin_endpoint(i))
+        } else {
+            client_url.clone()
+        };
         let peer_url = format!("http://127.0.0.1:{}", member.peer_port);
         let data_dir = self.dir.path().join(&member.name);
         let mut args = vec![
             format!("--name={}", member.name),
             format!("--data-dir={}", data_dir.display()),
-            format!("--listen-client-urls={client_url}"),
+            format!("--listen-client-urls={listen}"),
             format!("--advertise-client-urls={client_url}"),
             format!("--listen-peer-urls={peer_url}"),
             format!("--initial-advertise-peer-urls={peer_url}"),
@@ -196,6 +225,15 @@ impl EtcdCluster {
         ];
         if !self.settings.fsync {
             args.push("--unsafe-no-fsync".into());
+        }
+        if let Some(tls) = self.settings.tls.as_deref().map(|(tls, _)| tls) {
+            args.push(format!("--cert-file={}", tls.cert.display()));
+            args.push(format!("--key-file={}", tls.key.display()));
+            // etcd asks for client certificates whenever it has a CA for them.
+            if tls.client_cert_auth {
+                args.push(format!("--trusted-ca-file={}", tls.ca.display()));
+                args.push("--client-cert-auth".into());
+            }
         }
         let log = self.log_path(i);
         let process = ServerProcess::start(&self.binary, &args, &log)
@@ -217,7 +255,7 @@ impl EtcdCluster {
 
     /// Waits until member `i` answers and knows a leader.
     async fn await_ready(&mut self, i: usize, deadline: Instant) -> Result<(), TestkitError> {
-        let endpoint = self.endpoint(i);
+        let endpoint = self.admin_endpoint(i);
         loop {
             if let Ok(Ok(leader)) =
                 tokio::time::timeout(PROBE_TIMEOUT, status_leader(&endpoint)).await
@@ -259,10 +297,28 @@ impl EtcdCluster {
         self.members.is_empty()
     }
 
-    /// The client URL of member `i`.
+    /// The client URL of member `i` (`https://` when the cluster serves TLS).
     #[must_use]
     pub fn endpoint(&self, i: usize) -> String {
-        format!("http://127.0.0.1:{}", self.members[i].client_port)
+        let scheme = if self.settings.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.members[i].client_port)
+    }
+
+    /// The plaintext URL of member `i` for the harness and the tests' own administration
+    /// (the client URL itself unless the cluster serves TLS).
+    #[must_use]
+    pub fn admin_endpoint(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.members[i].admin_port)
+    }
+
+    fn admin_endpoints(&self) -> Vec<String> {
+        (0..self.members.len())
+            .map(|i| self.admin_endpoint(i))
+            .collect()
     }
 
     /// The client URLs of all members.
@@ -271,14 +327,25 @@ impl EtcdCluster {
         (0..self.members.len()).map(|i| self.endpoint(i)).collect()
     }
 
-    /// A lock configuration for this cluster with short timeouts, in `namespace`.
+    /// A lock configuration for this cluster with short timeouts, in `namespace` (with
+    /// the cluster's client TLS configuration, if it serves TLS).
     pub fn config(&self, namespace: &str) -> EtcdConfig {
-        test_config(self.endpoints(), namespace)
+        let config = test_config(self.endpoints(), namespace);
+        match self.settings.tls.as_deref() {
+            Some((_, client)) => config.with_tls(client.clone()),
+            None => config,
+        }
     }
 
-    /// A plain etcd client connected to all members.
+    /// A plain etcd client connected to all members (over the administrative ports).
     pub async fn client(&self) -> Result<Client, TestkitError> {
-        Ok(Client::connect(self.endpoints(), None).await?)
+        Ok(Client::connect(self.admin_endpoints(), None).await?)
+    }
+
+    /// A plain etcd client authenticated as `user` (after auth is enabled).
+    pub async fn client_as(&self, user: &str, password: &str) -> Result<Client, TestkitError> {
+        let options = etcd_client::ConnectOptions::new().with_user(user, password);
+        Ok(Client::connect(self.admin_endpoints(), Some(options)).await?)
     }
 
     /// The PID of member `i`, if it runs.
@@ -346,7 +413,7 @@ impl EtcdCluster {
                 continue;
             }
             if let Ok(Ok((id, leader))) =
-                tokio::time::timeout(PROBE_TIMEOUT, status_leader(&self.endpoint(i))).await
+                tokio::time::timeout(PROBE_TIMEOUT, status_leader(&self.admin_endpoint(i))).await
             {
                 ids.push((i, id));
                 if leader != 0 {
@@ -378,9 +445,10 @@ impl EtcdCluster {
         compact_now(&mut self.client().await?).await
     }
 
-    /// The Prometheus metrics text of member `i` (`GET /metrics` on its client port).
+    /// The Prometheus metrics text of member `i` (`GET /metrics` on its client port, or
+    /// on its administrative port when it serves TLS).
     pub async fn metrics(&self, i: usize) -> Result<String, TestkitError> {
-        fetch_metrics(&self.endpoint(i)).await
+        fetch_metrics(&self.admin_endpoint(i)).await
     }
 }
 

@@ -25,6 +25,7 @@ mod cluster;
 #[cfg(feature = "containers")]
 mod containers;
 mod etcd;
+mod pki;
 mod postgres;
 mod process;
 mod proxy;
@@ -37,6 +38,7 @@ pub use containers::{ContainerEtcdCluster, DEFAULT_ETCD_IMAGE, ETCD_IMAGE_ENV, I
 pub use etcd::{
     ETCD_BIN_ENV, EtcdCluster, EtcdClusterBuilder, compact_now, fetch_metrics, metric_sum,
 };
+pub use pki::{CertPair, ServerTls, TestPki};
 pub use postgres::{PG_BIN_DIR_ENV, PostgresServer};
 pub use process::{ProcessOptions, ServerProcess, free_port};
 pub use proxy::FaultProxy;

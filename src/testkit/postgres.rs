@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use tokio_postgres::{Client, NoTls};
 
 use super::TestkitError;
+use super::pki::ServerTls;
 use super::process::{ProcessOptions, ServerProcess, free_port, log_tail};
 
 /// Environment variable naming the directory of the PostgreSQL binaries (`initdb`,
@@ -26,6 +27,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(20);
 #[derive(Debug)]
 pub struct PostgresServer {
     port: u16,
+    tls: bool,
     process: Option<ServerProcess>,
     next_database: AtomicU32,
     // Last: removed after the server is gone.
@@ -35,6 +37,18 @@ pub struct PostgresServer {
 impl PostgresServer {
     /// Starts a server from the cached template (made by `initdb` on first use).
     pub async fn start() -> Result<Self, TestkitError> {
+        Self::start_with(None).await
+    }
+
+    /// Starts a server that accepts TCP clients over TLS only (`hostssl`; with
+    /// `client_cert_auth`, a client certificate signed by the CA is required too). The
+    /// `postgres` user needs no password; every other role authenticates with a password
+    /// (SCRAM). The harness itself uses the Unix socket.
+    pub async fn start_tls(tls: ServerTls) -> Result<Self, TestkitError> {
+        Self::start_with(Some(tls)).await
+    }
+
+    async fn start_with(tls: Option<ServerTls>) -> Result<Self, TestkitError> {
         let bin = bin_dir().ok_or(TestkitError::BinaryNotFound {
             binary: "postgres",
             package: "postgresql",
@@ -54,8 +68,12 @@ impl PostgresServer {
             }
             let data = dir.path().join("data");
             run(Command::new("cp").arg("-a").arg(&template).arg(&data), None)?;
+            if let Some(tls) = &tls {
+                install_tls(&data, tls, user)?;
+            }
             let mut server = Self {
                 port: free_port().map_err(|e| TestkitError::io("finding a port", e))?,
+                tls: tls.is_some(),
                 process: None,
                 next_database: AtomicU32::new(0),
                 dir,
@@ -100,6 +118,17 @@ impl PostgresServer {
             "-c".into(),
             "shared_buffers=32MB".into(),
         ];
+        let mut args = args;
+        if self.tls {
+            for setting in [
+                "ssl=on",
+                "ssl_cert_file=server.crt",
+                "ssl_key_file=server.key",
+                "ssl_ca_file=ca.crt",
+            ] {
+                args.extend(["-c".into(), setting.into()]);
+            }
+        }
         let options = ProcessOptions {
             run_as: user,
             stop_signal: libc::SIGINT,
@@ -110,7 +139,7 @@ impl PostgresServer {
         self.process = Some(process);
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            if self.connect("postgres").await.is_ok() {
+            if self.admin_connect("postgres").await.is_ok() {
                 return Ok(());
             }
             let exited = self.process.as_mut().is_none_or(ServerProcess::has_exited);
@@ -140,16 +169,20 @@ impl PostgresServer {
         )
     }
 
-    /// Connects to `database`; the connection runs on a spawned task.
+    /// Connects to `database` over TCP, plaintext; the connection runs on a spawned task.
     pub async fn connect(&self, database: &str) -> Result<Client, TestkitError> {
-        let (client, connection) =
-            tokio_postgres::connect(&self.connection_string(database), NoTls)
-                .await
-                .map_err(pg_err)?;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(client)
+        connect_plain(&self.connection_string(database)).await
+    }
+
+    /// Connects to `database` as `postgres` over the Unix socket (works whatever the TCP
+    /// rules: TLS only, passwords).
+    pub async fn admin_connect(&self, database: &str) -> Result<Client, TestkitError> {
+        let socket = format!(
+            "host={} port={} user=postgres dbname={database} connect_timeout=5",
+            self.dir.path().display(),
+            self.port
+        );
+        connect_plain(&socket).await
     }
 
     /// Creates a fresh database and returns its name.
@@ -158,7 +191,7 @@ impl PostgresServer {
             "test_{}",
             self.next_database.fetch_add(1, Ordering::Relaxed)
         );
-        let admin = self.connect("postgres").await?;
+        let admin = self.admin_connect("postgres").await?;
         admin
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
@@ -176,6 +209,54 @@ impl PostgresServer {
             .kill()
             .map_err(|e| TestkitError::io("killing postgres", e))
     }
+}
+
+async fn connect_plain(connection: &str) -> Result<Client, TestkitError> {
+    let (client, connection) = tokio_postgres::connect(connection, NoTls)
+        .await
+        .map_err(pg_err)?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// Puts the server's certificate, key and CA into the data directory (owned by the server
+/// user, the key readable by it alone, as PostgreSQL demands) and allows TCP clients over
+/// TLS only.
+fn install_tls(data: &Path, tls: &ServerTls, user: Option<(u32, u32)>) -> Result<(), TestkitError> {
+    use std::os::unix::fs::PermissionsExt;
+    for (from, to, mode) in [
+        (&tls.cert, "server.crt", 0o644),
+        (&tls.key, "server.key", 0o600),
+        (&tls.ca, "ca.crt", 0o644),
+    ] {
+        let target = data.join(to);
+        std::fs::copy(from, &target)
+            .map_err(|e| TestkitError::io(format!("copying {}", from.display()), e))?;
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| TestkitError::io(format!("chmod {to}"), e))?;
+        if let Some((uid, gid)) = user {
+            chown(&target, uid, gid)?;
+        }
+    }
+    let client_cert = if tls.client_cert_auth {
+        " clientcert=verify-full"
+    } else {
+        ""
+    };
+    let hba = format!(
+        "local all all trust\n\
+         hostssl all postgres 127.0.0.1/32 trust{client_cert}\n\
+         hostssl all all 127.0.0.1/32 scram-sha-256{client_cert}\n\
+         hostnossl all all 127.0.0.1/32 reject\n"
+    );
+    let path = data.join("pg_hba.conf");
+    std::fs::write(&path, hba).map_err(|e| TestkitError::io("writing pg_hba.conf", e))?;
+    if let Some((uid, gid)) = user {
+        chown(&path, uid, gid)?;
+    }
+    Ok(())
 }
 
 fn pg_err(err: tokio_postgres::Error) -> TestkitError {

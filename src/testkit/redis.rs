@@ -8,7 +8,9 @@ use tempfile::TempDir;
 use tokio::time::Instant;
 
 use super::TestkitError;
+use super::pki::ServerTls;
 use super::process::{ServerProcess, find_binary, free_port, log_tail};
+use crate::TlsConfig;
 use crate::redis::RedisConfig;
 
 /// Environment variable that overrides the path of the `redis-server` binary.
@@ -20,6 +22,10 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub struct RedisServer {
     port: u16,
+    /// With TLS: the TLS port clients use, the server TLS files, and the client TLS
+    /// configuration [`config`](Self::config) hands out; `port` is then the harness's own
+    /// plaintext port.
+    tls: Option<(u16, ServerTls, TlsConfig)>,
     binary: PathBuf,
     replica_of: Option<u16>,
     extra_args: Vec<String>,
@@ -31,12 +37,27 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts a standalone master.
     pub async fn start() -> Result<Self, TestkitError> {
-        Self::launch(None, Vec::new(), Vec::new()).await
+        Self::launch(None, Vec::new(), Vec::new(), None).await
+    }
+
+    /// Starts a standalone master whose clients use TLS (`rediss://`; with
+    /// `client_cert_auth`, a client certificate is required); `client` is the TLS
+    /// configuration [`config`](Self::config) hands out. The harness keeps a plaintext
+    /// loopback port of its own for probes and administration.
+    pub async fn start_tls(server: ServerTls, client: TlsConfig) -> Result<Self, TestkitError> {
+        Self::launch(None, Vec::new(), Vec::new(), Some((server, client))).await
+    }
+
+    /// Starts a standalone master with extra `redis-server` arguments (`--requirepass`,
+    /// an ACL file, ...).
+    pub async fn start_with_args<S: AsRef<str>>(args: &[S]) -> Result<Self, TestkitError> {
+        let args = args.iter().map(|s| s.as_ref().to_owned()).collect();
+        Self::launch(None, args, Vec::new(), None).await
     }
 
     /// Starts a replica of `master` and waits until replication is up.
     pub async fn start_replica_of(master: &RedisServer) -> Result<Self, TestkitError> {
-        let replica = Self::launch(Some(master.port), Vec::new(), Vec::new()).await?;
+        let replica = Self::launch(Some(master.port), Vec::new(), Vec::new(), None).await?;
         replica.await_replication().await?;
         Ok(replica)
     }
@@ -45,7 +66,7 @@ impl RedisServer {
     /// [`wrapper`](super::JumpingClock::wrapper) runs it on a clock that can jump.
     pub async fn start_wrapped<S: AsRef<str>>(wrapper: &[S]) -> Result<Self, TestkitError> {
         let wrapper = wrapper.iter().map(|s| s.as_ref().to_owned()).collect();
-        Self::launch(None, Vec::new(), wrapper).await
+        Self::launch(None, Vec::new(), wrapper, None).await
     }
 
     /// Starts the server again on its port after [`kill`](Self::kill), empty (nothing
@@ -62,6 +83,7 @@ impl RedisServer {
         replica_of: Option<u16>,
         extra_args: Vec<String>,
         wrapper: Vec<String>,
+        tls: Option<(ServerTls, TlsConfig)>,
     ) -> Result<Self, TestkitError> {
         let binary =
             find_binary("redis-server", REDIS_BIN_ENV).ok_or(TestkitError::BinaryNotFound {
@@ -72,8 +94,14 @@ impl RedisServer {
         let mut attempt = 0;
         loop {
             attempt += 1;
+            let port = || free_port().map_err(|e| TestkitError::io("finding a port", e));
+            let tls = match &tls {
+                Some((server, client)) => Some((port()?, server.clone(), client.clone())),
+                None => None,
+            };
             let mut server = Self {
-                port: free_port().map_err(|e| TestkitError::io("finding a port", e))?,
+                port: port()?,
+                tls,
                 binary: binary.clone(),
                 replica_of,
                 extra_args: extra_args.clone(),
@@ -132,6 +160,21 @@ impl RedisServer {
         if let Some(master) = self.replica_of {
             args.extend(["--replicaof".into(), "127.0.0.1".into(), master.to_string()]);
         }
+        if let Some((tls_port, tls, _)) = &self.tls {
+            let auth = if tls.client_cert_auth { "yes" } else { "no" };
+            args.extend([
+                "--tls-port".into(),
+                tls_port.to_string(),
+                "--tls-cert-file".into(),
+                tls.cert.display().to_string(),
+                "--tls-key-file".into(),
+                tls.key.display().to_string(),
+                "--tls-ca-cert-file".into(),
+                tls.ca.display().to_string(),
+                "--tls-auth-clients".into(),
+                auth.into(),
+            ]);
+        }
         args.extend(self.extra_args.iter().cloned());
         let process = ServerProcess::start(&program, &args, &self.log_path())
             .map_err(|e| TestkitError::io(format!("starting {}", program.display()), e))?;
@@ -182,32 +225,49 @@ impl RedisServer {
         }
     }
 
-    /// The server's URL.
+    /// The server's URL for clients (`rediss://` when it serves TLS).
     #[must_use]
     pub fn url(&self) -> String {
+        match &self.tls {
+            Some((tls_port, _, _)) => format!("rediss://127.0.0.1:{tls_port}/"),
+            None => self.admin_url(),
+        }
+    }
+
+    /// The plaintext URL of the harness's own port (the client URL unless it serves TLS).
+    #[must_use]
+    pub fn admin_url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
-    /// The server's port.
+    /// The server's port for clients (the TLS port when it serves TLS).
     #[must_use]
     pub fn port(&self) -> u16 {
-        self.port
+        match &self.tls {
+            Some((tls_port, _, _)) => *tls_port,
+            None => self.port,
+        }
     }
 
-    /// A lock configuration for this server with short timeouts.
+    /// A lock configuration for this server with short timeouts (and the client TLS
+    /// configuration, when it serves TLS).
     pub fn config(&self, prefix: &str) -> RedisConfig {
-        RedisConfig::new(self.url())
+        let config = RedisConfig::new(self.url())
             .with_prefix(prefix)
             .with_connect_timeout(Duration::from_secs(2))
-            .with_request_timeout(Duration::from_secs(1))
+            .with_request_timeout(Duration::from_secs(1));
+        match &self.tls {
+            Some((_, _, client)) => config.with_tls(client.clone()),
+            None => config,
+        }
     }
 
-    /// A fresh connection (not shared with any lock client).
+    /// A fresh connection (not shared with any lock client), on the harness's port.
     pub async fn connection(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(1)))
             .set_response_timeout(Some(Duration::from_secs(2)));
-        redis::Client::open(self.url())?
+        redis::Client::open(self.admin_url())?
             .get_multiplexed_async_connection_with_config(&config)
             .await
     }

@@ -1,0 +1,245 @@
+//! Connecting to PostgreSQL: plaintext, or TLS through rustls (no OpenSSL).
+//!
+//! With a [`TlsConfig`], the connection is encrypted and the server's certificate is
+//! verified against the CA for the host (or the configured server name): libpq's
+//! `sslmode=verify-full`, whatever the connection string says, except `sslmode=disable`,
+//! which is refused as a contradiction. Without one, `sslmode=require` in the string uses
+//! TLS verified against the system's trust store; anything else is plaintext.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use tokio_postgres::config::SslMode;
+use tokio_postgres::tls::MakeTlsConnect;
+use tokio_postgres::{CancelToken, Client, Config, NoTls};
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use crate::{Backend, LockError, LossReason, TlsConfig};
+
+/// How connections are made: plaintext or TLS.
+#[derive(Clone)]
+pub(crate) enum Connector {
+    Plain,
+    Tls(Named),
+}
+
+/// The rustls connector, checking the certificate against a fixed name when one is set.
+#[derive(Clone)]
+pub(crate) struct Named {
+    inner: MakeRustlsConnect,
+    name: Option<String>,
+}
+
+impl<S> MakeTlsConnect<S> for Named
+where
+    MakeRustlsConnect: MakeTlsConnect<S>,
+{
+    type Stream = <MakeRustlsConnect as MakeTlsConnect<S>>::Stream;
+    type TlsConnect = <MakeRustlsConnect as MakeTlsConnect<S>>::TlsConnect;
+    type Error = <MakeRustlsConnect as MakeTlsConnect<S>>::Error;
+
+    fn make_tls_connect(&mut self, domain: &str) -> Result<Self::TlsConnect, Self::Error> {
+        let name = self.name.clone();
+        self.inner
+            .make_tls_connect(name.as_deref().unwrap_or(domain))
+    }
+}
+
+/// A connection's task, to be spawned, and the client that talks over it.
+pub(crate) type Connection =
+    Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send>>;
+
+impl Connector {
+    /// The connector for `config` and `tls`; sets `config`'s TLS mode to match.
+    pub(crate) fn new(config: &mut Config, tls: Option<&TlsConfig>) -> Result<Self, LockError> {
+        let tls = match (tls, config.get_ssl_mode()) {
+            (Some(_), SslMode::Disable) => {
+                return Err(LockError::InvalidConfig {
+                    backend: Backend::Postgres,
+                    reason: "TLS is configured, but the connection string says sslmode=disable"
+                        .into(),
+                });
+            }
+            (Some(tls), _) => tls.clone(),
+            (None, SslMode::Require) => TlsConfig::new(),
+            (None, _) => return Ok(Self::Plain),
+        };
+        // Never fall back to plaintext once TLS was asked for.
+        config.ssl_mode(SslMode::Require);
+        let loaded = tls.load(Backend::Postgres)?;
+        let rustls = loaded.rustls_config(Backend::Postgres)?;
+        Ok(Self::Tls(Named {
+            inner: MakeRustlsConnect::new(rustls),
+            name: loaded.server_name,
+        }))
+    }
+
+    /// Connects, within `timeout`.
+    pub(crate) async fn connect(
+        &self,
+        config: &Config,
+        timeout: Duration,
+    ) -> Result<(Client, Connection), LockError> {
+        let connecting = async {
+            match self {
+                Self::Plain => config
+                    .connect(NoTls)
+                    .await
+                    .map(|(client, conn)| (client, Box::pin(conn) as Connection)),
+                Self::Tls(tls) => config
+                    .connect(tls.clone())
+                    .await
+                    .map(|(client, conn)| (client, Box::pin(conn) as Connection)),
+            }
+        };
+        match tokio::time::timeout(timeout, connecting).await {
+            Ok(result) => result.map_err(|err| map_error("connect", None, err)),
+            Err(_) => Err(LockError::Timeout {
+                backend: Backend::Postgres,
+                operation: "connect",
+                lock: None,
+                after: timeout,
+            }),
+        }
+    }
+
+    /// Asks the server to cancel the query running on the connection of `token`.
+    pub(crate) async fn cancel(&self, token: &CancelToken) {
+        let _ = match self {
+            Self::Plain => token.cancel_query(NoTls).await,
+            Self::Tls(tls) => token.cancel_query(tls.clone()).await,
+        };
+    }
+}
+
+/// Connects to PostgreSQL for the fenced-write helpers ([`Fence`](super::Fence),
+/// [`TokenColumn`](super::TokenColumn), ...): `connection` is a libpq-style string
+/// (`host=... user=... dbname=...`) or a `postgresql://` URL; with `tls`, the connection
+/// is encrypted and the server verified (see the module docs). The connection's task runs
+/// in the background until the client is dropped. Errors are typed like the lock's:
+/// [`LockError::is_tls`], [`LockError::is_permission_denied`], ...
+///
+/// ```no_run
+/// use fencelock::TlsConfig;
+///
+/// # async fn run() -> Result<(), fencelock::LockError> {
+/// let tls = TlsConfig::new().with_ca_file("/etc/postgresql/root.crt");
+/// let db = fencelock::postgres::connect("host=db.internal user=app dbname=app", Some(&tls)).await?;
+/// db.execute("SELECT 1", &[]).await.ok();
+/// # Ok(()) }
+/// ```
+pub async fn connect(connection: &str, tls: Option<&TlsConfig>) -> Result<Client, LockError> {
+    let mut config = parse(connection)?;
+    let timeout = connect_timeout(&config);
+    let connector = Connector::new(&mut config, tls)?;
+    let (client, conn) = connector.connect(&config, timeout).await?;
+    tokio::spawn(async move {
+        if let Err(err) = conn.await {
+            tracing::debug!(%err, "PostgreSQL connection ended");
+        }
+    });
+    Ok(client)
+}
+
+/// Parses a connection string, its password kept out of the error.
+pub(crate) fn parse(connection: &str) -> Result<Config, LockError> {
+    connection
+        .parse()
+        .map_err(|err: tokio_postgres::Error| LockError::InvalidConfig {
+            backend: Backend::Postgres,
+            reason: err.to_string(),
+        })
+}
+
+/// The string's `connect_timeout`, 5 s by default.
+pub(crate) fn connect_timeout(config: &Config) -> Duration {
+    config
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(Duration::from_secs(5))
+}
+
+/// Sorts a PostgreSQL error into the kinds callers branch on.
+pub(crate) fn map_error(
+    operation: &'static str,
+    lock: Option<&str>,
+    err: tokio_postgres::Error,
+) -> LockError {
+    use tokio_postgres::error::SqlState;
+    let lock = lock.map(str::to_owned);
+    let backend = Backend::Postgres;
+    if let Some(reason) = crate::tls::describe_tls_failure(&err) {
+        return LockError::Tls {
+            backend,
+            operation,
+            reason,
+        };
+    }
+    let text = err.to_string();
+    if text.contains("server does not support TLS") {
+        return LockError::Tls {
+            backend,
+            operation,
+            reason: "the server does not accept TLS connections (ssl = off?)".into(),
+        };
+    }
+    match err.code() {
+        // pg_hba.conf allows this client only with encryption.
+        Some(code)
+            if *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+                && text.contains("no encryption") =>
+        {
+            LockError::Tls {
+                backend,
+                operation,
+                reason: format!("the server accepts this client only over TLS: {text}"),
+            }
+        }
+        Some(code)
+            if *code == SqlState::INVALID_PASSWORD
+                || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+                || *code == SqlState::INSUFFICIENT_PRIVILEGE =>
+        {
+            LockError::PermissionDenied {
+                backend,
+                operation,
+                lock,
+                message: text,
+            }
+        }
+        Some(code)
+            if *code == SqlState::ADMIN_SHUTDOWN || *code == SqlState::CANNOT_CONNECT_NOW =>
+        {
+            LockError::Unavailable {
+                backend,
+                operation,
+                lock,
+                source: Box::new(err),
+            }
+        }
+        Some(_) => LockError::Backend {
+            backend,
+            operation,
+            lock,
+            source: Box::new(err),
+        },
+        // No SQL state: the connection failed or closed.
+        None => LockError::Unavailable {
+            backend,
+            operation,
+            lock,
+            source: Box::new(err),
+        },
+    }
+}
+
+/// Keeps `conn` running; marks `notifier` when it ends (the connection closed).
+pub(crate) fn spawn_connection(conn: Connection, notifier: crate::loss::LossNotifier) {
+    tokio::spawn(async move {
+        if let Err(err) = conn.await {
+            tracing::debug!(%err, "PostgreSQL connection ended");
+        }
+        notifier.mark(LossReason::Disconnected);
+    });
+}
