@@ -202,9 +202,20 @@ pub(crate) fn describe_tls_failure(err: &(dyn std::error::Error + 'static)) -> O
         if let Some(rustls) = error.downcast_ref::<rustls::Error>() {
             return Some(describe_rustls(rustls));
         }
-        if let Some(io) = error.downcast_ref::<std::io::Error>() {
-            if let Some(rustls) = io.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
+        // Some libraries (redis-rs) hand out their cause behind an `Arc`, whose `source()`
+        // skips it: look inside.
+        let shared = error
+            .downcast_ref::<std::sync::Arc<dyn std::error::Error + Send + Sync>>()
+            .map(|arc| &**arc as &(dyn std::error::Error + 'static));
+        for candidate in [Some(error), shared].into_iter().flatten() {
+            if let Some(rustls) = candidate.downcast_ref::<rustls::Error>() {
                 return Some(describe_rustls(rustls));
+            }
+            // `io::Error::source()` skips a custom error too: take it out.
+            if let Some(io) = candidate.downcast_ref::<std::io::Error>() {
+                if let Some(rustls) = io.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
+                    return Some(describe_rustls(rustls));
+                }
             }
         }
         current = error.source();
@@ -333,7 +344,9 @@ pub(crate) async fn diagnose(
 ) -> Option<String> {
     use tokio::io::AsyncReadExt;
     let mut config = tls.rustls_config(backend).ok()?;
-    config.alpn_protocols = vec![alpn.to_vec()];
+    if !alpn.is_empty() {
+        config.alpn_protocols = vec![alpn.to_vec()];
+    }
     let host = tls.server_name.clone().or_else(|| {
         address
             .rsplit_once(':')
@@ -414,4 +427,90 @@ pub(crate) async fn speaks_tls(address: &str, limit: std::time::Duration) -> boo
         .ok()
         .flatten()
         .unwrap_or(false)
+}
+
+/// One server as a client configuration names it, for [`explain`].
+pub(crate) struct Endpoint {
+    /// `host:port`.
+    pub(crate) address: String,
+    /// Whether the client means to speak TLS to it.
+    pub(crate) tls: bool,
+    /// What to call it in a message (its URL without credentials).
+    pub(crate) shown: String,
+}
+
+/// Why first contact with these endpoints failed, when TLS is the reason: a TLS client
+/// the server rejects (or that reaches a plaintext server), or a plaintext client talking
+/// to a TLS server. Looks at each endpoint in turn, within `limit` in all.
+pub(crate) async fn explain(
+    endpoints: &[Endpoint],
+    tls: Option<&LoadedTls>,
+    alpn: &[u8],
+    backend: Backend,
+    limit: std::time::Duration,
+) -> Option<String> {
+    let per_endpoint = limit / u32::try_from(endpoints.len().max(1)).unwrap_or(1);
+    for endpoint in endpoints {
+        match (endpoint.tls, tls) {
+            (true, Some(tls)) => {
+                let diagnosis = diagnose(&endpoint.address, tls, alpn, backend, per_endpoint).await;
+                if diagnosis.is_some() {
+                    return diagnosis;
+                }
+            }
+            (true, None) => {}
+            (false, _) => {
+                if speaks_tls(&endpoint.address, per_endpoint).await {
+                    return Some(format!(
+                        "{} expects TLS: use a TLS URL (https://, rediss://) and the server's \
+                         CA (--cacert)",
+                        endpoint.shown
+                    ));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Runs `attempt`, a client's first contact with a server. If it fails with an error that
+/// does not say why (unavailable, timed out, or another backend error), or has not
+/// finished by half of `timeout`, `explain` (a TLS handshake of our own) may tell what the
+/// server objects to: that is then the error, as [`LockError::Tls`]. Client libraries
+/// often see only a closed connection, or nothing at all, when TLS is what is wrong.
+pub(crate) async fn first_contact<T, E>(
+    backend: Backend,
+    timeout: std::time::Duration,
+    attempt: impl std::future::Future<Output = Result<T, LockError>>,
+    explain: impl Fn(std::time::Duration) -> E,
+) -> Result<T, LockError>
+where
+    E: std::future::Future<Output = Option<String>>,
+{
+    let started = tokio::time::Instant::now();
+    let failure = |reason| LockError::Tls {
+        backend,
+        operation: "connect",
+        reason,
+    };
+    // Boxed: these futures are large, and a caller's stack need not carry them.
+    let mut attempt = Box::pin(attempt);
+    let mut late = Box::pin(async {
+        tokio::time::sleep(timeout / 2).await;
+        explain(timeout / 2).await
+    });
+    let outcome = tokio::select! {
+        outcome = &mut attempt => outcome,
+        Some(reason) = &mut late => return Err(failure(reason)),
+    };
+    match outcome {
+        Err(err) if err.is_unavailable() || matches!(err, LockError::Backend { .. }) => {
+            let left = timeout.saturating_sub(started.elapsed());
+            match Box::pin(explain(left)).await {
+                Some(reason) => Err(failure(reason)),
+                None => Err(err),
+            }
+        }
+        outcome => outcome,
+    }
 }

@@ -63,7 +63,6 @@ impl EtcdLocker {
         let tls = config.loaded_tls()?;
         let options = config.connect_options(tls.as_ref());
         let timeout = config.connect_timeout;
-        let started = tokio::time::Instant::now();
         // Boxed: the connect future is large (a probe, a diagnosis racing it), and a
         // caller's stack need not carry it.
         let connecting = Box::pin(async {
@@ -77,32 +76,23 @@ impl EtcdLocker {
                 let (prefix, probe) = (prefix.clone(), probe.clone());
                 async move { client.get(prefix, Some(probe)).await }
             };
-            // The client library may see only a closed connection, or nothing at all, when
-            // TLS is what is wrong: if the first probe fails, or has not answered by half
-            // the connect timeout, a TLS handshake of our own tells what the server objects
-            // to, if anything.
-            let tls_failure = |reason| LockError::Tls {
-                backend: Backend::Etcd,
-                operation: "connect",
-                reason,
-            };
-            let first = call("connect", None, timeout, read());
-            tokio::pin!(first);
-            let mut late = Box::pin(async {
-                tokio::time::sleep(timeout / 2).await;
-                explain(&config, tls.as_ref(), timeout / 2).await
-            });
-            let first = tokio::select! {
-                outcome = &mut first => outcome,
-                Some(reason) = &mut late => return Err(tls_failure(reason)),
-            };
+            let endpoints = tls_endpoints(&config);
+            let first =
+                crate::tls::first_contact(
+                    Backend::Etcd,
+                    timeout,
+                    call("connect", None, timeout, read()),
+                    |limit| {
+                        let (endpoints, tls) = (&endpoints, tls.as_ref());
+                        async move {
+                            crate::tls::explain(endpoints, tls, b"h2", Backend::Etcd, limit).await
+                        }
+                    },
+                )
+                .await;
             match first {
                 Ok(_) => return Ok(client),
-                Err(err) if err.is_unavailable() || matches!(err, LockError::Backend { .. }) => {
-                    let left = timeout.saturating_sub(started.elapsed());
-                    if let Some(reason) = Box::pin(explain(&config, tls.as_ref(), left)).await {
-                        return Err(tls_failure(reason));
-                    }
+                Err(err) if err.is_unavailable() => {
                     tracing::debug!(%err, "first connect probe failed; trying the others");
                 }
                 Err(err) => return Err(err),
@@ -283,36 +273,19 @@ impl LockBackend for EtcdLocker {
     }
 }
 
-/// Why connecting to the cluster failed, when TLS is the reason: a TLS client that the
-/// server turns away after the handshake, or a plaintext client talking to a TLS server.
-/// Looks at each endpoint in turn, within `limit`.
-async fn explain(
-    config: &EtcdConfig,
-    tls: Option<&crate::tls::LoadedTls>,
-    limit: Duration,
-) -> Option<String> {
-    let per_endpoint = limit / u32::try_from(config.endpoints.len().max(1)).unwrap_or(1);
-    for endpoint in &config.endpoints {
-        let address = endpoint
-            .split_once("://")
-            .map_or(endpoint.as_str(), |(_, rest)| rest);
-        match tls {
-            Some(tls) => {
-                let diagnosis =
-                    crate::tls::diagnose(address, tls, b"h2", Backend::Etcd, per_endpoint).await;
-                if diagnosis.is_some() {
-                    return diagnosis;
-                }
-            }
-            None => {
-                if crate::tls::speaks_tls(address, per_endpoint).await {
-                    return Some(format!(
-                        "{endpoint} expects TLS: use an https:// endpoint (and the cluster's \
-                         CA: --cacert)"
-                    ));
-                }
-            }
-        }
-    }
-    None
+/// The endpoints of `config`, as [`crate::tls::explain`] takes them.
+fn tls_endpoints(config: &EtcdConfig) -> Vec<crate::tls::Endpoint> {
+    let tls = config.uses_tls();
+    config
+        .endpoints
+        .iter()
+        .map(|endpoint| crate::tls::Endpoint {
+            address: endpoint
+                .split_once("://")
+                .map_or(endpoint.as_str(), |(_, rest)| rest)
+                .to_owned(),
+            tls,
+            shown: endpoint.clone(),
+        })
+        .collect()
 }

@@ -176,8 +176,15 @@ pub(crate) fn map_error(
             reason,
         };
     }
-    let text = err.to_string();
-    if text.contains("server does not support TLS") {
+    // The server's own words, where it sent some ("db error" alone says nothing).
+    let text = match err.as_db_error() {
+        Some(db) => format!("{}: {}", db.severity(), db.message()),
+        None => err.to_string(),
+    };
+    let cause = std::error::Error::source(&err).map(ToString::to_string);
+    if text.contains("server does not support TLS")
+        || cause.is_some_and(|c| c.contains("server does not support TLS"))
+    {
         return LockError::Tls {
             backend,
             operation,
@@ -194,6 +201,20 @@ pub(crate) fn map_error(
                 backend,
                 operation,
                 reason: format!("the server accepts this client only over TLS: {text}"),
+            }
+        }
+        // pg_hba.conf's clientcert: a certificate was missing, or is not for this user.
+        Some(code)
+            if *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+                && text.contains("certificate") =>
+        {
+            LockError::Tls {
+                backend,
+                operation,
+                reason: format!(
+                    "the server requires a client certificate it trusts, for this user \
+                     (--cert and --key): {text}"
+                ),
             }
         }
         Some(code)

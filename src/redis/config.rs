@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::tls::LoadedTls;
 use crate::{Backend, LockError, TlsConfig};
 
 /// Where Redis is and how to talk to it; one URL per master for Redlock.
@@ -128,24 +129,40 @@ impl RedisConfig {
         &self.prefix
     }
 
-    /// A client for `url`, with this configuration's TLS material (read and checked now).
-    pub(crate) fn client(&self, url: &str, backend: Backend) -> Result<::redis::Client, LockError> {
+    /// The TLS material for `url`, read and checked, if it is reached over TLS.
+    pub(crate) fn loaded_tls(
+        &self,
+        url: &str,
+        backend: Backend,
+    ) -> Result<Option<LoadedTls>, LockError> {
+        if self.tls.is_none() && !url.starts_with("rediss://") {
+            return Ok(None);
+        }
+        self.tls.clone().unwrap_or_default().load(backend).map(Some)
+    }
+
+    /// A client for `url`, with the TLS material of [`loaded_tls`](Self::loaded_tls).
+    pub(crate) fn client(
+        &self,
+        url: &str,
+        tls: Option<&LoadedTls>,
+        backend: Backend,
+    ) -> Result<::redis::Client, LockError> {
         let invalid = |err: ::redis::RedisError| LockError::InvalidConfig {
             backend,
             reason: err.to_string(),
         };
-        if self.tls.is_none() && !url.starts_with("rediss://") {
+        let Some(loaded) = tls else {
             return ::redis::Client::open(url).map_err(invalid);
-        }
-        let loaded = self.tls.clone().unwrap_or_default().load(backend)?;
+        };
         let certificates = ::redis::TlsCertificates {
-            client_tls: loaded
-                .identity
-                .map(|(client_cert, client_key)| ::redis::ClientTlsConfig {
+            client_tls: loaded.identity.clone().map(|(client_cert, client_key)| {
+                ::redis::ClientTlsConfig {
                     client_cert,
                     client_key,
-                }),
-            root_cert: loaded.ca,
+                }
+            }),
+            root_cert: loaded.ca.clone(),
         };
         ::redis::Client::build_with_tls(url, certificates).map_err(invalid)
     }

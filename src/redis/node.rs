@@ -49,7 +49,8 @@ impl Node {
         config: &RedisConfig,
         backend: Backend,
     ) -> Result<Self, LockError> {
-        let client = config.client(url, backend)?;
+        let tls = config.loaded_tls(url, backend)?;
+        let client = config.client(url, tls.as_ref(), backend)?;
         let address = client.get_connection_info().addr().to_string();
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(config.connect_timeout))
@@ -62,18 +63,29 @@ impl Node {
             }
             Ok::<_, RedisError>(conn)
         };
-        let conn = match tokio::time::timeout(config.connect_timeout, connecting).await {
-            Ok(Ok(conn)) => conn,
-            Ok(Err(err)) => return Err(map_error(backend, "connect", None, err)),
-            Err(_) => {
-                return Err(LockError::Timeout {
+        let timeout = config.connect_timeout;
+        let attempt = async {
+            match tokio::time::timeout(timeout, connecting).await {
+                Ok(Ok(conn)) => Ok(conn),
+                Ok(Err(err)) => Err(map_error(backend, "connect", None, err)),
+                Err(_) => Err(LockError::Timeout {
                     backend,
                     operation: "connect",
                     lock: None,
-                    after: config.connect_timeout,
-                });
+                    after: timeout,
+                }),
             }
         };
+        let endpoint = [crate::tls::Endpoint {
+            address: address.clone(),
+            tls: tls.is_some(),
+            shown: address.clone(),
+        }];
+        let conn = crate::tls::first_contact(backend, timeout, attempt, |limit| {
+            let (endpoint, tls) = (&endpoint, tls.as_ref());
+            async move { crate::tls::explain(endpoint, tls, b"", backend, limit).await }
+        })
+        .await?;
         Ok(Self {
             address,
             conn,

@@ -5,3 +5,5 @@
 mod support;
 
 mod etcd;
+mod postgres;
+mod redis;
