@@ -48,8 +48,16 @@ pub enum FenceError {
 
     /// The database failed (connection lost, SQL error, ...). The transaction was not
     /// committed.
-    #[error("database error: {0}")]
+    #[error("database error: {}", describe(.0))]
     Database(#[from] tokio_postgres::Error),
+}
+
+/// The server's own words where it sent some ("db error" alone says nothing).
+fn describe(err: &tokio_postgres::Error) -> String {
+    match err.as_db_error() {
+        Some(db) => format!("{}: {} ({})", db.severity(), db.message(), db.code().code()),
+        None => err.to_string(),
+    }
 }
 
 impl FenceError {

@@ -48,13 +48,6 @@ impl RedisServer {
         Self::launch(None, Vec::new(), Vec::new(), Some((server, client))).await
     }
 
-    /// Starts a standalone master with extra `redis-server` arguments (`--requirepass`,
-    /// an ACL file, ...).
-    pub async fn start_with_args<S: AsRef<str>>(args: &[S]) -> Result<Self, TestkitError> {
-        let args = args.iter().map(|s| s.as_ref().to_owned()).collect();
-        Self::launch(None, args, Vec::new(), None).await
-    }
-
     /// Starts a replica of `master` and waits until replication is up.
     pub async fn start_replica_of(master: &RedisServer) -> Result<Self, TestkitError> {
         let replica = Self::launch(Some(master.port), Vec::new(), Vec::new(), None).await?;

@@ -5,5 +5,7 @@
 mod support;
 
 mod etcd;
+mod least_privilege;
 mod postgres;
 mod redis;
+mod secrets;
