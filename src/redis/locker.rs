@@ -143,6 +143,16 @@ impl RedlockLocker {
     pub fn quorum(&self) -> usize {
         self.core.quorum
     }
+
+    /// A connection to each master, for commands beside the locks.
+    #[must_use]
+    pub fn connections(&self) -> Vec<ConnectionManager> {
+        self.core
+            .nodes
+            .iter()
+            .map(|node| node.connection())
+            .collect()
+    }
 }
 
 impl LockBackend for RedlockLocker {

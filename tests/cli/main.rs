@@ -8,4 +8,5 @@ mod run_dies_with_fencelock;
 mod run_leftovers;
 mod run_member_down;
 mod run_start_failure;
+mod run_tls;
 mod support;

@@ -17,4 +17,7 @@ pub struct Endpoints {
     /// An existing PostgreSQL instead of a local one (libpq connection string).
     #[arg(long)]
     pub postgres: Option<String>,
+    /// TLS and credentials for the endpoints given.
+    #[command(flatten)]
+    pub tls: crate::security::BackendTls,
 }

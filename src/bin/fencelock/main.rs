@@ -6,6 +6,7 @@ mod bench;
 mod chaos;
 mod endpoints;
 mod run;
+mod security;
 
 use std::process::ExitCode;
 

@@ -119,10 +119,14 @@ pub async fn run(args: BenchArgs) -> BoxResult<()> {
         run,
     };
 
-    let etcd = match targets.etcd_config("bench") {
+    let etcd = match targets.etcd_config("bench")? {
         Some(config) if wants("etcd") || wants("postgres") => {
             Some(EtcdLocker::connect(config).await?)
         }
+        _ => None,
+    };
+    let etcd_tls = match &targets.etcd_tls {
+        Some(config) if wants("etcd") => Some(EtcdLocker::connect(config.clone()).await?),
         _ => None,
     };
     let redis = match targets.redis_config("bench") {
@@ -135,9 +139,13 @@ pub async fn run(args: BenchArgs) -> BoxResult<()> {
         Some(config) if wants("redlock") => Some(RedlockLocker::connect(config).await?),
         _ => None,
     };
+    let postgres_tls = args.endpoints.tls.postgres();
     let postgres = match &targets.postgres {
         Some(conn) if wants("postgres") => {
-            let locks = PgAdvisoryLocker::connect(conn).await?;
+            let locks = match &postgres_tls {
+                Some(tls) => PgAdvisoryLocker::connect_with_tls(conn, tls).await?,
+                None => PgAdvisoryLocker::connect(conn).await?,
+            };
             locks.ensure_schema().await?;
             Some(locks)
         }
@@ -148,12 +156,15 @@ pub async fn run(args: BenchArgs) -> BoxResult<()> {
     // ratio compares cells measured minutes apart at most, on the same server state.
     for &c in &args.concurrency {
         let c = [c];
-        if let (true, Some(endpoints), Some(locks)) = (wants("etcd"), &targets.etcd, &etcd) {
-            runner.etcd_ceilings(endpoints, &c).await?;
+        if let (true, Some(locks)) = (wants("etcd"), &etcd) {
+            runner.etcd_ceilings(locks.client().clone(), &c).await?;
             runner.distinct("etcd", locks.clone(), &c).await?;
         }
-        if let (true, Some(url), Some(locks)) = (wants("redis"), &targets.redis, &redis) {
-            runner.redis_ceiling(url, &c).await?;
+        if let Some(locks) = &etcd_tls {
+            runner.distinct("etcd TLS", locks.clone(), &c).await?;
+        }
+        if let (true, Some(locks)) = (wants("redis"), &redis) {
+            runner.redis_ceiling(locks.connection(), &c).await?;
             runner.distinct("redis", locks.clone(), &c).await?;
         }
         if let Some(locks) = &redlock {
@@ -166,6 +177,12 @@ pub async fn run(args: BenchArgs) -> BoxResult<()> {
     if let (true, Some(locks)) = (wants("etcd"), &etcd) {
         runner.contended("etcd", locks.clone()).await?;
     }
+    if let (Some(plain), Some(tls)) = (targets.etcd_config("bench")?, &targets.etcd_tls) {
+        if wants("etcd") {
+            runner.connects("etcd", plain).await?;
+            runner.connects("etcd TLS", tls.clone()).await?;
+        }
+    }
     if let (true, Some(locks)) = (wants("redis"), &redis) {
         runner.contended("redis", locks.clone()).await?;
     }
@@ -176,16 +193,21 @@ pub async fn run(args: BenchArgs) -> BoxResult<()> {
         runner.contended("postgres", locks.clone()).await?;
     }
     if let Some(conn) = targets.postgres.as_deref().filter(|_| wants("postgres")) {
+        let tls = postgres_tls.as_ref();
         if let Some(locks) = &etcd {
-            runner.fenced_write("etcd", locks.clone(), conn).await?;
+            runner
+                .fenced_write("etcd", locks.clone(), conn, tls)
+                .await?;
         }
         if let Some(locks) = &redis {
-            runner.fenced_write("redis", locks.clone(), conn).await?;
+            runner
+                .fenced_write("redis", locks.clone(), conn, tls)
+                .await?;
         }
     }
     if args.renewal_locks > 0 {
-        if let (true, Some(locks), Some(endpoints)) = (wants("etcd"), &etcd, &targets.etcd) {
-            let endpoints = endpoints.clone();
+        if let (true, Some(locks)) = (wants("etcd"), &etcd) {
+            let endpoints = targets.etcd_metrics.clone();
             let count = move || workloads::etcd_keepalives(endpoints.clone());
             runner
                 .renewal(
@@ -196,9 +218,9 @@ pub async fn run(args: BenchArgs) -> BoxResult<()> {
                 )
                 .await?;
         }
-        if let (true, Some(locks), Some(url)) = (wants("redis"), &redis, &targets.redis) {
-            let urls = vec![url.clone()];
-            let count = move || workloads::redis_evalsha(urls.clone());
+        if let (true, Some(locks)) = (wants("redis"), &redis) {
+            let connections = vec![locks.connection()];
+            let count = move || workloads::redis_evalsha(connections.clone());
             runner
                 .renewal(
                     "redis",
@@ -208,9 +230,9 @@ pub async fn run(args: BenchArgs) -> BoxResult<()> {
                 )
                 .await?;
         }
-        if let (Some(locks), Some(urls)) = (&redlock, &targets.redlock) {
-            let urls = urls.clone();
-            let count = move || workloads::redis_evalsha(urls.clone());
+        if let Some(locks) = &redlock {
+            let connections = locks.connections();
+            let count = move || workloads::redis_evalsha(connections.clone());
             runner
                 .renewal(
                     "redlock",
@@ -249,7 +271,12 @@ fn planned_cells(args: &BenchArgs) -> u64 {
     let w = args.waiters.len();
     let mut cells = 0;
     if wants("etcd") {
+        // Ceilings, and the TLS rows when etcd is local: a lock cycle per concurrency,
+        // and a connect each way.
         cells += 4 * c;
+        if args.endpoints.etcd.is_none() {
+            cells += c + 2;
+        }
     }
     if wants("redis") {
         cells += c;

@@ -171,6 +171,26 @@ impl Outcome {
                     etcd.per_second / redis.per_second,
                 ));
             }
+            if let (Some(etcd), Some(tls)) = (etcd, self.cell("distinct keys", "etcd TLS", c)) {
+                ratios.push(ratio(
+                    format!("etcd lock over mutual TLS / plaintext cycles/s, c={c}"),
+                    tls.per_second / etcd.per_second,
+                ));
+            }
+        }
+        if let (Some(plain), Some(tls)) = (
+            self.cell("connect", "etcd", 1),
+            self.cell("connect", "etcd TLS", 1),
+        ) {
+            #[allow(clippy::cast_precision_loss)]
+            let r = tls.p50_us as f64 / plain.p50_us.max(1) as f64;
+            ratios.push(ratio(
+                format!(
+                    "etcd connect over mutual TLS / plaintext, p50 ({} vs {} us)",
+                    tls.p50_us, plain.p50_us
+                ),
+                r,
+            ));
         }
         let put = self.cell("ceiling", "etcd put", 1).map(|c| c.p50_us);
         for w in self.concurrencies("handoff") {

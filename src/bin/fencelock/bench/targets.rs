@@ -4,19 +4,28 @@ use std::time::Duration;
 
 use fencelock::etcd::EtcdConfig;
 use fencelock::redis::RedisConfig;
-use fencelock::testkit::{EtcdCluster, PostgresServer, RedisServer};
+use fencelock::testkit::{EtcdCluster, PostgresServer, RedisServer, TestPki};
 
 use super::{BenchArgs, BoxResult};
 
 /// The servers to benchmark, and the local ones kept alive (and stopped) with it.
 pub struct Targets {
     pub etcd: Option<Vec<String>>,
+    /// Where etcd's metrics can be read (plaintext URLs).
+    pub etcd_metrics: Vec<String>,
+    /// TLS and credentials for the given endpoints.
+    pub tls: crate::security::BackendTls,
     pub redis: Option<String>,
     pub redlock: Option<Vec<String>>,
     pub postgres: Option<String>,
     pub embedded: bool,
+    embedded_etcd: bool,
+    /// A second local etcd serving mutual TLS (a throwaway PKI), for the TLS rows beside
+    /// the plaintext ones; only when etcd is local.
+    pub etcd_tls: Option<EtcdConfig>,
     // Dropping these stops the local servers, also on error and Ctrl-C.
     _etcd: Option<EtcdCluster>,
+    _etcd_tls: Option<(EtcdCluster, TestPki)>,
     _redis: Vec<RedisServer>,
     _postgres: Option<PostgresServer>,
 }
@@ -27,11 +36,16 @@ impl Targets {
         let wants = |name: &str| args.backends.iter().any(|b| b == name);
         let mut targets = Self {
             etcd: args.endpoints.etcd.clone(),
+            etcd_metrics: args.endpoints.etcd.clone().unwrap_or_default(),
+            tls: args.endpoints.tls.clone(),
             redis: args.endpoints.redis.clone(),
             redlock: args.endpoints.redlock.clone(),
             postgres: args.endpoints.postgres.clone(),
             embedded: false,
+            embedded_etcd: false,
+            etcd_tls: None,
             _etcd: None,
+            _etcd_tls: None,
             _redis: Vec::new(),
             _postgres: None,
         };
@@ -48,8 +62,29 @@ impl Targets {
                 .start()
                 .await?;
             targets.etcd = Some(cluster.endpoints());
+            targets.etcd_metrics = (0..cluster.len())
+                .map(|i| cluster.admin_endpoint(i))
+                .collect();
             targets._etcd = Some(cluster);
             targets.embedded = true;
+            targets.embedded_etcd = true;
+            if wants("etcd") {
+                eprintln!("starting a local etcd with mutual TLS, for the TLS rows");
+                let pki = TestPki::generate()?;
+                let client = pki.client_tls("bench")?;
+                let tls = EtcdCluster::builder()
+                    .fsync(args.fsync)
+                    .tls(pki.server_tls(true), client.clone())
+                    .start()
+                    .await?;
+                targets.etcd_tls = Some(
+                    EtcdConfig::new(tls.endpoints())
+                        .with_namespace("bench")
+                        .with_request_timeout(Duration::from_secs(10))
+                        .with_tls(client),
+                );
+                targets._etcd_tls = Some((tls, pki));
+            }
         }
         if targets.redis.is_none() && (wants("redis") || wants("postgres")) {
             eprintln!("starting a local redis-server");
@@ -80,28 +115,45 @@ impl Targets {
         Ok(targets)
     }
 
-    pub fn etcd_config(&self, namespace: &str) -> Option<EtcdConfig> {
-        self.etcd.as_ref().map(|endpoints| {
-            EtcdConfig::new(endpoints.clone())
-                .with_namespace(namespace)
-                .with_request_timeout(Duration::from_secs(10))
-        })
+    pub fn etcd_config(&self, namespace: &str) -> BoxResult<Option<EtcdConfig>> {
+        let Some(endpoints) = &self.etcd else {
+            return Ok(None);
+        };
+        let config = EtcdConfig::new(endpoints.clone())
+            .with_namespace(namespace)
+            .with_request_timeout(Duration::from_secs(10));
+        // Local servers are plaintext; TLS flags are for the endpoints given.
+        if self.embedded_etcd {
+            return Ok(Some(config));
+        }
+        Ok(Some(self.tls.etcd(config)?))
     }
 
     pub fn redis_config(&self, prefix: &str) -> Option<RedisConfig> {
         self.redis.as_ref().map(|url| {
-            RedisConfig::new(url.clone())
-                .with_prefix(prefix)
-                .with_request_timeout(Duration::from_secs(5))
+            self.with_redis_tls(
+                RedisConfig::new(url.clone())
+                    .with_prefix(prefix)
+                    .with_request_timeout(Duration::from_secs(5)),
+            )
         })
     }
 
     pub fn redlock_config(&self, prefix: &str) -> Option<RedisConfig> {
         self.redlock.as_ref().map(|urls| {
-            RedisConfig::masters(urls.clone())
-                .with_prefix(prefix)
-                .with_request_timeout(Duration::from_secs(5))
+            self.with_redis_tls(
+                RedisConfig::masters(urls.clone())
+                    .with_prefix(prefix)
+                    .with_request_timeout(Duration::from_secs(5)),
+            )
         })
+    }
+
+    fn with_redis_tls(&self, config: RedisConfig) -> RedisConfig {
+        match self.tls.redis() {
+            Some(tls) => config.with_tls(tls),
+            None => config,
+        }
     }
 }
 

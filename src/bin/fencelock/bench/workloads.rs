@@ -37,10 +37,9 @@ impl Runner<'_> {
     /// RPC, on distinct keys at every concurrency.
     pub async fn etcd_ceilings(
         &mut self,
-        endpoints: &[String],
+        client: etcd_client::Client,
         concurrencies: &[usize],
     ) -> BoxResult<()> {
-        let client = etcd_client::Client::connect(endpoints, None).await?;
         let lease = client.clone().lease_grant(60, None).await?.id();
         let keep = client.clone();
         // Keep the lease of the Lock RPC alive for the whole run.
@@ -151,10 +150,13 @@ impl Runner<'_> {
         Ok(())
     }
 
-    /// A bare `SET NX PX` + compare-and-delete cycle on distinct keys.
-    pub async fn redis_ceiling(&mut self, url: &str, concurrencies: &[usize]) -> BoxResult<()> {
-        let client = redis::Client::open(url)?;
-        let conn = client.get_multiplexed_async_connection().await?;
+    /// A bare `SET NX PX` + compare-and-delete cycle on distinct keys, over `conn` (the
+    /// lock client's own connection: same server, same TLS).
+    pub async fn redis_ceiling(
+        &mut self,
+        conn: redis::aio::ConnectionManager,
+        concurrencies: &[usize],
+    ) -> BoxResult<()> {
         let cad = Arc::new(redis::Script::new(
             "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
         ));
@@ -188,6 +190,27 @@ impl Runner<'_> {
             .await?;
             self.done(cell);
         }
+        Ok(())
+    }
+
+    /// Connecting a new client (TCP, the TLS handshake if any, the first read), one at a
+    /// time: what TLS adds to a connect.
+    pub async fn connects(
+        &mut self,
+        subject: &str,
+        config: fencelock::etcd::EtcdConfig,
+    ) -> BoxResult<()> {
+        self.step(&format!("{subject} connect"));
+        let cell = drive("connect", subject, 1, self.args.duration, move |_, _| {
+            let config = config.clone();
+            async move {
+                let locks = fencelock::etcd::EtcdLocker::connect(config).await?;
+                drop(locks);
+                Ok(())
+            }
+        })
+        .await?;
+        self.done(cell);
         Ok(())
     }
 
@@ -277,12 +300,12 @@ impl Runner<'_> {
         subject: &str,
         locks: B,
         postgres: &str,
+        tls: Option<&fencelock::TlsConfig>,
     ) -> BoxResult<()>
     where
         B: LockBackend + Clone + 'static,
     {
-        let (client, connection) = tokio_postgres::connect(postgres, tokio_postgres::NoTls).await?;
-        tokio::spawn(connection);
+        let client = fencelock::postgres::connect(postgres, tls).await?;
         let resource = format!("bench-{}-{subject}", self.run);
         client
             .batch_execute(&format!(
@@ -418,10 +441,14 @@ async fn release<G: LockGuard>(guard: G) -> BoxResult<()> {
     }
 }
 
-/// Keep-alive messages etcd members received (summed over the endpoints).
+/// Keep-alive messages etcd members received (summed over the endpoints' plaintext
+/// metrics URLs); `None` where metrics cannot be read (TLS endpoints).
 pub async fn etcd_keepalives(endpoints: Vec<String>) -> BoxResult<f64> {
     let mut total = 0.0;
     for endpoint in &endpoints {
+        if endpoint.starts_with("https://") {
+            return Err(format!("cannot read metrics over TLS from {endpoint}").into());
+        }
         let metrics = fetch_metrics(endpoint).await?;
         total += metric_sum(
             &metrics,
@@ -432,13 +459,10 @@ pub async fn etcd_keepalives(endpoints: Vec<String>) -> BoxResult<f64> {
     Ok(total)
 }
 
-/// `EVALSHA` calls the Redis servers ran (summed over the URLs).
-pub async fn redis_evalsha(urls: Vec<String>) -> BoxResult<f64> {
+/// `EVALSHA` calls the Redis servers ran (summed over the lock client's connections).
+pub async fn redis_evalsha(connections: Vec<redis::aio::ConnectionManager>) -> BoxResult<f64> {
     let mut total = 0.0;
-    for url in &urls {
-        let mut conn = redis::Client::open(url.as_str())?
-            .get_multiplexed_async_connection()
-            .await?;
+    for mut conn in connections {
         let info: String = redis::cmd("INFO")
             .arg("commandstats")
             .query_async(&mut conn)

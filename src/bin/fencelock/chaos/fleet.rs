@@ -47,6 +47,14 @@ impl Fleet {
         for (i, spec) in specs.into_iter().enumerate() {
             let stderr = std::fs::File::create(log_dir.join(format!("{}.log", spec.client)))?;
             let mut command = Command::new(&exe);
+            // The worker's TLS flags come from its argv alone; the etcd user (with its
+            // password) from the environment, not a command line.
+            for variable in crate::security::ENV_VARIABLES {
+                command.env_remove(variable);
+            }
+            if let Some(user) = &spec.tls.etcd_user {
+                command.env("FENCELOCK_ETCD_USER", user);
+            }
             command
                 .arg("chaos-worker")
                 .args(worker_argv(&spec))
@@ -224,5 +232,6 @@ fn worker_argv(spec: &WorkerArgs) -> Vec<String> {
     if spec.no_renewal {
         argv.push("--no-renewal".into());
     }
+    argv.extend(spec.tls.to_args());
     argv
 }

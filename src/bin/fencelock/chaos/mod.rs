@@ -132,8 +132,14 @@ async fn run_one(
         Ok(stage) => stage,
         Err(reason) => return Ok(Row::not_run(scenario, backend, "skipped", reason)),
     };
+    stage.tls = worker_tls(&args.endpoints, stage.given);
     let run = format!("{scenario:?}-{}-{:x}", backend.flag(), monotonic::now_ns()).to_lowercase();
-    let store = Store::connect(postgres, &run).await?;
+    let postgres_tls = args
+        .endpoints
+        .postgres
+        .as_ref()
+        .and(args.endpoints.tls.postgres());
+    let store = Store::connect(postgres, &run, postgres_tls.as_ref()).await?;
     store.prepare().await?;
 
     let mut proxies = Vec::new();
@@ -155,6 +161,7 @@ async fn run_one(
             ttl: plan.ttl,
             hold: plan.hold,
             no_renewal: !plan.renewal,
+            tls: stage.tls.clone(),
         });
     }
     let run_dir = logs.join(&run);
@@ -233,4 +240,29 @@ pub fn check_log(args: &CheckLogArgs) -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// The TLS flags a worker gets: the lock service's only if its endpoints were given (local
+/// servers are plaintext), PostgreSQL's only if it was given.
+fn worker_tls(
+    given: &crate::endpoints::Endpoints,
+    lock_service_given: bool,
+) -> crate::security::BackendTls {
+    let all = &given.tls;
+    let mut tls = crate::security::BackendTls::default();
+    if lock_service_given {
+        tls.etcd_cacert.clone_from(&all.etcd_cacert);
+        tls.etcd_cert.clone_from(&all.etcd_cert);
+        tls.etcd_key.clone_from(&all.etcd_key);
+        tls.etcd_user.clone_from(&all.etcd_user);
+        tls.redis_cacert.clone_from(&all.redis_cacert);
+        tls.redis_cert.clone_from(&all.redis_cert);
+        tls.redis_key.clone_from(&all.redis_key);
+    }
+    if given.postgres.is_some() {
+        tls.postgres_cacert.clone_from(&all.postgres_cacert);
+        tls.postgres_cert.clone_from(&all.postgres_cert);
+        tls.postgres_key.clone_from(&all.postgres_key);
+    }
+    tls
 }

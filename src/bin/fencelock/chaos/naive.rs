@@ -24,11 +24,13 @@ pub struct NaiveGuard {
 }
 
 impl NaiveLocker {
-    /// Connects to `url`.
-    pub async fn connect(url: &str) -> redis::RedisResult<Self> {
-        let client = redis::Client::open(url)?;
+    /// Connects as `config` says (TLS included), over the lock client's connection.
+    pub async fn connect(
+        config: fencelock::redis::RedisConfig,
+    ) -> Result<Self, fencelock::LockError> {
+        let locks = fencelock::redis::RedisLocker::connect(config).await?;
         Ok(Self {
-            connection: ConnectionManager::new(client).await?,
+            connection: locks.connection(),
         })
     }
 

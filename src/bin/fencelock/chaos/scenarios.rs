@@ -418,8 +418,11 @@ async fn holder_cut_off(fleet: &mut Fleet, proxies: &[Vec<FaultProxy>]) -> BoxRe
 /// S8: compact the keyspace at every grant, while the other workers wait on watches that
 /// started at older revisions.
 async fn compaction(fleet: &mut Fleet, stage: &mut Stage) -> BoxResult<Finding> {
-    let endpoints = stage.endpoints.clone();
-    let mut client = etcd_client::Client::connect(&endpoints, None).await?;
+    // The workers' own connection settings (TLS, credentials), for the compactions.
+    let config =
+        fencelock::etcd::EtcdConfig::new(stage.endpoints.clone()).with_namespace("fencelock-chaos");
+    let locks = fencelock::etcd::EtcdLocker::connect(stage.tls.etcd(config)?).await?;
+    let mut client = locks.client().clone();
     let mut revisions = Vec::new();
     for _ in 0..6 {
         fleet.grant(|_| true).await?;

@@ -26,6 +26,10 @@ pub enum Topology {
 pub struct Stage {
     /// What the workers connect to (Redis: master first, then the failover candidates).
     pub endpoints: Vec<String>,
+    /// The endpoints were given (not started here): TLS flags apply to them.
+    pub given: bool,
+    /// TLS and credentials for the lock service and storage, as the workers get them.
+    pub tls: crate::security::BackendTls,
     pub etcd: Option<EtcdCluster>,
     pub redis: Vec<RedisServer>,
     pub clock: Option<JumpingClock>,
@@ -41,6 +45,8 @@ impl Stage {
     ) -> BoxResult<Result<Self, String>> {
         let mut stage = Self {
             endpoints: Vec::new(),
+            given: false,
+            tls: crate::security::BackendTls::default(),
             etcd: None,
             redis: Vec::new(),
             clock: None,
@@ -57,6 +63,7 @@ impl Stage {
                 ));
             }
             stage.endpoints = endpoints;
+            stage.given = true;
             return Ok(Ok(stage));
         }
         match (backend, topology) {

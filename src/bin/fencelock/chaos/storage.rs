@@ -8,7 +8,7 @@
 
 use fencelock::FencingToken;
 use fencelock::postgres::{Fence, FenceError, FenceMode};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use super::checker::Write;
 
@@ -34,14 +34,14 @@ pub struct Store {
 }
 
 impl Store {
-    /// Connects; the connection task runs until the store is dropped.
-    pub async fn connect(url: &str, run: &str) -> Result<Self, tokio_postgres::Error> {
-        let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
-        tokio::spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::debug!(%err, "postgres connection ended");
-            }
-        });
+    /// Connects (over TLS with `tls`); the connection task runs until the store is
+    /// dropped.
+    pub async fn connect(
+        url: &str,
+        run: &str,
+        tls: Option<&fencelock::TlsConfig>,
+    ) -> Result<Self, fencelock::LockError> {
+        let client = fencelock::postgres::connect(url, tls).await?;
         Ok(Self {
             client,
             run: run.to_owned(),

@@ -90,6 +90,9 @@ pub struct WorkerArgs {
     /// Do not renew the lock (S3: the lease runs out during long sections).
     #[arg(long)]
     pub no_renewal: bool,
+    /// TLS for the given servers (and the etcd user, from the environment).
+    #[command(flatten)]
+    pub tls: crate::security::BackendTls,
 }
 
 /// Runs the worker until the runner closes its standard input or kills it.
@@ -108,8 +111,9 @@ pub async fn work(args: WorkerArgs) -> ExitCode {
     let out = Emitter {
         client: args.client.clone(),
     };
+    let postgres_tls = args.tls.postgres();
     let mut store = loop {
-        match Store::connect(&args.postgres, &args.run).await {
+        match Store::connect(&args.postgres, &args.run, postgres_tls.as_ref()).await {
             Ok(store) => break store,
             Err(err) => out.trouble(format!("postgres: {err}")).await,
         }
@@ -120,6 +124,13 @@ pub async fn work(args: WorkerArgs) -> ExitCode {
                 .with_namespace("fencelock-chaos")
                 .with_connect_timeout(Duration::from_secs(2))
                 .with_request_timeout(Duration::from_secs(2));
+            let config = match args.tls.etcd(config) {
+                Ok(config) => config,
+                Err(err) => {
+                    out.trouble(format!("etcd credentials: {err}")).await;
+                    return ExitCode::FAILURE;
+                }
+            };
             serve(
                 || async { EtcdLocker::connect(config.clone()).await.map(Library) },
                 &mut store,
@@ -132,7 +143,7 @@ pub async fn work(args: WorkerArgs) -> ExitCode {
             serve(
                 || async {
                     let url = find_master(&args.endpoints).await?;
-                    RedisLocker::connect(redis_config(RedisConfig::new(url)))
+                    RedisLocker::connect(redis_config(RedisConfig::new(url), &args))
                         .await
                         .map(Library)
                         .map_err(|e| e.to_string())
@@ -144,7 +155,7 @@ pub async fn work(args: WorkerArgs) -> ExitCode {
             .await
         }
         ChaosBackend::Redlock => {
-            let config = redis_config(RedisConfig::masters(args.endpoints.clone()));
+            let config = redis_config(RedisConfig::masters(args.endpoints.clone()), &args);
             serve(
                 || async { RedlockLocker::connect(config.clone()).await.map(Library) },
                 &mut store,
@@ -154,9 +165,13 @@ pub async fn work(args: WorkerArgs) -> ExitCode {
             .await
         }
         ChaosBackend::Naive => {
-            let url = args.endpoints[0].clone();
+            let config = redis_config(RedisConfig::new(args.endpoints[0].clone()), &args);
             serve(
-                || async { NaiveLocker::connect(&url).await },
+                || async {
+                    NaiveLocker::connect(config.clone())
+                        .await
+                        .map_err(|e| e.to_string())
+                },
                 &mut store,
                 &args,
                 &out,
@@ -166,7 +181,11 @@ pub async fn work(args: WorkerArgs) -> ExitCode {
     }
 }
 
-fn redis_config(config: RedisConfig) -> RedisConfig {
+fn redis_config(config: RedisConfig, args: &WorkerArgs) -> RedisConfig {
+    let config = match args.tls.redis() {
+        Some(tls) => config.with_tls(tls),
+        None => config,
+    };
     config
         .with_prefix("fencelock-chaos")
         .with_connect_timeout(Duration::from_secs(1))
@@ -179,6 +198,10 @@ fn redis_config(config: RedisConfig) -> RedisConfig {
 /// What a Sentinel-aware client does after a failover, without Sentinel: the first of
 /// `urls` that reports `role:master`.
 async fn find_master(urls: &[String]) -> Result<String, String> {
+    // One server (given endpoints, TLS perhaps): nothing to choose.
+    if let [url] = urls {
+        return Ok(url.clone());
+    }
     for url in urls {
         let Ok(client) = redis::Client::open(url.as_str()) else {
             continue;

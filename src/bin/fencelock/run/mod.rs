@@ -75,6 +75,8 @@ pub struct RunArgs {
     /// Key namespace.
     #[arg(long, default_value = "fencelock")]
     namespace: String,
+    #[command(flatten)]
+    security: crate::security::EtcdSecurity,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -160,6 +162,10 @@ async fn run_inner(args: RunArgs) -> Result<u8, Failure> {
         .validate(fencelock::etcd::MIN_TTL)
         .map_err(Failure::from_lock_error)?;
     let config = EtcdConfig::new(args.etcd.clone()).with_namespace(&args.namespace);
+    let config = args.security.apply(config).map_err(|message| Failure {
+        message,
+        code: EXIT_USAGE,
+    })?;
     let locks = EtcdLocker::connect(config)
         .await
         .map_err(Failure::from_lock_error)?;
