@@ -43,7 +43,10 @@ pub struct ServerTls {
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let pki = TestPki::generate()?;
-/// let etcd = EtcdCluster::builder().tls(&pki, true).start().await?; // mutual TLS
+/// let etcd = EtcdCluster::builder()
+///     .tls(pki.server_tls(true), pki.client_tls("root")?) // mutual TLS
+///     .start()
+///     .await?;
 /// let config = etcd.config("app").with_tls(pki.client_tls("locker")?);
 /// # Ok(()) }
 /// ```
