@@ -24,14 +24,18 @@ fn compose() -> Command {
 /// Brings the project down (containers and volumes) when the test ends, however it ends.
 pub struct Project {
     name: String,
+    files: Vec<&'static str>,
     env: Vec<(String, String)>,
 }
 
 impl Project {
     pub fn command(&self, args: &[&str]) -> Command {
         let mut command = compose();
+        command.args(["-p", &self.name]);
+        for file in &self.files {
+            command.args(["-f", file]);
+        }
         command
-            .args(["-p", &self.name, "-f", "compose/docker-compose.yml"])
             .args(args)
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
@@ -79,6 +83,11 @@ impl Drop for Project {
 
 /// Brings a fresh project up and waits until every service is healthy.
 pub fn up() -> Project {
+    up_with(&[], Vec::new())
+}
+
+/// [`up`] with overlay compose files (after the main one) and more environment.
+pub fn up_with(overlays: &[&'static str], extra: Vec<(String, String)>) -> Project {
     let mut env: Vec<(String, String)> = fencelock::testkit::IMAGE_ENVS
         .iter()
         .map(|var| {
@@ -93,7 +102,11 @@ pub fn up() -> Project {
     for var in PORTS {
         env.push((var.into(), free_port().expect("port").to_string()));
     }
+    env.extend(extra);
+    let mut files = vec!["compose/docker-compose.yml"];
+    files.extend_from_slice(overlays);
     let project = Project {
+        files,
         name: format!(
             "fencelock-test-{}-{}",
             std::process::id(),

@@ -4,6 +4,7 @@
 
 mod compose;
 mod compose_bench;
+mod compose_tls;
 mod follower_partition;
 mod leader_partition;
 mod sentinel_failover;

@@ -206,7 +206,17 @@ pub async fn run(args: BenchArgs) -> BoxResult<()> {
         }
     }
     if args.renewal_locks > 0 {
-        if let (true, Some(locks)) = (wants("etcd"), &etcd) {
+        let readable = targets
+            .etcd_metrics
+            .iter()
+            .all(|e| e.starts_with("http://"));
+        if wants("etcd") && !readable {
+            eprintln!(
+                "skipping the etcd renewal workload: it counts keep-alives in etcd's metrics, \
+                 which are not read over TLS"
+            );
+        }
+        if let (true, true, Some(locks)) = (wants("etcd"), readable, &etcd) {
             let endpoints = targets.etcd_metrics.clone();
             let count = move || workloads::etcd_keepalives(endpoints.clone());
             runner
