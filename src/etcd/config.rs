@@ -164,6 +164,8 @@ impl EtcdConfig {
                 }
                 None => (None, endpoint.as_str()),
             };
+            // A root path ("http://host:2379/") is harmless; anything more is not etcd's.
+            let address = address.strip_suffix('/').unwrap_or(address);
             let port_ok = address
                 .rsplit_once(':')
                 .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
@@ -267,7 +269,7 @@ mod tests {
     fn accepts_usual_endpoints() {
         let config = EtcdConfig::new(["http://127.0.0.1:2379", "localhost:2380"]);
         assert!(config.validate().is_ok());
-        let tls = EtcdConfig::new(["https://127.0.0.1:2379", "localhost:2380"]);
+        let tls = EtcdConfig::new(["https://127.0.0.1:2379/", "localhost:2380"]);
         assert!(tls.validate().is_ok());
     }
 

@@ -283,6 +283,7 @@ fn tls_endpoints(config: &EtcdConfig) -> Vec<crate::tls::Endpoint> {
             address: endpoint
                 .split_once("://")
                 .map_or(endpoint.as_str(), |(_, rest)| rest)
+                .trim_end_matches('/')
                 .to_owned(),
             tls,
             shown: endpoint.clone(),

@@ -5,6 +5,7 @@
 mod clock_jump;
 mod etcd_with_fencing;
 mod naive_release;
+mod over_tls;
 mod partition;
 mod redis_failover;
 mod unfenced_updates;

@@ -122,7 +122,8 @@ pub async fn proxied(endpoints: &[String]) -> BoxResult<(Vec<FaultProxy>, Vec<St
             .next()
             .ok_or_else(|| format!("cannot resolve {host_port}"))?;
         let proxy = FaultProxy::start(upstream).await?;
-        let slash = if path.is_empty() && scheme == "http" {
+        // Redis URLs end in a '/' (the database); etcd endpoints do not need one.
+        let slash = if path.is_empty() && scheme.starts_with("http") {
             ""
         } else {
             "/"
