@@ -107,11 +107,8 @@ impl Acquisition {
     }
 
     async fn run(self, mode: Mode, mut reply: Reply) {
-        let key = keys::waiter_key(
-            &self.prefix,
-            self.inner().lease_id(),
-            self.inner().next_sequence(),
-        );
+        let slot = self.inner().slots.take(&self.prefix);
+        let key = keys::waiter_key(&self.prefix, self.inner().lease_id(), slot);
         let joined = match self.kind {
             Kind::Reader => self.enqueue_shared(&key).await,
             Kind::Permit { .. } => self.enqueue_for_permit(&key).await,
@@ -119,14 +116,18 @@ impl Acquisition {
         };
         let (token, place) = match joined {
             Ok(joined) => joined,
+            // Refused: nothing was written (and could not be deleted either).
+            Err(err) if err.is_permission_denied() => {
+                self.inner().slots.give_back(&self.prefix, slot);
+                let _ = reply.send(Err(err));
+                return;
+            }
             Err(err) => {
-                if !err.is_permission_denied() {
-                    // No answer does not mean not applied, now or later: see the module
-                    // docs. The key holds our lease id, so it can only be ours.
-                    tracing::debug!(%err, key, "join failed; retiring the session");
-                    self.inner().retire();
-                }
-                return self.leave(&key, None, reply, Err(err)).await;
+                // No answer does not mean not applied, now or later: see the module docs.
+                // The key holds our lease id, so it can only be ours.
+                tracing::debug!(%err, key, "join failed; retiring the session");
+                self.inner().retire();
+                return self.leave(&key, slot, reply, Err(err)).await;
             }
         };
         let outcome = match (place, mode) {
@@ -153,7 +154,7 @@ impl Acquisition {
                     })),
                     _ = reply.closed() => {
                         tracing::debug!("caller gave up waiting; leaving the queue");
-                        return self.remove_until_confirmed(&key, Some(token)).await;
+                        return self.remove_until_confirmed(&key, slot).await;
                     }
                 }
             }
@@ -165,12 +166,13 @@ impl Acquisition {
                     // The lock's TTL counts from now, not from when it queued.
                     self.inner().stop_renewing(waited).await;
                 }
-                let guard = EtcdGuard::new(self.session, self.owns_session, self.name, key, token);
+                let guard =
+                    EtcdGuard::new(self.session, self.owns_session, self.name, key, slot, token);
                 // If the caller is gone, the guard comes back and its drop releases.
                 let _ = reply.send(Ok(Some(guard)));
             }
-            None => self.leave(&key, Some(token), reply, Ok(None)).await,
-            Some(Err(err)) => self.leave(&key, Some(token), reply, Err(err)).await,
+            None => self.leave(&key, slot, reply, Ok(None)).await,
+            Some(Err(err)) => self.leave(&key, slot, reply, Err(err)).await,
         }
     }
 
@@ -312,11 +314,11 @@ impl Acquisition {
     async fn leave(
         &self,
         key: &str,
-        token: Option<FencingToken>,
+        slot: u64,
         reply: Reply,
         answer: Result<Option<EtcdGuard>, LockError>,
     ) {
-        let removal = self.remove_until_confirmed(key, token);
+        let removal = self.remove_until_confirmed(key, slot);
         tokio::pin!(removal);
         let removed = tokio::time::timeout(CLEANUP_ALLOWANCE, &mut removal)
             .await
@@ -328,28 +330,19 @@ impl Acquisition {
         }
     }
 
-    /// Deletes my key (only if its create revision is `token`, when known), retrying until
-    /// etcd confirms it or the session is gone: its lease then takes the key with it.
-    async fn remove_until_confirmed(&self, key: &str, token: Option<FencingToken>) {
+    /// Deletes my key, retrying until etcd confirms it or the session is gone: its lease
+    /// then takes the key with it. The key's slot is free again once the delete is
+    /// confirmed.
+    async fn remove_until_confirmed(&self, key: &str, slot: u64) {
         let inner = self.inner();
         let mut backoff = Backoff::new();
         while inner.is_alive() {
-            let removed = match token {
-                Some(token) => delete_if_owner(inner, &self.name, key, token)
-                    .await
-                    .map(drop),
-                None => {
-                    let timeout = inner.config.request_timeout;
-                    call_retrying("acquire cleanup", Some(&self.name), timeout, || {
-                        let mut client = inner.kv.clone();
-                        async move { client.delete(key, None).await }
-                    })
-                    .await
-                    .map(drop)
+            match delete_key(inner, &self.name, key).await {
+                Ok(_) => return inner.slots.give_back(&self.prefix, slot),
+                // Not allowed to delete it means not allowed to have written it either.
+                Err(err) if err.is_permission_denied() => {
+                    return inner.slots.give_back(&self.prefix, slot);
                 }
-            };
-            match removed {
-                Ok(()) => return,
                 Err(err) => {
                     tracing::debug!(%err, key, "could not remove our queue entry; retrying");
                     backoff.wait().await;
@@ -360,28 +353,23 @@ impl Acquisition {
     }
 }
 
-/// Deletes `key` only while its create revision is `token`: a retried or late release can
-/// never remove a newer holder's key. Returns whether it deleted.
-pub(crate) async fn delete_if_owner(
+/// Deletes exactly `key`; returns whether it was there.
+///
+/// A plain delete is as safe as one guarded by the create revision: a key name is used by
+/// one acquisition at a time (its lease id and a slot), and reused only once its delete is
+/// confirmed (`slots.rs`), so a late or retried delete can never remove a newer holder's
+/// key. It is also the cheaper request (etcd applies a delete faster than a transaction).
+pub(crate) async fn delete_key(
     inner: &SessionInner,
     name: &str,
     key: &str,
-    token: FencingToken,
 ) -> Result<bool, LockError> {
-    let txn = Txn::new()
-        .when([Compare::create_revision(
-            key,
-            CompareOp::Equal,
-            token.as_revision(),
-        )])
-        .and_then([TxnOp::delete(key, None)]);
     let response = call_retrying("release", Some(name), inner.config.request_timeout, || {
         let mut client = inner.kv.clone();
-        let txn = txn.clone();
-        async move { client.txn(txn).await }
+        async move { client.delete(key, None).await }
     })
     .await?;
-    Ok(response.succeeded())
+    Ok(response.deleted() > 0)
 }
 
 /// What joining the queue found.

@@ -2,7 +2,7 @@
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnResponse};
 
-use super::acquire::delete_if_owner;
+use super::acquire::delete_key;
 use super::call::call;
 use super::session::Session;
 use crate::{FencingToken, LockError, LockGuard, LossReason, ReleaseOutcome};
@@ -20,6 +20,8 @@ pub struct EtcdGuard {
     owns_session: bool,
     name: String,
     key: String,
+    /// The key's slot among this session's keys for the lock (see `slots.rs`).
+    slot: u64,
     token: FencingToken,
     released: bool,
 }
@@ -30,6 +32,7 @@ impl EtcdGuard {
         owns_session: bool,
         name: String,
         key: String,
+        slot: u64,
         token: FencingToken,
     ) -> Self {
         Self {
@@ -37,6 +40,7 @@ impl EtcdGuard {
             owns_session,
             name,
             key,
+            slot,
             token,
             released: false,
         }
@@ -105,7 +109,7 @@ impl EtcdGuard {
             owns_session: self.owns_session,
             name: std::mem::take(&mut self.name),
             key: std::mem::take(&mut self.key),
-            token: self.token,
+            slot: self.slot,
         }
     }
 }
@@ -116,18 +120,20 @@ struct Detached {
     owns_session: bool,
     name: String,
     key: String,
-    token: FencingToken,
+    slot: u64,
 }
 
 impl Detached {
-    /// Retries the guarded delete until it gets through or the lease is gone: on a shared,
-    /// renewed session a key left behind would block the lock for as long as the client
-    /// lives.
+    /// Retries the delete until it gets through or the lease is gone: on a shared, renewed
+    /// session a key left behind would block the lock for as long as the client lives.
     async fn finish(self) {
         let mut delay = std::time::Duration::from_millis(50);
         while self.session.is_alive() {
-            match delete_if_owner(&self.session.inner, &self.name, &self.key, self.token).await {
-                Ok(_) => break,
+            match delete_key(&self.session.inner, &self.name, &self.key).await {
+                Ok(_) => {
+                    self.give_back_slot();
+                    break;
+                }
                 Err(err) => {
                     tracing::warn!(%err, lock = %self.name, "release failed; retrying");
                     tokio::time::sleep(delay).await;
@@ -136,6 +142,12 @@ impl Detached {
             }
         }
         self.close_own_session().await;
+    }
+
+    /// The key is confirmed gone: its name may serve the next acquisition.
+    fn give_back_slot(&self) {
+        let prefix = super::keys::lock_prefix(&self.session.inner.config.namespace, &self.name);
+        self.session.inner.slots.give_back(&prefix, self.slot);
     }
 
     async fn close_own_session(&self) {
@@ -175,10 +187,11 @@ impl LockGuard for EtcdGuard {
     async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
         // Until the answer is in, the guard stays armed: if this future is dropped, the
         // guard's drop finishes the release in the background.
-        let outcome = delete_if_owner(&self.session.inner, &self.name, &self.key, self.token).await;
+        let outcome = delete_key(&self.session.inner, &self.name, &self.key).await;
         let detached = self.detach();
         match outcome {
             Ok(deleted) => {
+                detached.give_back_slot();
                 detached.close_own_session().await;
                 Ok(if deleted {
                     ReleaseOutcome::Released

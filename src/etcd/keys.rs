@@ -1,12 +1,12 @@
-//! Lock key layout: `<namespace>/<name>/<lease id hex>-<local sequence>`.
+//! Lock key layout: `<namespace>/<name>/<lease id hex>-<slot>`.
 //!
 //! Public so that operators' tools can find a lock's holder and waiters (`etcdctl get
 //! --prefix <lock_prefix>`), sorted by create revision.
 //!
-//! The lease id makes keys unique across clients; the local sequence makes them unique
-//! across acquisitions of one client, so two tasks sharing a session each get their own
-//! place in the queue and exclude each other (Go's mutex uses one key per session and
-//! does not).
+//! The lease id makes keys unique across clients; the slot makes them unique across the
+//! acquisitions one client runs at once on one lock, so two tasks sharing a session each
+//! get their own place in the queue and exclude each other (Go's mutex uses one key per
+//! session and does not). Slots are reused once a key is confirmed gone (`slots.rs`).
 
 /// The prefix that holds every key (holder and waiters) of one lock.
 pub fn lock_prefix(namespace: &str, name: &str) -> String {
@@ -14,8 +14,8 @@ pub fn lock_prefix(namespace: &str, name: &str) -> String {
 }
 
 /// One acquisition's key under `prefix`.
-pub fn waiter_key(prefix: &str, lease_id: i64, sequence: u64) -> String {
-    format!("{prefix}{lease_id:016x}-{sequence}")
+pub fn waiter_key(prefix: &str, lease_id: i64, slot: u64) -> String {
+    format!("{prefix}{lease_id:016x}-{slot}")
 }
 
 #[cfg(test)]

@@ -69,7 +69,10 @@ impl EtcdLocker {
             let client = Client::connect(&config.endpoints, Some(options))
                 .await
                 .map_err(|err| map_error("connect", None, err))?;
-            let probe = GetOptions::new().with_prefix().with_count_only();
+            // One point read of the namespace's own key: it proves the connection, the
+            // credentials and read access to the namespace, and costs the same however
+            // many (live or deleted) keys the namespace holds, unlike a range over it.
+            let probe = GetOptions::new().with_keys_only();
             let prefix = format!("{}/", config.namespace);
             let read = || {
                 let mut client = client.clone();

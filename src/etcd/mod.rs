@@ -1,10 +1,11 @@
 //! The etcd backend: locks fenced by the create revision of their key.
 //!
 //! - A [`Session`] is one lease, kept alive by one task for all the locks of a client.
-//! - A lock is a key `<namespace>/<name>/<lease>-<seq>` put under the lease in one
+//! - A lock is a key `<namespace>/<name>/<lease>-<slot>` put under the lease in one
 //!   transaction; its create revision is the [`FencingToken`](crate::FencingToken).
 //! - Waiters queue by create revision and each watches only the key right ahead of it.
-//! - Release deletes the key only if its create revision is still the token.
+//! - Release deletes exactly its key: names are reused only once a delete is confirmed
+//!   (`slots.rs`), so no late delete can meet a newer holder's key.
 //! - Every primitive under one name shares one queue; see `kind.rs` for who may hold
 //!   beside whom (and Go's `etcdctl lock` queues in it too).
 //! - An uncontended lock + release costs exactly two round trips, one Raft write each.
@@ -22,6 +23,7 @@ mod rwlock;
 mod semaphore;
 mod session;
 mod shared;
+mod slots;
 mod watch_hub;
 
 pub use config::EtcdConfig;

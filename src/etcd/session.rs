@@ -1,7 +1,7 @@
 //! The session: one lease per client, kept alive by one task for all of its locks.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use etcd_client::{Client, KvClient, LeaseKeepAliveStream, LeaseKeeper};
@@ -37,7 +37,8 @@ pub(crate) struct SessionInner {
     pub(crate) config: Arc<EtcdConfig>,
     lease_id: i64,
     ttl: Duration,
-    sequence: AtomicU64,
+    /// Key names in use (see `slots.rs`).
+    pub(crate) slots: super::slots::Slots,
     notifier: Arc<LossNotifier>,
     loss: LossWatch,
     clock: Arc<LeaseClock>,
@@ -126,7 +127,7 @@ impl Session {
                 config,
                 lease_id,
                 ttl,
-                sequence: AtomicU64::new(0),
+                slots: super::slots::Slots::default(),
                 notifier,
                 loss,
                 clock,
@@ -198,11 +199,6 @@ async fn revoke(client: &Client, lease_id: i64, config: &EtcdConfig) -> Result<(
 impl SessionInner {
     pub(crate) fn lease_id(&self) -> i64 {
         self.lease_id
-    }
-
-    /// A fresh local sequence number for the next lock key.
-    pub(crate) fn next_sequence(&self) -> u64 {
-        self.sequence.fetch_add(1, Ordering::Relaxed)
     }
 
     pub(crate) fn is_alive(&self) -> bool {

@@ -14,6 +14,7 @@ mod fifo_order;
 mod guarded_txn;
 mod harness;
 mod invalid_input;
+mod key_names;
 mod leader_failover;
 mod lease_revoked;
 mod member_down;

@@ -1,4 +1,5 @@
-//! An uncontended lock + release costs exactly two write RPCs, counted by etcd itself.
+//! An uncontended lock + release costs exactly two write RPCs, counted by etcd itself: the
+//! acquire transaction and the release's delete.
 
 use std::time::Duration;
 
@@ -25,7 +26,7 @@ async fn all_kv_calls(cluster: &fencelock::testkit::EtcdCluster) -> f64 {
 }
 
 #[tokio::test]
-async fn uncontended_lock_and_release_are_two_transactions() {
+async fn uncontended_lock_and_release_are_two_requests() {
     let cluster = etcd().await;
     let locks = locker(&cluster, &namespace("round-trips")).await;
     let options = LockOptions::new().with_ttl(Duration::from_secs(30));
@@ -33,6 +34,7 @@ async fn uncontended_lock_and_release_are_two_transactions() {
     locks.session(options.ttl()).await.expect("session");
 
     let txns_before = kv_calls(&cluster, "Txn").await;
+    let deletes_before = kv_calls(&cluster, "DeleteRange").await;
     let all_before = all_kv_calls(&cluster).await;
     let guard = locks.lock("hot", &options).await.expect("lock");
     assert!(guard.is_held());
@@ -41,8 +43,10 @@ async fn uncontended_lock_and_release_are_two_transactions() {
         ReleaseOutcome::Released
     );
     let txns = kv_calls(&cluster, "Txn").await - txns_before;
+    let deletes = kv_calls(&cluster, "DeleteRange").await - deletes_before;
     let all = all_kv_calls(&cluster).await - all_before;
 
-    assert_eq!(txns, 2.0, "one transaction to acquire, one to release");
-    assert_eq!(all, 2.0, "no other KV call (range, put, delete)");
+    assert_eq!(txns, 1.0, "one transaction to acquire");
+    assert_eq!(deletes, 1.0, "one delete of exactly our key to release");
+    assert_eq!(all, 2.0, "no other KV call (range, put)");
 }
