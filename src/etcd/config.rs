@@ -114,7 +114,7 @@ impl EtcdConfig {
     }
 
     /// The key prefix under which all lock keys live (default `fencelock`): lock `orders`
-    /// uses keys `<namespace>/orders/<lease>-<seq>`.
+    /// uses keys `<namespace>/orders/<lease>-<slot>`.
     pub fn with_namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = namespace.into();
         self
