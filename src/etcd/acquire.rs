@@ -1,9 +1,11 @@
 //! Taking an etcd lock: one transaction to join the queue, then FIFO waiting by watch.
 //!
-//! Every acquisition runs in a task of its own, and the caller awaits its answer. If the
-//! caller goes away (its future dropped or timed out) the task notices and removes its key;
-//! if a grant races with the drop, the guard that nobody receives releases the lock as it
-//! is dropped.
+//! The join runs in the caller's future: an uncontended lock costs no task. Until the join
+//! has an answer, a [`Cleanup`] guard is armed: if the caller's future is dropped then, it
+//! removes the key (which may exist) in the background. A wait runs in a task of its own,
+//! which the caller awaits: if the caller goes away meanwhile (its future dropped or timed
+//! out) the task notices and removes its key; if a grant races with the drop, the guard
+//! that nobody receives releases the lock as it is dropped.
 //!
 //! A key that leaves the queue without the lock (a `try_lock` miss, a wait timeout, an
 //! error, a dropped call) is removed before the caller is answered, or, if etcd does not
@@ -27,6 +29,7 @@ use super::guard::EtcdGuard;
 use super::keys;
 use super::kind::Kind;
 use super::session::{Session, SessionInner};
+use super::watch_hub::Subscription;
 use crate::{FencingToken, LockError, LossReason};
 
 /// How long a caller's answer waits for its queue key to be removed; see the module docs.
@@ -55,9 +58,7 @@ pub(crate) async fn acquire(
     kind: Kind,
     started: Instant,
 ) -> Result<Option<EtcdGuard>, LockError> {
-    let (reply, answer) = oneshot::channel();
-    let span = tracing::Span::current();
-    let task = Acquisition {
+    let acquisition = Acquisition {
         prefix: keys::lock_prefix(&session.inner.config.namespace, name),
         name: name.to_owned(),
         session,
@@ -66,15 +67,150 @@ pub(crate) async fn acquire(
         value: kind.value(),
         kind,
     };
-    tokio::spawn(task.run(mode, reply).instrument(span));
-    answer.await.unwrap_or_else(|_| {
-        Err(LockError::Backend {
-            backend: crate::Backend::Etcd,
-            operation: "acquire",
-            lock: Some(name.to_owned()),
-            source: "the acquisition task stopped (runtime shutting down?)".into(),
-        })
-    })
+    let slot = acquisition.inner().slots.take(&acquisition.prefix);
+    let key = keys::waiter_key(&acquisition.prefix, acquisition.inner().lease_id(), slot);
+    // If this session waited on this lock lately, its watch is still open and synced:
+    // subscribed before joining, the join's own read is all a wait needs.
+    let early = match mode {
+        Mode::Wait { .. } => acquisition
+            .inner()
+            .hub
+            .subscribe_if_open(&acquisition.prefix),
+        Mode::Try => None,
+    };
+    let mut cleanup = Cleanup::armed(&acquisition, &key, slot);
+    let joined = acquisition.enqueue_as_kind(&key).await;
+    let (token, place, revision) = match joined {
+        Ok(joined) => joined,
+        // Refused: nothing was written (and could not be deleted either).
+        Err(err) if err.is_permission_denied() => {
+            cleanup.disarm();
+            acquisition
+                .inner()
+                .slots
+                .give_back(&acquisition.prefix, slot);
+            return Err(err);
+        }
+        Err(err) => {
+            // No answer does not mean not applied, now or later: see the module docs. The
+            // key holds our lease id, so it can only be ours.
+            tracing::debug!(%err, key, "join failed; retiring the session");
+            acquisition.inner().retire();
+            return acquisition.leave(cleanup, Err(err)).await;
+        }
+    };
+    match (place, mode) {
+        (Place::Head, _) => {
+            cleanup.disarm();
+            Ok(Some(acquisition.grant(key, slot, token, false).await))
+        }
+        (Place::Gone, _) => {
+            let lost = acquisition.lost_while_waiting();
+            acquisition.leave(cleanup, Err(lost)).await
+        }
+        (Place::Behind(_), Mode::Try) => acquisition.leave(cleanup, Ok(None)).await,
+        (Place::Behind(ahead), Mode::Wait { timeout }) => {
+            // The waiting task owns the key from here on.
+            cleanup.disarm();
+            let (reply, answer) = oneshot::channel();
+            let wait = Wait {
+                key,
+                slot,
+                token,
+                known: (ahead, revision),
+                early,
+                timeout,
+            };
+            let span = tracing::Span::current();
+            tokio::spawn(acquisition.wait(wait, reply).instrument(span));
+            answer.await.unwrap_or_else(|_| {
+                Err(LockError::Backend {
+                    backend: crate::Backend::Etcd,
+                    operation: "acquire",
+                    lock: Some(name.to_owned()),
+                    source: "the acquisition task stopped (runtime shutting down?)".into(),
+                })
+            })
+        }
+    }
+}
+
+/// What a wait starts from.
+struct Wait {
+    key: String,
+    slot: u64,
+    token: FencingToken,
+    /// The key right ahead, and the revision it was read at.
+    known: (Vec<u8>, i64),
+    /// A subscription to the lock's watch taken before the join, if it was open.
+    early: Option<Subscription>,
+    timeout: Option<Duration>,
+}
+
+/// Removes a queue key whose acquisition was dropped before it could: armed while the
+/// key may exist with nobody else to remove it.
+pub(super) struct Cleanup {
+    removal: Option<Removal>,
+}
+
+/// Everything removing one key takes.
+#[derive(Clone)]
+struct Removal {
+    session: Session,
+    name: String,
+    prefix: String,
+    key: String,
+    slot: u64,
+}
+
+impl Cleanup {
+    fn armed(acquisition: &Acquisition, key: &str, slot: u64) -> Self {
+        Self {
+            removal: Some(acquisition.removal(key, slot)),
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.removal = None;
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let Some(removal) = self.removal.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(removal.run());
+        }
+    }
+}
+
+impl Removal {
+    /// Deletes the key, retrying until etcd confirms it or the session is gone: its lease
+    /// then takes the key with it. The key's slot is free again once the delete is
+    /// confirmed.
+    async fn run(self) {
+        let inner = &self.session.inner;
+        let mut backoff = Backoff::new();
+        while inner.is_alive() {
+            match delete_key(inner, &self.name, &self.key).await {
+                Ok(_) => return inner.slots.give_back(&self.prefix, self.slot),
+                // Not allowed to delete it means not allowed to have written it either.
+                Err(err) if err.is_permission_denied() => {
+                    return inner.slots.give_back(&self.prefix, self.slot);
+                }
+                Err(err) => {
+                    tracing::debug!(%err, key = self.key, "could not remove our queue entry; retrying");
+                    backoff.wait().await;
+                }
+            }
+        }
+        tracing::debug!(
+            key = self.key,
+            "session gone: its lease removes our queue entry"
+        );
+    }
 }
 
 type Reply = oneshot::Sender<Result<Option<EtcdGuard>, LockError>>;
@@ -106,73 +242,80 @@ impl Acquisition {
         &self.session.inner
     }
 
-    async fn run(self, mode: Mode, mut reply: Reply) {
-        let slot = self.inner().slots.take(&self.prefix);
-        let key = keys::waiter_key(&self.prefix, self.inner().lease_id(), slot);
-        let joined = match self.kind {
-            Kind::Reader => self.enqueue_shared(&key).await,
-            Kind::Permit { .. } => self.enqueue_for_permit(&key).await,
-            Kind::Mutex | Kind::Writer | Kind::Candidate { .. } => self.enqueue(&key).await,
-        };
-        let (token, place) = match joined {
-            Ok(joined) => joined,
-            // Refused: nothing was written (and could not be deleted either).
-            Err(err) if err.is_permission_denied() => {
-                self.inner().slots.give_back(&self.prefix, slot);
-                let _ = reply.send(Err(err));
-                return;
-            }
-            Err(err) => {
-                // No answer does not mean not applied, now or later: see the module docs.
-                // The key holds our lease id, so it can only be ours.
-                tracing::debug!(%err, key, "join failed; retiring the session");
-                self.inner().retire();
-                return self.leave(&key, slot, reply, Err(err)).await;
-            }
-        };
-        let outcome = match (place, mode) {
-            (Place::Head, _) => Some(Ok(false)),
-            (Place::Gone, _) => Some(Err(self.lost_while_waiting())),
-            (Place::Behind(_), Mode::Try) => None,
-            (Place::Behind(ahead), Mode::Wait { timeout }) => {
-                let deadline = timeout.map(|t| self.started + t);
-                let waiting = async {
-                    match self.kind {
-                        Kind::Reader => self.wait_shared(token).await,
-                        Kind::Permit { .. } => self.wait_for_permit(token, &key).await,
-                        Kind::Mutex | Kind::Writer | Kind::Candidate { .. } => {
-                            self.wait_turn(token, ahead).await
-                        }
-                    }
-                };
-                tokio::select! {
-                    waited = waiting => Some(waited.map(|()| true)),
-                    _ = self.session.inner.lost() => Some(Err(self.lost_while_waiting())),
-                    _ = sleep_until_opt(deadline) => Some(Err(LockError::WaitTimeout {
-                        name: self.name.clone(),
-                        waited: timeout.unwrap_or_default(),
-                    })),
-                    _ = reply.closed() => {
-                        tracing::debug!("caller gave up waiting; leaving the queue");
-                        return self.remove_until_confirmed(&key, slot).await;
-                    }
+    /// What removing `key` takes.
+    fn removal(&self, key: &str, slot: u64) -> Removal {
+        Removal {
+            session: self.session.clone(),
+            name: self.name.clone(),
+            prefix: self.prefix.clone(),
+            key: key.to_owned(),
+            slot,
+        }
+    }
+
+    /// Joins the queue as this acquisition's kind demands.
+    async fn enqueue_as_kind(&self, key: &str) -> Result<(FencingToken, Place, i64), LockError> {
+        match self.kind {
+            Kind::Reader => self.enqueue_shared(key).await,
+            Kind::Permit { .. } => self.enqueue_for_permit(key).await,
+            Kind::Mutex | Kind::Writer | Kind::Candidate { .. } => self.enqueue(key).await,
+        }
+    }
+
+    /// The guard for a grant; `waited` says whether it queued first (a lock without
+    /// renewal then renews once more, so that its TTL counts from now).
+    async fn grant(self, key: String, slot: u64, token: FencingToken, waited: bool) -> EtcdGuard {
+        tracing::debug!(%token, waited, "lock acquired");
+        if self.owns_session {
+            self.inner().stop_renewing(waited).await;
+        }
+        EtcdGuard::new(self.session, self.owns_session, self.name, key, slot, token)
+    }
+
+    /// Waits in line (in its own task), then answers through `reply`.
+    async fn wait(self, wait: Wait, mut reply: Reply) {
+        let Wait {
+            key,
+            slot,
+            token,
+            known,
+            early,
+            timeout,
+        } = wait;
+        let deadline = timeout.map(|t| self.started + t);
+        let watch = early.unwrap_or_else(|| self.inner().hub.subscribe(&self.prefix));
+        let waiting = async {
+            match self.kind {
+                Kind::Reader => self.wait_turn(token, Some(known), watch, true).await,
+                Kind::Permit { .. } => self.wait_for_permit(token, &key, watch).await,
+                Kind::Mutex | Kind::Writer | Kind::Candidate { .. } => {
+                    self.wait_turn(token, Some(known), watch, false).await
                 }
+            }
+        };
+        let outcome = tokio::select! {
+            waited = waiting => waited,
+            _ = self.session.inner.lost() => Err(self.lost_while_waiting()),
+            _ = sleep_until_opt(deadline) => Err(LockError::WaitTimeout {
+                name: self.name.clone(),
+                waited: timeout.unwrap_or_default(),
+            }),
+            _ = reply.closed() => {
+                tracing::debug!("caller gave up waiting; leaving the queue");
+                return self.removal(&key, slot).run().await;
             }
         };
         match outcome {
-            Some(Ok(waited)) => {
-                tracing::debug!(%token, waited, "lock acquired");
-                if self.owns_session {
-                    // The lock's TTL counts from now, not from when it queued.
-                    self.inner().stop_renewing(waited).await;
-                }
-                let guard =
-                    EtcdGuard::new(self.session, self.owns_session, self.name, key, slot, token);
+            Ok(()) => {
+                let guard = self.grant(key, slot, token, true).await;
                 // If the caller is gone, the guard comes back and its drop releases.
                 let _ = reply.send(Ok(Some(guard)));
             }
-            None => self.leave(&key, slot, reply, Ok(None)).await,
-            Some(Err(err)) => self.leave(&key, slot, reply, Err(err)).await,
+            Err(err) => {
+                let cleanup = Cleanup::armed(&self, &key, slot);
+                let answer = self.leave(cleanup, Err(err)).await;
+                let _ = reply.send(answer);
+            }
         }
     }
 
@@ -248,58 +391,86 @@ impl Acquisition {
         .await
     }
 
-    /// Joins a mutex's queue: the two newest keys are mine and the one right ahead.
-    async fn enqueue(&self, key: &str) -> Result<(FencingToken, Place), LockError> {
+    /// Joins a mutex's queue: the two newest keys are mine and the one right ahead. Also
+    /// returns the revision the place was read at.
+    async fn enqueue(&self, key: &str) -> Result<(FencingToken, Place, i64), LockError> {
         match self.join(key, newest_two()).await? {
-            Joined::Now { token, read } => Ok((token, place_of(token, read.kvs()))),
-            Joined::Earlier(token) => Ok((token, self.read_place(token).await?)),
-        }
-    }
-
-    /// Waits until no key is ahead of mine, watching only the key right ahead (no herd).
-    ///
-    /// Each watch starts at the present and the queue is read after it is set up, so a
-    /// deletion cannot slip between the read and the watch. One read answers both "is a
-    /// key still ahead of me?" and "is my key still there?".
-    async fn wait_turn(&self, token: FencingToken, ahead: Vec<u8>) -> Result<(), LockError> {
-        let hub = &self.inner().hub;
-        let mut watch = hub.watch_deletion(ahead);
-        let mut backoff = Backoff::new();
-        if !watch.created().await {
-            backoff.wait().await;
-        }
-        loop {
-            let place = match self.read_place(token).await {
-                Ok(place) => place,
-                // A leader election or a member going down: keep our place and retry. The
-                // session's loss and the wait timeout bound how long.
-                Err(err) if err.is_unavailable() => {
-                    tracing::debug!(%err, "queue read failed; retrying");
-                    backoff.wait().await;
-                    continue;
-                }
-                Err(err) => return Err(err),
-            };
-            match place {
-                Place::Head => return Ok(()),
-                Place::Gone => return Err(self.lost_while_waiting()),
-                Place::Behind(ahead) if watch.has_ended() || watch.key() != ahead.as_slice() => {
-                    watch = hub.watch_deletion(ahead);
-                    if watch.created().await {
-                        backoff.reset();
-                    } else {
-                        backoff.wait().await;
-                    }
-                }
-                Place::Behind(_) => watch.deleted().await,
+            Joined::Now { token, read } => {
+                Ok((token, place_of(token, read.kvs()), token.as_revision()))
+            }
+            Joined::Earlier(token) => {
+                let (place, revision) = self.read_place(token).await?;
+                Ok((token, place, revision))
             }
         }
     }
 
-    /// Reads my place: the keys of the lock up to my create revision, newest first.
-    async fn read_place(&self, token: FencingToken) -> Result<Place, LockError> {
+    /// Waits until no key is ahead of mine (`reader`: no key but readers), watching for
+    /// the deletion of the one that holds me back (no herd: only my predecessor's
+    /// deletion makes me read again).
+    ///
+    /// The session's watch of the lock (see `watch_hub.rs`) delivers every deletion after
+    /// it was created; a place read at or after that revision is therefore never missed.
+    /// `known` is the place already read (at the join) and its revision. One read answers
+    /// both "is a key still ahead of me?" and "is my key still there?".
+    pub(super) async fn wait_turn(
+        &self,
+        token: FencingToken,
+        known: Option<(Vec<u8>, i64)>,
+        mut watch: Subscription,
+        reader: bool,
+    ) -> Result<(), LockError> {
+        let hub = &self.inner().hub;
+        let mut backoff = Backoff::new();
+        let mut known = known;
+        loop {
+            let Some(created) = watch.ready().await else {
+                // Cancelled by the server or the stream broke: watch and read again.
+                backoff.wait().await;
+                watch = hub.subscribe(&self.prefix);
+                known = None;
+                continue;
+            };
+            let ahead = match known.take() {
+                Some((ahead, revision)) if created <= revision => ahead,
+                _ => {
+                    let read = if reader {
+                        self.reader_place(token).await
+                    } else {
+                        self.read_place(token).await
+                    };
+                    match read {
+                        Ok((Place::Head, _)) => return Ok(()),
+                        Ok((Place::Gone, _)) => return Err(self.lost_while_waiting()),
+                        Ok((Place::Behind(ahead), _)) => {
+                            backoff.reset();
+                            ahead
+                        }
+                        // A leader election or a member going down: keep our place and
+                        // retry. The session's loss and the wait timeout bound how long.
+                        Err(err) if err.is_unavailable() => {
+                            tracing::debug!(%err, "queue read failed; retrying");
+                            backoff.wait().await;
+                            continue;
+                        }
+                        Err(err) => return Err(err),
+                    }
+                }
+            };
+            // Until the key ahead goes (or the watch ends: then the top watches again).
+            while let Some(deleted) = watch.next_deletion().await {
+                if deleted == ahead {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Reads my place: the keys of the lock up to my create revision, newest first; and
+    /// the revision it was read at.
+    async fn read_place(&self, token: FencingToken) -> Result<(Place, i64), LockError> {
         let read = self.read_up_to(token, newest_two()).await?;
-        Ok(place_of(token, read.kvs()))
+        Ok((place_of(token, read.kvs()), revision_of(&read)))
     }
 
     pub(super) fn lost_while_waiting(&self) -> LockError {
@@ -309,47 +480,31 @@ impl Acquisition {
         }
     }
 
-    /// Removes my key, then answers the caller; see the module docs for what happens
-    /// when etcd does not confirm the removal within [`CLEANUP_ALLOWANCE`].
+    /// Removes my key (the one `cleanup` is armed for), then returns `answer`; see the
+    /// module docs for what happens when etcd does not confirm the removal within
+    /// [`CLEANUP_ALLOWANCE`]. If this future is dropped meanwhile, `cleanup` goes on in the
+    /// background.
     async fn leave(
         &self,
-        key: &str,
-        slot: u64,
-        reply: Reply,
+        mut cleanup: Cleanup,
         answer: Result<Option<EtcdGuard>, LockError>,
-    ) {
-        let removal = self.remove_until_confirmed(key, slot);
-        tokio::pin!(removal);
-        let removed = tokio::time::timeout(CLEANUP_ALLOWANCE, &mut removal)
+    ) -> Result<Option<EtcdGuard>, LockError> {
+        let Some(removal) = cleanup.removal.as_ref() else {
+            return answer;
+        };
+        if tokio::time::timeout(CLEANUP_ALLOWANCE, removal.clone().run())
             .await
-            .is_ok();
-        let _ = reply.send(answer);
-        if !removed {
-            tracing::warn!(key, "queue entry not removed yet; still trying");
-            removal.await;
+            .is_ok()
+        {
+            cleanup.disarm();
+        } else {
+            tracing::warn!(
+                key = removal.key,
+                "queue entry not removed yet; still trying"
+            );
+            // Dropping the armed cleanup goes on removing it in the background.
         }
-    }
-
-    /// Deletes my key, retrying until etcd confirms it or the session is gone: its lease
-    /// then takes the key with it. The key's slot is free again once the delete is
-    /// confirmed.
-    async fn remove_until_confirmed(&self, key: &str, slot: u64) {
-        let inner = self.inner();
-        let mut backoff = Backoff::new();
-        while inner.is_alive() {
-            match delete_key(inner, &self.name, key).await {
-                Ok(_) => return inner.slots.give_back(&self.prefix, slot),
-                // Not allowed to delete it means not allowed to have written it either.
-                Err(err) if err.is_permission_denied() => {
-                    return inner.slots.give_back(&self.prefix, slot);
-                }
-                Err(err) => {
-                    tracing::debug!(%err, key, "could not remove our queue entry; retrying");
-                    backoff.wait().await;
-                }
-            }
-        }
-        tracing::debug!(key, "session gone: its lease removes our queue entry");
+        answer
     }
 }
 
@@ -381,6 +536,11 @@ pub(super) enum Joined {
     },
     /// An earlier attempt of the same request put it: my token, nothing read.
     Earlier(FencingToken),
+}
+
+/// The store revision a read was made at.
+pub(super) fn revision_of(read: &GetResponse) -> i64 {
+    read.header().map_or(0, |h| h.revision())
 }
 
 /// The two newest keys (by create revision), names only.

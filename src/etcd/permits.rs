@@ -24,7 +24,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTar
 use super::acquire::{Acquisition, Backoff, Joined, Place};
 use super::call::call_retrying;
 use super::kind::Kind;
-use super::watch_hub::{Registration, Scope};
+use super::watch_hub::{Registration, Scope, Subscription};
 use crate::{FencingToken, LockError};
 
 /// What a waiter must watch to learn that its turn may have come.
@@ -47,7 +47,7 @@ impl Acquisition {
     pub(super) async fn enqueue_for_permit(
         &self,
         key: &str,
-    ) -> Result<(FencingToken, Place), LockError> {
+    ) -> Result<(FencingToken, Place, i64), LockError> {
         // A waiting place carries no key: the wait reads its rank first.
         let waiting = Place::Behind(Vec::new());
         let oldest = GetOptions::new()
@@ -63,7 +63,7 @@ impl Acquisition {
                     Some(Rank::Admitted) => Place::Head,
                     _ => waiting,
                 };
-                Ok((token, place))
+                Ok((token, place, token.as_revision()))
             }
             Joined::Earlier(token) => {
                 let place = match self.rank(token).await? {
@@ -71,21 +71,30 @@ impl Acquisition {
                     Rank::Gone => Place::Gone,
                     Rank::First | Rank::Behind(_) => waiting,
                 };
-                Ok((token, place))
+                Ok((token, place, 0))
             }
         }
     }
 
     /// Waits until a permit is ours, then touches my key so the waiter behind me knows.
+    /// The first waiter takes the session's watch of the lock (any deletion may admit it);
+    /// the others watch the key right ahead for any change.
     pub(super) async fn wait_for_permit(
         &self,
         token: FencingToken,
         key: &str,
+        mut lock_watch: Subscription,
     ) -> Result<(), LockError> {
         let hub = &self.inner().hub;
         let mut backoff = Backoff::new();
-        let mut watching: Option<(Rank, Registration)> = None;
+        let mut watching: Option<(Vec<u8>, Registration)> = None;
         loop {
+            // Read after the lock watch exists: a deletion after the read is delivered.
+            if lock_watch.ready().await.is_none() {
+                backoff.wait().await;
+                lock_watch = hub.subscribe(&self.prefix);
+                continue;
+            }
             let rank = match self.rank(token).await {
                 Ok(rank) => rank,
                 Err(err) if err.is_unavailable() => {
@@ -97,37 +106,30 @@ impl Acquisition {
             match rank {
                 Rank::Admitted => return self.touch(key, token).await,
                 Rank::Gone => return Err(self.lost_while_waiting()),
-                target => {
-                    let reuse = matches!(&watching, Some((current, watch)) if *current == target && !watch.has_ended());
-                    if reuse {
-                        if let Some((_, watch)) = watching.as_mut() {
-                            watch.deleted().await;
-                        }
-                    } else {
-                        let scope = match &target {
-                            Rank::First => Scope {
-                                prefix: true,
-                                puts: false,
-                            },
-                            _ => Scope {
-                                prefix: false,
-                                puts: true,
-                            },
+                Rank::First => {
+                    watching = None;
+                    // Any deletion (or the end of the watch) calls for a new rank.
+                    let _ = lock_watch.next_deletion().await;
+                }
+                Rank::Behind(ahead) => match watching.as_mut() {
+                    Some((watched, watch)) if *watched == ahead && !watch.has_ended() => {
+                        watch.deleted().await;
+                    }
+                    _ => {
+                        let scope = Scope {
+                            prefix: false,
+                            puts: true,
                         };
-                        let watched = match &target {
-                            Rank::Behind(ahead) => ahead.clone(),
-                            _ => self.prefix.clone().into_bytes(),
-                        };
-                        let mut watch = hub.watch(watched, scope);
+                        let mut watch = hub.watch(ahead.clone(), scope);
                         // Read again once the watch exists: nothing can slip in between.
                         if watch.created().await {
                             backoff.reset();
                         } else {
                             backoff.wait().await;
                         }
-                        watching = Some((target, watch));
+                        watching = Some((ahead, watch));
                     }
-                }
+                },
             }
         }
     }

@@ -9,66 +9,39 @@
 
 use etcd_client::{GetOptions, SortOrder, SortTarget};
 
-use super::acquire::{Acquisition, Backoff, Joined, Place};
+use super::acquire::{Acquisition, Joined, Place, revision_of};
 use super::kind::Kind;
 use crate::{FencingToken, LockError};
 
 impl Acquisition {
     /// Joins the queue as a reader: put my key and read every key ahead, with their
-    /// sides, in the same revision.
+    /// sides, in the same revision; also returns that revision.
     pub(super) async fn enqueue_shared(
         &self,
         key: &str,
-    ) -> Result<(FencingToken, Place), LockError> {
+    ) -> Result<(FencingToken, Place, i64), LockError> {
         match self.join(key, newest_first()).await? {
-            Joined::Now { token, read } => Ok((token, place_of_reader(token, read.kvs()))),
-            Joined::Earlier(token) => Ok((token, self.reader_place(token).await?)),
-        }
-    }
-
-    /// Waits until only readers are ahead, watching the nearest other key each time.
-    pub(super) async fn wait_shared(&self, token: FencingToken) -> Result<(), LockError> {
-        let hub = &self.inner().hub;
-        let mut backoff = Backoff::new();
-        let mut watch = None;
-        loop {
-            let place = match self.reader_place(token).await {
-                Ok(place) => place,
-                Err(err) if err.is_unavailable() => {
-                    backoff.wait().await;
-                    continue;
-                }
-                Err(err) => return Err(err),
-            };
-            match place {
-                Place::Head => return Ok(()),
-                Place::Gone => return Err(self.lost_while_waiting()),
-                Place::Behind(writer) => {
-                    let current: Option<&mut super::watch_hub::Registration> = watch.as_mut();
-                    match current {
-                        Some(w) if w.key() == writer.as_slice() && !w.has_ended() => {
-                            w.deleted().await;
-                        }
-                        _ => {
-                            let mut fresh = hub.watch_deletion(writer);
-                            // Read again once the watch exists: nothing can slip between.
-                            if fresh.created().await {
-                                backoff.reset();
-                            } else {
-                                backoff.wait().await;
-                            }
-                            watch = Some(fresh);
-                        }
-                    }
-                }
+            Joined::Now { token, read } => Ok((
+                token,
+                place_of_reader(token, read.kvs()),
+                token.as_revision(),
+            )),
+            Joined::Earlier(token) => {
+                let (place, revision) = self.reader_place(token).await?;
+                Ok((token, place, revision))
             }
         }
     }
 
-    /// Reads the keys up to mine and finds the nearest key ahead that is not a reader.
-    async fn reader_place(&self, token: FencingToken) -> Result<Place, LockError> {
+    /// Reads the keys up to mine and finds the nearest key ahead that is not a reader;
+    /// and the revision it was read at. The wait is the mutex's (`wait_turn`, as a
+    /// reader).
+    pub(super) async fn reader_place(
+        &self,
+        token: FencingToken,
+    ) -> Result<(Place, i64), LockError> {
         let read = self.read_up_to(token, newest_first()).await?;
-        Ok(place_of_reader(token, read.kvs()))
+        Ok((place_of_reader(token, read.kvs()), revision_of(&read)))
     }
 }
 

@@ -117,6 +117,7 @@ pub async fn run(args: BenchArgs) -> BoxResult<()> {
         cells: Vec::new(),
         renewals: Vec::new(),
         run,
+        etcd_clusters: Vec::new(),
     };
 
     let etcd = match targets.etcd_config("bench")? {
@@ -129,6 +130,11 @@ pub async fn run(args: BenchArgs) -> BoxResult<()> {
         Some(config) if wants("etcd") => Some(EtcdLocker::connect(config.clone()).await?),
         _ => None,
     };
+    runner.etcd_clusters = [&etcd, &etcd_tls]
+        .into_iter()
+        .flatten()
+        .map(|locks| locks.client().clone())
+        .collect();
     let redis = match targets.redis_config("bench") {
         Some(config) if wants("redis") || wants("postgres") => {
             Some(RedisLocker::connect(config).await?)
@@ -283,7 +289,7 @@ fn planned_cells(args: &BenchArgs) -> u64 {
     if wants("etcd") {
         // Ceilings, and the TLS rows when etcd is local: a lock cycle per concurrency,
         // and a connect each way.
-        cells += 4 * c;
+        cells += 5 * c;
         if args.endpoints.etcd.is_none() {
             cells += c + 2;
         }

@@ -21,9 +21,26 @@ pub struct Runner<'a> {
     pub cells: Vec<Cell>,
     pub renewals: Vec<Renewal>,
     pub run: String,
+    /// Clients of the etcd clusters under test, compacted before every etcd cell.
+    pub etcd_clusters: Vec<etcd_client::Client>,
 }
 
 impl Runner<'_> {
+    /// Compacts every etcd under test, so that each etcd cell starts from the same server
+    /// state, as a cluster with auto-compaction is: without it, every cycle's revisions
+    /// pile up and each cell runs against a bigger store than the one before it, which
+    /// would favour whatever runs first.
+    async fn settle(&self) -> BoxResult<()> {
+        for client in &self.etcd_clusters {
+            match fencelock::testkit::compact_now(&mut client.clone()).await {
+                // Nothing written since the last compaction: nothing to do.
+                Err(err) if err.to_string().contains("has been compacted") => {}
+                outcome => drop(outcome?),
+            }
+        }
+        Ok(())
+    }
+
     fn step(&self, what: &str) {
         self.progress.set_message(what.to_owned());
     }
@@ -56,6 +73,7 @@ impl Runner<'_> {
             let run = self.run.clone();
             self.step(&format!("etcd put, concurrency {c}"));
             let cl = client.clone();
+            self.settle().await?;
             let cell = drive("ceiling", "etcd put", c, self.args.duration, move |w, i| {
                 let (mut cl, key) = (cl.clone(), format!("bench/{run}/put/{w}"));
                 async move {
@@ -66,17 +84,49 @@ impl Runner<'_> {
             .await?;
             self.done(cell);
 
+            // The cheapest correct cycle: one key name per worker, reused every cycle (as
+            // Go's mutex reuses one per session), so that etcd's index of dead keys does
+            // not grow under the prefix the transaction reads.
             let run = self.run.clone();
             self.step(&format!("etcd acquire txn + delete, concurrency {c}"));
             let cl = client.clone();
+            self.settle().await?;
             let cell = drive(
                 "ceiling",
                 "etcd txn+delete",
                 c,
                 self.args.duration,
-                move |w, i| {
+                move |w, _| {
                     let mut cl = cl.clone();
                     let prefix = format!("bench/{run}/txn/{w}/");
+                    let key = format!("{prefix}0");
+                    async move {
+                        let txn = acquire_shaped(&prefix, &key, lease);
+                        cl.txn(txn).await?;
+                        cl.delete(key, None).await?;
+                        Ok(())
+                    }
+                },
+            )
+            .await?;
+            self.done(cell);
+
+            // The same with a new key name every cycle: what a name per acquisition costs
+            // once dead keys pile up in the index (until etcd compacts).
+            let run = self.run.clone();
+            self.step(&format!(
+                "etcd acquire txn + delete, a key per cycle, concurrency {c}"
+            ));
+            let cl = client.clone();
+            self.settle().await?;
+            let cell = drive(
+                "ceiling",
+                "etcd txn+del, new key",
+                c,
+                self.args.duration,
+                move |w, i| {
+                    let mut cl = cl.clone();
+                    let prefix = format!("bench/{run}/ntxn/{w}/");
                     let key = format!("{prefix}{i}");
                     async move {
                         let txn = acquire_shaped(&prefix, &key, lease);
@@ -96,15 +146,16 @@ impl Runner<'_> {
                 "etcd acquire txn + guarded delete, concurrency {c}"
             ));
             let cl = client.clone();
+            self.settle().await?;
             let cell = drive(
                 "ceiling",
                 "etcd txn+guarded del",
                 c,
                 self.args.duration,
-                move |w, i| {
+                move |w, _| {
                     let mut cl = cl.clone();
                     let prefix = format!("bench/{run}/gtxn/{w}/");
-                    let key = format!("{prefix}{i}");
+                    let key = format!("{prefix}0");
                     async move {
                         let txn = acquire_shaped(&prefix, &key, lease);
                         let revision = cl.txn(txn).await?.header().map_or(0, |h| h.revision());
@@ -126,6 +177,7 @@ impl Runner<'_> {
             let run = self.run.clone();
             self.step(&format!("etcd Lock RPC, concurrency {c}"));
             let cl = client.clone();
+            self.settle().await?;
             let cell = drive(
                 "ceiling",
                 "etcd Lock RPC",
@@ -201,6 +253,7 @@ impl Runner<'_> {
         config: fencelock::etcd::EtcdConfig,
     ) -> BoxResult<()> {
         self.step(&format!("{subject} connect"));
+        self.settle().await?;
         let cell = drive("connect", subject, 1, self.args.duration, move |_, _| {
             let config = config.clone();
             async move {
@@ -226,6 +279,9 @@ impl Runner<'_> {
     {
         for &c in concurrencies {
             self.step(&format!("{subject} lock+release, concurrency {c}"));
+            if subject.starts_with("etcd") {
+                self.settle().await?;
+            }
             let (locks, run) = (locks.clone(), self.run.clone());
             let cell = drive(
                 "distinct keys",
@@ -256,6 +312,9 @@ impl Runner<'_> {
     {
         for &w in &self.args.waiters {
             self.step(&format!("{subject} contended, {w} waiters"));
+            if subject.starts_with("etcd") {
+                self.settle().await?;
+            }
             let grants: Arc<Mutex<Vec<(Instant, Instant)>>> = Arc::default();
             let name = format!("bench-{}-contended-{w}", self.run);
             let (l, g) = (locks.clone(), grants.clone());
