@@ -16,9 +16,10 @@
 //! through another member), after any removal; the session is then retired, so that its
 //! lease, and the late key with it, is revoked once no lock uses it.
 
+use std::collections::HashMap;
+
 use etcd_client::{
-    Compare, CompareOp, GetOptions, GetResponse, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse,
+    Compare, CompareOp, GetOptions, GetResponse, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
 use tokio::sync::oneshot;
 use tokio::time::{Duration, Instant};
@@ -28,6 +29,7 @@ use super::call::{call_retrying, malformed};
 use super::guard::EtcdGuard;
 use super::keys;
 use super::kind::Kind;
+use super::queue::Place;
 use super::session::{Session, SessionInner};
 use super::watch_hub::Subscription;
 use crate::{FencingToken, LockError, LossReason};
@@ -79,7 +81,7 @@ pub(crate) async fn acquire(
         Mode::Try => None,
     };
     let mut cleanup = Cleanup::armed(&acquisition, &key, slot);
-    let joined = acquisition.enqueue_as_kind(&key).await;
+    let joined = acquisition.enqueue(&key).await;
     let (token, place, revision) = match joined {
         Ok(joined) => joined,
         // Refused: nothing was written (and could not be deleted either).
@@ -140,8 +142,8 @@ struct Wait {
     key: String,
     slot: u64,
     token: FencingToken,
-    /// The key right ahead, and the revision it was read at.
-    known: (Vec<u8>, i64),
+    /// The keys ahead, and the revision they were read at.
+    known: (HashMap<Vec<u8>, Vec<u8>>, i64),
     /// A subscription to the lock's watch taken before the join, if it was open.
     early: Option<Subscription>,
     timeout: Option<Duration>,
@@ -226,17 +228,6 @@ pub(super) struct Acquisition {
     pub(super) value: Vec<u8>,
 }
 
-/// Where my key stands in the queue of one lock.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Place {
-    /// No key with a lower create revision: the lock is mine.
-    Head,
-    /// This key is the closest one ahead of mine.
-    Behind(Vec<u8>),
-    /// My key is gone (its lease expired or was revoked, or someone deleted it).
-    Gone,
-}
-
 impl Acquisition {
     pub(super) fn inner(&self) -> &SessionInner {
         &self.session.inner
@@ -250,15 +241,6 @@ impl Acquisition {
             prefix: self.prefix.clone(),
             key: key.to_owned(),
             slot,
-        }
-    }
-
-    /// Joins the queue as this acquisition's kind demands.
-    async fn enqueue_as_kind(&self, key: &str) -> Result<(FencingToken, Place, i64), LockError> {
-        match self.kind {
-            Kind::Reader => self.enqueue_shared(key).await,
-            Kind::Permit { .. } => self.enqueue_for_permit(key).await,
-            Kind::Mutex | Kind::Writer | Kind::Candidate { .. } => self.enqueue(key).await,
         }
     }
 
@@ -284,15 +266,7 @@ impl Acquisition {
         } = wait;
         let deadline = timeout.map(|t| self.started + t);
         let watch = early.unwrap_or_else(|| self.inner().hub.subscribe(&self.prefix));
-        let waiting = async {
-            match self.kind {
-                Kind::Reader => self.wait_turn(token, Some(known), watch, true).await,
-                Kind::Permit { .. } => self.wait_for_permit(token, &key, watch).await,
-                Kind::Mutex | Kind::Writer | Kind::Candidate { .. } => {
-                    self.wait_turn(token, Some(known), watch, false).await
-                }
-            }
-        };
+        let waiting = self.wait_in_line(token, &key, known, watch);
         let outcome = tokio::select! {
             waited = waiting => waited,
             _ = self.session.inner.lost() => Err(self.lost_while_waiting()),
@@ -367,8 +341,8 @@ impl Acquisition {
         }
     }
 
-    /// The lock's keys up to mine (create revision at most my token), as `options` sorts
-    /// and limits them: one read that answers where I stand.
+    /// The lock's keys up to mine (create revision at most my token), as `options` asks:
+    /// one read that answers where I stand.
     pub(super) async fn read_up_to(
         &self,
         token: FencingToken,
@@ -389,88 +363,6 @@ impl Acquisition {
             },
         )
         .await
-    }
-
-    /// Joins a mutex's queue: the two newest keys are mine and the one right ahead. Also
-    /// returns the revision the place was read at.
-    async fn enqueue(&self, key: &str) -> Result<(FencingToken, Place, i64), LockError> {
-        match self.join(key, newest_two()).await? {
-            Joined::Now { token, read } => {
-                Ok((token, place_of(token, read.kvs()), token.as_revision()))
-            }
-            Joined::Earlier(token) => {
-                let (place, revision) = self.read_place(token).await?;
-                Ok((token, place, revision))
-            }
-        }
-    }
-
-    /// Waits until no key is ahead of mine (`reader`: no key but readers), watching for
-    /// the deletion of the one that holds me back (no herd: only my predecessor's
-    /// deletion makes me read again).
-    ///
-    /// The session's watch of the lock (see `watch_hub.rs`) delivers every deletion after
-    /// it was created; a place read at or after that revision is therefore never missed.
-    /// `known` is the place already read (at the join) and its revision. One read answers
-    /// both "is a key still ahead of me?" and "is my key still there?".
-    pub(super) async fn wait_turn(
-        &self,
-        token: FencingToken,
-        known: Option<(Vec<u8>, i64)>,
-        mut watch: Subscription,
-        reader: bool,
-    ) -> Result<(), LockError> {
-        let hub = &self.inner().hub;
-        let mut backoff = Backoff::new();
-        let mut known = known;
-        loop {
-            let Some(created) = watch.ready().await else {
-                // Cancelled by the server or the stream broke: watch and read again.
-                backoff.wait().await;
-                watch = hub.subscribe(&self.prefix);
-                known = None;
-                continue;
-            };
-            let ahead = match known.take() {
-                Some((ahead, revision)) if created <= revision => ahead,
-                _ => {
-                    let read = if reader {
-                        self.reader_place(token).await
-                    } else {
-                        self.read_place(token).await
-                    };
-                    match read {
-                        Ok((Place::Head, _)) => return Ok(()),
-                        Ok((Place::Gone, _)) => return Err(self.lost_while_waiting()),
-                        Ok((Place::Behind(ahead), _)) => {
-                            backoff.reset();
-                            ahead
-                        }
-                        // A leader election or a member going down: keep our place and
-                        // retry. The session's loss and the wait timeout bound how long.
-                        Err(err) if err.is_unavailable() => {
-                            tracing::debug!(%err, "queue read failed; retrying");
-                            backoff.wait().await;
-                            continue;
-                        }
-                        Err(err) => return Err(err),
-                    }
-                }
-            };
-            // Until the key ahead goes (or the watch ends: then the top watches again).
-            while let Some(deleted) = watch.next_deletion().await {
-                if deleted == ahead {
-                    break;
-                }
-            }
-        }
-    }
-
-    /// Reads my place: the keys of the lock up to my create revision, newest first; and
-    /// the revision it was read at.
-    async fn read_place(&self, token: FencingToken) -> Result<(Place, i64), LockError> {
-        let read = self.read_up_to(token, newest_two()).await?;
-        Ok((place_of(token, read.kvs()), revision_of(&read)))
     }
 
     pub(super) fn lost_while_waiting(&self) -> LockError {
@@ -541,26 +433,6 @@ pub(super) enum Joined {
 /// The store revision a read was made at.
 pub(super) fn revision_of(read: &GetResponse) -> i64 {
     read.header().map_or(0, |h| h.revision())
-}
-
-/// The two newest keys (by create revision), names only.
-fn newest_two() -> GetOptions {
-    GetOptions::new()
-        .with_sort(SortTarget::Create, SortOrder::Descend)
-        .with_limit(2)
-        .with_keys_only()
-}
-
-/// Reads my place from keys sorted by create revision, newest first, none newer than mine.
-fn place_of(token: FencingToken, newest_first: &[etcd_client::KeyValue]) -> Place {
-    let mine = newest_first
-        .first()
-        .is_some_and(|kv| FencingToken::from_revision(kv.create_revision()) == Some(token));
-    match (mine, newest_first.get(1)) {
-        (false, _) => Place::Gone,
-        (true, None) => Place::Head,
-        (true, Some(ahead)) => Place::Behind(ahead.key().to_vec()),
-    }
 }
 
 async fn sleep_until_opt(deadline: Option<Instant>) {

@@ -3,7 +3,8 @@
 //! - A [`Session`] is one lease, kept alive by one task for all the locks of a client.
 //! - A lock is a key `<namespace>/<name>/<lease>-<slot>` put under the lease in one
 //!   transaction; its create revision is the [`FencingToken`](crate::FencingToken).
-//! - Waiters queue by create revision and each watches only the key right ahead of it.
+//! - Waiters queue by create revision; the join reads every key ahead, and a waiter
+//!   follows their deletions on one watch per lock (`queue.rs`): no read after waiting.
 //! - Release deletes exactly its key: names are reused only once a delete is confirmed
 //!   (`slots.rs`), so no late delete can meet a newer holder's key.
 //! - Every primitive under one name shares one queue; see `kind.rs` for who may hold
@@ -18,11 +19,10 @@ mod guard;
 mod keys;
 mod kind;
 mod locker;
-mod permits;
+mod queue;
 mod rwlock;
 mod semaphore;
 mod session;
-mod shared;
 mod slots;
 mod watch_hub;
 

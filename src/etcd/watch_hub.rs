@@ -1,23 +1,18 @@
-//! One watch stream per session, shared by all of its waits.
+//! One watch stream per session, and on it one watch per lock name (its whole prefix,
+//! deletions only), shared by every wait of the session on that lock and kept open for
+//! [`LINGER`] after the last one ends.
 //!
-//! Two kinds of watch run on it:
-//!
-//! - **Lock watches** ([`WatchHub::subscribe`]): one watch per lock name (its whole prefix,
-//!   deletions only), shared by every wait of the session on that lock and kept open for
-//!   [`LINGER`] after the last one ends. A watch that already exists is in etcd's "synced"
-//!   group and delivers a deletion at once. A watch created per wait races with the
-//!   commits around it: etcd turns "no start revision" into `current + 1` before it
-//!   registers the watcher, so a commit in between puts it in the "unsynced" group, which a
-//!   loop catches up only every 100 ms (`mvcc/watchable_store.go`, `syncWatchersLoop`), and
-//!   a contended handoff waits for that loop (measured: p99 ~90 ms). A waiter subscribes
-//!   *before* it joins the queue: every deletion after its read reaches it, provided the
-//!   watch was created at or before the read's revision (the subscription says when).
-//! - **Key watches** ([`WatchHub::watch`]): one key, for one wait, deletions and writes
-//!   (the semaphore's waiter watching the key right ahead for its "admitted" touch). The
-//!   waiter reads again once the watch is created.
+//! A watch that already exists is in etcd's "synced" group and delivers a deletion at
+//! once. A watch created per wait races with the commits around it: etcd turns "no start
+//! revision" into `current + 1` before it registers the watcher, so a commit in between
+//! puts it in the "unsynced" group, which a loop catches up only every 100 ms
+//! (`mvcc/watchable_store.go`, `syncWatchersLoop`), and a contended handoff waits for that
+//! loop (measured: p99 ~90 ms). A waiter subscribes *before* it joins the queue when the
+//! watch is open: every deletion after its read reaches it, provided the watch was created
+//! at or before the read's revision (the subscription says when; `queue.rs`).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,50 +28,18 @@ const OPEN_TIMEOUT: Duration = Duration::from_secs(5);
 /// one lock (a busy queue) find it already synced.
 pub(crate) const LINGER: Duration = Duration::from_secs(10);
 
-/// What a key watch reports.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum WatchSignal {
-    /// The watch is registered: changes after it will be seen.
-    Created,
-    /// The watched key was deleted.
-    Deleted,
-    /// The watched key was written (only for watches that include puts).
-    Changed,
-    /// The watch ended without seeing a deletion (cancelled by the server, compaction,
-    /// stream broken). The waiter must re-read and watch again.
-    Ended(String),
-}
-
 /// What a lock watch reports to a subscriber.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum LockSignal {
     /// The watch exists since this store revision: every deletion after it is delivered.
     Created(i64),
-    /// This key under the lock's prefix was deleted.
-    Deleted(Vec<u8>),
+    /// This key under the lock's prefix was deleted, at this revision.
+    Deleted(Vec<u8>, i64),
     /// The watch ended (cancelled by the server, stream broken).
     Ended(String),
 }
 
-/// What a key watch covers.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Scope {
-    /// Every key under `key` as a prefix, instead of `key` alone.
-    pub(crate) prefix: bool,
-    /// Report writes too, not only deletions.
-    pub(crate) puts: bool,
-}
-
 enum Command {
-    Watch {
-        id: i64,
-        key: Vec<u8>,
-        scope: Scope,
-        signals: mpsc::UnboundedSender<WatchSignal>,
-    },
-    Cancel {
-        id: i64,
-    },
     Subscribe {
         prefix: Vec<u8>,
         subscriber: u64,
@@ -92,7 +55,6 @@ enum Command {
 #[derive(Debug)]
 pub(crate) struct WatchHub {
     commands: mpsc::UnboundedSender<Command>,
-    next_id: Arc<AtomicI64>,
     next_subscriber: AtomicU64,
     /// The prefixes with an open lock watch, as the task last knew them.
     open: Arc<Mutex<HashSet<Vec<u8>>>>,
@@ -101,12 +63,10 @@ pub(crate) struct WatchHub {
 impl WatchHub {
     pub(crate) fn start(client: Client) -> Self {
         let (commands, receiver) = mpsc::unbounded_channel();
-        let next_id = Arc::new(AtomicI64::new(1));
         let open = Arc::new(Mutex::new(HashSet::new()));
-        tokio::spawn(HubTask::new(client, next_id.clone(), open.clone()).run(receiver));
+        tokio::spawn(HubTask::new(client, open.clone()).run(receiver));
         Self {
             commands,
-            next_id,
             next_subscriber: AtomicU64::new(1),
             open,
         }
@@ -147,29 +107,6 @@ impl WatchHub {
             ended: !sent,
         }
     }
-
-    /// Starts a watch on `key` (or every key under it) with the given scope. The
-    /// registration reports `Created` first (or `Ended` if the watch could not be set up).
-    /// Dropping it cancels the watch.
-    pub(crate) fn watch(&self, key: Vec<u8>, scope: Scope) -> Registration {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (signals, receiver) = mpsc::unbounded_channel();
-        let registered = self
-            .commands
-            .send(Command::Watch {
-                id,
-                key,
-                scope,
-                signals,
-            })
-            .is_ok();
-        Registration {
-            id,
-            receiver,
-            commands: self.commands.clone(),
-            ended: !registered,
-        }
-    }
 }
 
 /// One wait's share of a lock watch.
@@ -196,25 +133,26 @@ impl Subscription {
                 Some(LockSignal::Created(revision)) => self.created = Some(revision),
                 // Deletions before the watch is confirmed precede it: the read after it
                 // covers them.
-                Some(LockSignal::Deleted(_)) => {}
+                Some(LockSignal::Deleted(..)) => {}
                 Some(LockSignal::Ended(_)) | None => self.ended = true,
             }
         }
         if self.ended { None } else { self.created }
     }
 
-    /// The next key deleted under the lock's prefix; `None` once the watch has ended.
+    /// The next key deleted under the lock's prefix, and the revision of its deletion;
+    /// `None` once the watch has ended.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: a deletion not yet taken stays in the queue.
-    pub(crate) async fn next_deletion(&mut self) -> Option<Vec<u8>> {
+    pub(crate) async fn next_deletion(&mut self) -> Option<(Vec<u8>, i64)> {
         if self.ended {
             return None;
         }
         loop {
             match self.receiver.recv().await {
-                Some(LockSignal::Deleted(key)) => return Some(key),
+                Some(LockSignal::Deleted(key, revision)) => return Some((key, revision)),
                 Some(LockSignal::Created(revision)) => self.created = Some(revision),
                 Some(LockSignal::Ended(_)) | None => {
                     self.ended = true;
@@ -234,63 +172,6 @@ impl Drop for Subscription {
     }
 }
 
-/// One watch on one key.
-#[derive(Debug)]
-pub(crate) struct Registration {
-    id: i64,
-    receiver: mpsc::UnboundedReceiver<WatchSignal>,
-    commands: mpsc::UnboundedSender<Command>,
-    ended: bool,
-}
-
-impl Registration {
-    /// Whether the watch has ended; an ended watch reports nothing more.
-    pub(crate) fn has_ended(&self) -> bool {
-        self.ended
-    }
-
-    /// The next signal. After `Ended` (or if the hub is gone) it keeps returning `Ended`.
-    pub(crate) async fn next(&mut self) -> WatchSignal {
-        if self.ended {
-            return WatchSignal::Ended("watch already ended".into());
-        }
-        let signal = self
-            .receiver
-            .recv()
-            .await
-            .unwrap_or_else(|| WatchSignal::Ended("watch task stopped".into()));
-        if matches!(signal, WatchSignal::Ended(_)) {
-            self.ended = true;
-        }
-        signal
-    }
-
-    /// Waits until the watch is set up; `false` if it ended instead.
-    pub(crate) async fn created(&mut self) -> bool {
-        loop {
-            match self.next().await {
-                WatchSignal::Created => return true,
-                WatchSignal::Ended(_) => return false,
-                WatchSignal::Deleted | WatchSignal::Changed => {}
-            }
-        }
-    }
-
-    /// Waits until the next event (a deletion, or a write if the scope includes writes)
-    /// or the end of the watch.
-    pub(crate) async fn deleted(&mut self) {
-        while matches!(self.next().await, WatchSignal::Created) {}
-    }
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        if !self.ended {
-            let _ = self.commands.send(Command::Cancel { id: self.id });
-        }
-    }
-}
-
 /// A lock watch and its subscribers.
 struct LockWatch {
     id: i64,
@@ -302,10 +183,9 @@ struct LockWatch {
 
 struct HubTask {
     client: Client,
-    next_id: Arc<AtomicI64>,
+    next_id: i64,
     open: Arc<Mutex<HashSet<Vec<u8>>>>,
     stream: Option<(WatchRequestSender, WatchResponseStream)>,
-    watchers: HashMap<i64, mpsc::UnboundedSender<WatchSignal>>,
     locks: HashMap<Vec<u8>, LockWatch>,
     lock_ids: HashMap<i64, Vec<u8>>,
     /// `locks` gained or lost an entry since `open` was last published.
@@ -313,13 +193,12 @@ struct HubTask {
 }
 
 impl HubTask {
-    fn new(client: Client, next_id: Arc<AtomicI64>, open: Arc<Mutex<HashSet<Vec<u8>>>>) -> Self {
+    fn new(client: Client, open: Arc<Mutex<HashSet<Vec<u8>>>>) -> Self {
         Self {
             client,
-            next_id,
+            next_id: 1,
             open,
             stream: None,
-            watchers: HashMap::new(),
             locks: HashMap::new(),
             lock_ids: HashMap::new(),
             open_changed: false,
@@ -389,34 +268,6 @@ impl HubTask {
 
     async fn handle(&mut self, command: Command) {
         match command {
-            Command::Watch {
-                id,
-                key,
-                scope,
-                signals,
-            } => {
-                let mut options = WatchOptions::new().with_watch_id(id);
-                if scope.prefix {
-                    options = options.with_prefix();
-                }
-                if !scope.puts {
-                    options = options.with_filters([WatchFilterType::NoPut]);
-                }
-                match self.send_watch(key, options).await {
-                    Ok(()) => {
-                        self.watchers.insert(id, signals);
-                    }
-                    Err(err) => {
-                        let _ = signals.send(WatchSignal::Ended(err.clone()));
-                        self.break_stream(&err);
-                    }
-                }
-            }
-            Command::Cancel { id } => {
-                if self.watchers.remove(&id).is_some() {
-                    self.cancel(id).await;
-                }
-            }
             Command::Subscribe {
                 prefix,
                 subscriber,
@@ -447,7 +298,8 @@ impl HubTask {
             watch.idle_since = None;
             return;
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = self.next_id;
+        self.next_id += 1;
         let options = WatchOptions::new()
             .with_watch_id(id)
             .with_prefix()
@@ -503,28 +355,8 @@ impl HubTask {
     }
 
     fn dispatch(&mut self, response: &WatchResponse) {
-        let id = response.watch_id();
-        if let Some(prefix) = self.lock_ids.get(&id).cloned() {
-            return self.dispatch_lock(&prefix, response);
-        }
-        let Some(signals) = self.watchers.get(&id) else {
-            return;
-        };
-        if response.created() {
-            let _ = signals.send(WatchSignal::Created);
-        }
-        for event in response.events() {
-            let signal = match event.event_type() {
-                EventType::Delete => WatchSignal::Deleted,
-                EventType::Put => WatchSignal::Changed,
-            };
-            let _ = signals.send(signal);
-        }
-        if response.canceled() {
-            let reason = cancel_reason(response);
-            if let Some(signals) = self.watchers.remove(&id) {
-                let _ = signals.send(WatchSignal::Ended(reason));
-            }
+        if let Some(prefix) = self.lock_ids.get(&response.watch_id()).cloned() {
+            self.dispatch_lock(&prefix, response);
         }
     }
 
@@ -541,7 +373,7 @@ impl HubTask {
         for event in response.events() {
             if event.event_type() == EventType::Delete {
                 if let Some(kv) = event.kv() {
-                    signals.push(LockSignal::Deleted(kv.key().to_vec()));
+                    signals.push(LockSignal::Deleted(kv.key().to_vec(), kv.mod_revision()));
                 }
             }
         }
@@ -563,16 +395,8 @@ impl HubTask {
 
     /// Every watch on a broken stream has ended; the next watch opens a new stream.
     fn break_stream(&mut self, why: &str) {
-        tracing::debug!(
-            why,
-            watchers = self.watchers.len(),
-            locks = self.locks.len(),
-            "watch stream closed"
-        );
+        tracing::debug!(why, locks = self.locks.len(), "watch stream closed");
         self.stream = None;
-        for (_, signals) in self.watchers.drain() {
-            let _ = signals.send(WatchSignal::Ended(why.to_owned()));
-        }
         for (_, watch) in self.locks.drain() {
             for sender in watch.subscribers.values() {
                 let _ = sender.send(LockSignal::Ended(why.to_owned()));

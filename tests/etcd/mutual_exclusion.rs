@@ -70,6 +70,47 @@ async fn the_lock_prevents_lost_updates() {
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
 }
 
+/// Tasks sharing sessions: key names are reused within a session as soon as a release is
+/// confirmed, while the other waiters follow deletions on one shared watch per lock. An
+/// old deletion of a reused name must never cross out its new key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_lock_prevents_lost_updates_when_tasks_share_sessions() {
+    let cluster = etcd().await;
+    let ns = namespace("mutex-shared");
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicBool::new(false));
+    let overlaps = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let locks = locker(&cluster, &ns).await;
+        for _ in 0..4 {
+            let (locks, counter, inside, overlaps) = (
+                locks.clone(),
+                counter.clone(),
+                inside.clone(),
+                overlaps.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..15 {
+                    let guard = locks
+                        .lock("counter", &LockOptions::new())
+                        .await
+                        .expect("lock");
+                    if racy_increment(&counter, &inside).await {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    crate::support::released(guard.release().await);
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.expect("task");
+    }
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
+    assert_eq!(counter.load(Ordering::SeqCst), 2 * 4 * 15, "lost updates");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn without_the_lock_the_same_race_loses_updates() {
     let counter = Arc::new(AtomicU64::new(0));

@@ -42,8 +42,9 @@ pub struct BenchArgs {
         default_value = "etcd,redis,redlock,postgres"
     )]
     pub backends: Vec<String>,
-    /// Locks held by one client in the renewal workload (0 skips it).
-    #[arg(long, default_value_t = 10_000)]
+    /// Locks held by one client in the renewal workload (0 skips it); it also measures the
+    /// resident memory each held lock costs.
+    #[arg(long, default_value_t = 100_000)]
     pub renewal_locks: usize,
     /// How long the renewal workload holds them.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
@@ -130,7 +131,11 @@ pub async fn run(args: BenchArgs) -> BoxResult<()> {
         Some(config) if wants("etcd") => Some(EtcdLocker::connect(config.clone()).await?),
         _ => None,
     };
-    runner.etcd_clusters = [&etcd, &etcd_tls]
+    let etcd_three = match &targets.etcd_three {
+        Some(config) if wants("etcd") => Some(EtcdLocker::connect(config.clone()).await?),
+        _ => None,
+    };
+    runner.etcd_clusters = [&etcd, &etcd_tls, &etcd_three]
         .into_iter()
         .flatten()
         .map(|locks| locks.client().clone())
@@ -169,6 +174,9 @@ pub async fn run(args: BenchArgs) -> BoxResult<()> {
         if let Some(locks) = &etcd_tls {
             runner.distinct("etcd TLS", locks.clone(), &c).await?;
         }
+        if let (Some(locks), true) = (&etcd_three, c[0] > 1) {
+            runner.distinct("etcd 3 members", locks.clone(), &c).await?;
+        }
         if let (true, Some(locks)) = (wants("redis"), &redis) {
             runner.redis_ceiling(locks.connection(), &c).await?;
             runner.distinct("redis", locks.clone(), &c).await?;
@@ -182,6 +190,9 @@ pub async fn run(args: BenchArgs) -> BoxResult<()> {
     }
     if let (true, Some(locks)) = (wants("etcd"), &etcd) {
         runner.contended("etcd", locks.clone()).await?;
+    }
+    if let Some(locks) = &etcd_three {
+        runner.contended("etcd 3 members", locks.clone()).await?;
     }
     if let (Some(plain), Some(tls)) = (targets.etcd_config("bench")?, &targets.etcd_tls) {
         if wants("etcd") {
@@ -292,6 +303,10 @@ fn planned_cells(args: &BenchArgs) -> u64 {
         cells += 5 * c;
         if args.endpoints.etcd.is_none() {
             cells += c + 2;
+            if !args.cluster {
+                // The 3-member rows: lock cycles at every concurrency above 1, handoffs.
+                cells += args.concurrency.iter().filter(|c| **c > 1).count() + w;
+            }
         }
     }
     if wants("redis") {

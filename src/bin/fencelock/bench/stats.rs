@@ -91,5 +91,8 @@ pub struct Renewal {
     /// Requests the servers received to keep the locks alive.
     pub requests: f64,
     pub requests_per_second: f64,
+    /// The process's resident memory grown by taking the locks, per lock (guards, the
+    /// library's bookkeeping, the allocator's share), in bytes.
+    pub resident_bytes_per_lock: Option<f64>,
     pub note: String,
 }

@@ -23,9 +23,13 @@ pub struct Targets {
     /// A second local etcd serving mutual TLS (a throwaway PKI), for the TLS rows beside
     /// the plaintext ones; only when etcd is local.
     pub etcd_tls: Option<EtcdConfig>,
+    /// A local 3-member cluster beside the single member, for the rows that show what
+    /// the deployment users run costs; only when etcd is local and single.
+    pub etcd_three: Option<EtcdConfig>,
     // Dropping these stops the local servers, also on error and Ctrl-C.
     _etcd: Option<EtcdCluster>,
     _etcd_tls: Option<(EtcdCluster, TestPki)>,
+    _etcd_three: Option<EtcdCluster>,
     _redis: Vec<RedisServer>,
     _postgres: Option<PostgresServer>,
 }
@@ -44,8 +48,10 @@ impl Targets {
             embedded: false,
             embedded_etcd: false,
             etcd_tls: None,
+            etcd_three: None,
             _etcd: None,
             _etcd_tls: None,
+            _etcd_three: None,
             _redis: Vec::new(),
             _postgres: None,
         };
@@ -84,6 +90,20 @@ impl Targets {
                         .with_tls(client),
                 );
                 targets._etcd_tls = Some((tls, pki));
+                if members == 1 {
+                    eprintln!("starting a local 3-member etcd, for the cluster rows");
+                    let three = EtcdCluster::builder()
+                        .members(3)
+                        .fsync(args.fsync)
+                        .start()
+                        .await?;
+                    targets.etcd_three = Some(
+                        EtcdConfig::new(three.endpoints())
+                            .with_namespace("bench")
+                            .with_request_timeout(Duration::from_secs(10)),
+                    );
+                    targets._etcd_three = Some(three);
+                }
             }
         }
         if targets.redis.is_none() && (wants("redis") || wants("postgres")) {

@@ -426,6 +426,7 @@ impl Runner<'_> {
     {
         let n = self.args.renewal_locks;
         self.step(&format!("{subject}: taking {n} locks"));
+        let resident_before = resident_bytes();
         let options = LockOptions::new().with_ttl(Duration::from_secs(10));
         let mut guards = Vec::with_capacity(n);
         let mut pending = Vec::new();
@@ -444,6 +445,7 @@ impl Runner<'_> {
                 }
             }
         }
+        let resident_held = resident_bytes();
         self.step(&format!(
             "{subject}: holding {n} locks for {:?}",
             self.args.renewal_duration
@@ -459,12 +461,20 @@ impl Runner<'_> {
                 format!("{subject}: only {held} of {n} locks still held after the window").into(),
             );
         }
+        #[allow(clippy::cast_precision_loss)]
+        let resident_bytes_per_lock = match (resident_before, resident_held) {
+            (Some(before), Some(held)) if n > 0 => {
+                Some(held.saturating_sub(before) as f64 / n as f64)
+            }
+            _ => None,
+        };
         self.renewals.push(Renewal {
             subject: subject.to_owned(),
             locks: n,
             seconds,
             requests,
             requests_per_second: requests / seconds,
+            resident_bytes_per_lock,
             note: note.to_owned(),
         });
         self.progress.inc(1);
@@ -490,6 +500,20 @@ fn acquire_shaped(prefix: &str, key: &str, lease: i64) -> Txn {
             TxnOp::put(key, [], Some(PutOptions::new().with_lease(lease))),
             TxnOp::get(prefix, Some(newest_two)),
         ])
+}
+
+/// This process's resident memory (`VmRSS`), in bytes; `None` where `/proc` has no answer.
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
 }
 
 /// Releases, counting a lock found lost as a failed cycle.
