@@ -17,7 +17,7 @@ pub const MIN_TTL: Duration = Duration::from_millis(100);
 /// A lock on one Redis server (or a master whose replicas may take over, which is
 /// exactly when it fails: see the README's comparison).
 ///
-/// `SET NX PX` with a random owner value and an `INCR` token in one script call;
+/// `SET NX PX` with a unique owner value and an `INCR` token, pipelined in one round trip;
 /// compare-and-delete release that wakes waiters over pub/sub; one renewal task for all
 /// held locks. Waiting is not fair: on a release every waiter retries and one wins.
 ///

@@ -2,28 +2,34 @@
 
 use std::time::Duration;
 
-/// A random 128-bit owner value, hex encoded: unique per acquisition, so that a release
-/// or renewal can only ever touch the grant it was made for.
+/// A 128-bit owner value, hex encoded: unique per acquisition, so that a release or
+/// renewal can only ever touch the grant it was made for.
+///
+/// 64 random bits drawn once per process, then a counter: unique within the process by
+/// construction, and across processes unless two draw the same 64 random bits. Drawing
+/// 128 fresh random bits per acquisition cost a system call each time (measured: 1 % of
+/// the client's time at 64 concurrent lock cycles) for no more uniqueness.
 pub(crate) fn owner_value() -> String {
-    let mut bytes = [0u8; 16];
-    // The OS random source does not fail on Linux once booted; if it ever did, a value
-    // from the clock and a counter is still unique within this process.
-    if getrandom::fill(&mut bytes).is_err() {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static FALLBACK: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let count = u128::from(FALLBACK.fetch_add(1, Ordering::Relaxed));
-        bytes = (nanos ^ (count << 64) ^ u128::from(std::process::id())).to_le_bytes();
-    }
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(32);
-    for b in bytes {
-        out.push(char::from(HEX[usize::from(b >> 4)]));
-        out.push(char::from(HEX[usize::from(b & 0x0f)]));
-    }
-    out
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static PROCESS: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let process = *PROCESS.get_or_init(|| {
+        let mut bytes = [0u8; 8];
+        // The OS random source does not fail on Linux once booted; if it ever did, the
+        // clock and the process id still tell processes apart.
+        if getrandom::fill(&mut bytes).is_err() {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            #[allow(clippy::cast_possible_truncation)]
+            let mixed = (nanos as u64) ^ (u64::from(std::process::id()) << 32);
+            bytes = mixed.to_le_bytes();
+        }
+        u64::from_le_bytes(bytes)
+    });
+    let count = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{process:016x}{count:016x}")
 }
 
 /// `base` stretched by a random 0-20 %, so that waiters woken by the same expiry do not

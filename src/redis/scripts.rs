@@ -4,8 +4,8 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// `KEYS[1..n]` the lock's slots (one for a mutex, N for a semaphore), `KEYS[n+1]` the
-/// counter; `ARGV[1]` owner value, `ARGV[2]` TTL in ms. `SET NX PX` on the first free
+/// `KEYS[1..n]` the slots of a semaphore (a lock's one slot is taken without a script:
+/// `node.rs`), `KEYS[n+1]` the counter; `ARGV[1]` owner value, `ARGV[2]` TTL in ms. `SET NX PX` on the first free
 /// slot; only when it set, `INCR` the counter: returns `{1, token, slot}`. Otherwise
 /// returns `{0, shortest remaining ttl of the holders in ms}` so a waiter knows how long
 /// to sleep.
