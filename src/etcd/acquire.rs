@@ -16,8 +16,6 @@
 //! through another member), after any removal; the session is then retired, so that its
 //! lease, and the late key with it, is revoked once no lock uses it.
 
-use std::collections::HashMap;
-
 use etcd_client::{
     Compare, CompareOp, GetOptions, GetResponse, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
@@ -29,7 +27,7 @@ use super::call::{call_retrying, malformed};
 use super::guard::EtcdGuard;
 use super::keys;
 use super::kind::Kind;
-use super::queue::Place;
+use super::queue::{Ahead, Place};
 use super::session::{Session, SessionInner};
 use super::watch_hub::Subscription;
 use crate::{FencingToken, LockError, LossReason};
@@ -143,8 +141,9 @@ struct Wait {
     slot: u64,
     token: FencingToken,
     /// The keys ahead, and the revision they were read at.
-    known: (HashMap<Vec<u8>, Vec<u8>>, i64),
-    /// A subscription to the lock's watch taken before the join, if it was open.
+    known: (Ahead, i64),
+    /// A subscription to the lock's watch taken before the join, if it was open: only
+    /// then is the join's read a starting point.
     early: Option<Subscription>,
     timeout: Option<Duration>,
 }
@@ -265,7 +264,13 @@ impl Acquisition {
             timeout,
         } = wait;
         let deadline = timeout.map(|t| self.started + t);
-        let watch = early.unwrap_or_else(|| self.inner().hub.subscribe(&self.prefix));
+        // The join's read is a starting point only if the subscription was in place before
+        // it: a subscription made now may miss deletions dispatched in between, so the
+        // wait reads again once it is in place.
+        let (watch, known) = match early {
+            Some(watch) => (watch, Some(known)),
+            None => (self.inner().hub.subscribe(&self.prefix), None),
+        };
         let waiting = self.wait_in_line(token, &key, known, watch);
         let outcome = tokio::select! {
             waited = waiting => waited,

@@ -10,9 +10,9 @@
 //!
 //! Two rules keep this exact:
 //!
-//! - the watch must deliver every deletion after the read the waiter started from: it was
-//!   created at or before that read's revision (otherwise the waiter reads again, once the
-//!   watch exists);
+//! - the watch must deliver every deletion after the read the waiter started from: the
+//!   waiter subscribed before that read, and the watch was created at or before its
+//!   revision (otherwise the waiter reads again, once the watch is in place);
 //! - a deletion at or before that revision is older than the waiter's picture and is
 //!   ignored: key names are reused (`slots.rs`), and an old deletion of a name must not
 //!   cross out the key that now carries it.
@@ -30,13 +30,16 @@ use super::kind::Kind;
 use super::watch_hub::Subscription;
 use crate::{FencingToken, LockError};
 
+/// The keys ahead of mine (name -> value).
+pub(super) type Ahead = HashMap<Vec<u8>, Vec<u8>>;
+
 /// Where my key stands in the queue of one lock.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Place {
     /// The keys ahead admit mine: the lock (or a permit, or a read) is mine.
     Head,
-    /// These keys are ahead (name -> value) and hold mine back.
-    Behind(HashMap<Vec<u8>, Vec<u8>>),
+    /// These keys are ahead and hold mine back.
+    Behind(Ahead),
     /// My key is gone (its lease expired or was revoked, or someone deleted it).
     Gone,
 }
@@ -78,7 +81,7 @@ impl Acquisition {
         if !mine {
             return Place::Gone;
         }
-        let ahead: HashMap<Vec<u8>, Vec<u8>> = keys
+        let ahead: Ahead = keys
             .iter()
             .filter(|kv| kv.create_revision() < token.as_revision())
             .map(|kv| (kv.key().to_vec(), kv.value().to_vec()))
@@ -91,17 +94,19 @@ impl Acquisition {
     }
 
     /// Waits until the keys ahead admit mine; see the module docs. `known` is the place
-    /// read at the join, with its revision.
+    /// read at the join, with its revision, when `watch` was subscribed before that read
+    /// (otherwise deletions between the read and the subscription could be missed: the
+    /// wait reads again once the watch is in place).
     pub(super) async fn wait_in_line(
         &self,
         token: FencingToken,
         key: &str,
-        known: (HashMap<Vec<u8>, Vec<u8>>, i64),
+        known: Option<(Ahead, i64)>,
         mut watch: Subscription,
     ) -> Result<(), LockError> {
         let hub = &self.inner().hub;
         let mut backoff = Backoff::new();
-        let mut known = Some(known);
+        let mut known = known;
         loop {
             let Some(created) = watch.ready().await else {
                 // Cancelled by the server or the stream broke: watch and read again.

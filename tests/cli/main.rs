@@ -10,3 +10,4 @@ mod run_member_down;
 mod run_start_failure;
 mod run_tls;
 mod support;
+mod usage;

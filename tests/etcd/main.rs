@@ -17,6 +17,7 @@ mod invalid_input;
 mod key_names;
 mod leader_failover;
 mod lease_revoked;
+mod many_waiters;
 mod member_down;
 mod mixed_primitives;
 mod mutual_exclusion;

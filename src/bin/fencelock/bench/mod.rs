@@ -29,6 +29,9 @@ pub struct BenchArgs {
     /// How long each measured cell runs (e.g. 500ms, 3s).
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub duration: Duration,
+    /// Exit 1 if a performance bar is missed (for CI); by default the bars only inform.
+    #[arg(long)]
+    pub check: bool,
     /// Concurrencies of the distinct-key workloads.
     #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
     pub concurrency: Vec<usize>,
@@ -65,9 +68,12 @@ pub struct BenchArgs {
     pub report: Option<PathBuf>,
 }
 
-/// Parses `500ms`, `3s`, `1.5m` (a bare number is seconds).
+/// Parses `500ms`, `3s`, `1.5m`, `2h` (a bare number is seconds).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
+    if text.starts_with('-') {
+        return Err(format!("a duration cannot be negative: {text:?}"));
+    }
     let (number, unit) = text
         .find(|c: char| !c.is_ascii_digit() && c != '.')
         .map_or((text, "s"), |i| text.split_at(i));
@@ -78,7 +84,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "ms" => value / 1000.0,
         "s" => value,
         "m" => value * 60.0,
-        _ => return Err(format!("unknown unit in {text:?}: use ms, s or m")),
+        "h" => value * 3600.0,
+        _ => return Err(format!("unknown unit in {text:?}: use ms, s, m or h")),
     };
     if !(seconds.is_finite() && seconds > 0.0) {
         return Err(format!("duration must be above zero: {text:?}"));
@@ -86,8 +93,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
-/// Runs the benchmark and writes its outputs.
-pub async fn run(args: BenchArgs) -> BoxResult<()> {
+/// Runs the benchmark and writes its outputs; `Ok(false)` when `--check` is on and a
+/// performance bar was missed.
+pub async fn run(args: BenchArgs) -> BoxResult<bool> {
     for backend in &args.backends {
         if !BACKENDS.contains(&backend.as_str()) {
             return Err(format!("unknown backend {backend:?}: use {}", BACKENDS.join(",")).into());
@@ -288,7 +296,12 @@ pub async fn run(args: BenchArgs) -> BoxResult<()> {
     if let Some(locks) = &etcd {
         locks.close().await?;
     }
-    Ok(())
+    let missed = outcome.bars.iter().filter(|b| !b.holds).count();
+    if args.check && missed > 0 {
+        eprintln!("--check: {missed} performance bar(s) missed");
+        return Ok(false);
+    }
+    Ok(true)
 }
 
 /// How many progress steps the run will take.

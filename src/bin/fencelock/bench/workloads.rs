@@ -43,6 +43,16 @@ impl Runner<'_> {
 
     fn step(&self, what: &str) {
         self.progress.set_message(what.to_owned());
+        // Without a terminal the bar is hidden: say what runs, a line per step, so that a
+        // log shows progress instead of minutes of silence.
+        if self.progress.is_hidden() {
+            let total = self.progress.length().unwrap_or(0);
+            eprintln!(
+                "[{}/{total} {:.0}s] {what}",
+                self.progress.position(),
+                self.progress.elapsed().as_secs_f64()
+            );
+        }
     }
 
     fn done(&mut self, cell: Cell) {

@@ -47,22 +47,25 @@ pub use watchdog::run as watchdog;
 /// Options of `fencelock run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The lock to hold while the command runs.
+    /// The lock to hold while the command runs: 1 to 128 characters from A-Z a-z 0-9 and
+    /// - _ . : @ = (no '/').
     #[arg(long)]
     lock: String,
-    /// Take one of N permits of a semaphore instead of the lock (N instances at once).
+    /// Take one of N permits of a semaphore instead of the lock (N instances at once; at
+    /// least 1).
     #[arg(long)]
     permits: Option<usize>,
-    /// Lease TTL: how long the lock outlives this process if it dies.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    /// Lease TTL: how long the lock outlives this process if it dies; 1s to 24h (etcd
+    /// leases are whole seconds: 1.5s becomes 2s).
+    #[arg(long, default_value = "10s", value_parser = parse_duration, allow_hyphen_values = true)]
     ttl: Duration,
     /// How long to wait for the lock (default: forever).
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_duration, allow_hyphen_values = true)]
     wait: Option<Duration>,
     /// Time between SIGTERM and SIGKILL when renewals stop being confirmed (SIGKILL comes
     /// no later than the lease deadline), and for processes the command leaves behind.
     /// Default: a third of --ttl, at most 5s; at most half of --ttl.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_duration, allow_hyphen_values = true)]
     grace: Option<Duration>,
     /// etcd endpoints (comma-separated).
     #[arg(
@@ -161,6 +164,15 @@ async fn run_inner(args: RunArgs) -> Result<u8, Failure> {
     options
         .validate(fencelock::etcd::MIN_TTL)
         .map_err(Failure::from_lock_error)?;
+    // Everything checkable is checked before connecting: a usage error is one, whether
+    // etcd is reachable or not.
+    fencelock::validate_name(&args.lock).map_err(Failure::from_lock_error)?;
+    if args.permits == Some(0) {
+        return Err(Failure {
+            message: "--permits 0: a semaphore needs at least one permit".into(),
+            code: EXIT_USAGE,
+        });
+    }
     let config = EtcdConfig::new(args.etcd.clone()).with_namespace(&args.namespace);
     let config = args.security.apply(config).map_err(|message| Failure {
         message,

@@ -1,0 +1,70 @@
+//! Every usage error of `fencelock run` exits 2 (clap's code, the README's table) with a
+//! message that names the problem; `--help` states the limits.
+
+use std::process::Command;
+
+fn run(args: &[&str]) -> (Option<i32>, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_fencelock"))
+        .arg("run")
+        .args(args)
+        .env_remove("FENCELOCK_ETCD")
+        .output()
+        .expect("run");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn usage_errors_exit_2_and_say_what_is_wrong() {
+    let long = "x".repeat(5000);
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["--lock", "x", "--ttl", "banana", "--", "true"],
+            "not a duration",
+        ),
+        (&["--lock", "x", "--ttl", "0", "--", "true"], "above zero"),
+        (
+            &["--lock", "x", "--ttl", "-5s", "--", "true"],
+            "cannot be negative",
+        ),
+        (
+            &["--lock", "x", "--ttl", "500ms", "--", "true"],
+            "below this backend's minimum",
+        ),
+        (
+            &["--lock", "x", "--permits", "0", "--", "true"],
+            "at least one permit",
+        ),
+        (&["--lock", &long, "--", "true"], "5000 bytes in all"),
+    ];
+    for (args, says) in cases {
+        let (code, stderr) = run(args);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(!stderr.contains("-- -5"), "no misleading tip: {stderr}");
+        assert!(stderr.len() < 1000, "long input is cut: {stderr}");
+    }
+    let (code, stderr) = run(&[
+        "--etcd",
+        "ftp://127.0.0.1:2379",
+        "--lock",
+        "x",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("unsupported scheme"), "{stderr}");
+}
+
+#[test]
+fn help_states_the_limits() {
+    let output = Command::new(env!("CARGO_BIN_EXE_fencelock"))
+        .args(["run", "--help"])
+        .output()
+        .expect("help");
+    let help = String::from_utf8_lossy(&output.stdout);
+    assert!(help.contains("1s to 24h"), "{help}");
+    assert!(help.contains("1 to 128 characters"), "{help}");
+}
