@@ -8,6 +8,8 @@ fn run(args: &[&str]) -> (Option<i32>, String) {
         .arg("run")
         .args(args)
         .env_remove("FENCELOCK_ETCD")
+        .env_remove("FENCELOCK_BACKEND")
+        .env_remove("FENCELOCK_REDLOCK")
         .output()
         .expect("run");
     (
@@ -19,7 +21,7 @@ fn run(args: &[&str]) -> (Option<i32>, String) {
 #[test]
 fn usage_errors_exit_2_and_say_what_is_wrong() {
     let long = "x".repeat(5000);
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 9] = [
         (
             &["--lock", "x", "--ttl", "banana", "--", "true"],
             "not a duration",
@@ -38,6 +40,38 @@ fn usage_errors_exit_2_and_say_what_is_wrong() {
             "at least one permit",
         ),
         (&["--lock", &long, "--", "true"], "5000 bytes in all"),
+        (
+            &[
+                "--backend",
+                "redis",
+                "--lock",
+                "x",
+                "--ttl",
+                "50ms",
+                "--",
+                "true",
+            ],
+            "below this backend's minimum",
+        ),
+        (
+            &["--backend", "redlock", "--lock", "x", "--", "true"],
+            "needs its masters",
+        ),
+        (
+            &[
+                "--backend",
+                "redlock",
+                "--redlock",
+                "redis://127.0.0.1:1/,redis://127.0.0.1:2/,redis://127.0.0.1:3/",
+                "--permits",
+                "2",
+                "--lock",
+                "x",
+                "--",
+                "true",
+            ],
+            "Redlock has no semaphore",
+        ),
     ];
     for (args, says) in cases {
         let (code, stderr) = run(args);
@@ -65,6 +99,8 @@ fn help_states_the_limits() {
         .output()
         .expect("help");
     let help = String::from_utf8_lossy(&output.stdout);
-    assert!(help.contains("1s to 24h"), "{help}");
+    assert!(help.contains("at most 24h"), "{help}");
+    assert!(help.contains("least 1s on etcd"), "{help}");
+    assert!(help.contains("100ms on Redis"), "{help}");
     assert!(help.contains("1 to 128 characters"), "{help}");
 }

@@ -101,6 +101,29 @@ pub const ENV_VARIABLES: [&str; 10] = [
     "FENCELOCK_POSTGRES_KEY",
 ];
 
+/// TLS for Redis servers (`rediss://` URLs; a user and password go in the URL), for
+/// `run` and, flattened, for `bench` and `chaos`.
+#[derive(Clone, Debug, Default, Args)]
+pub struct RedisSecurity {
+    /// CA bundle (PEM) for the Redis servers (rediss:// URLs; a user and password go in
+    /// the URL).
+    #[arg(long, env = "FENCELOCK_REDIS_CACERT")]
+    pub redis_cacert: Option<PathBuf>,
+    /// Client certificate (PEM) for Redis.
+    #[arg(long, env = "FENCELOCK_REDIS_CERT", requires = "redis_key")]
+    pub redis_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, env = "FENCELOCK_REDIS_KEY", requires = "redis_cert")]
+    pub redis_key: Option<PathBuf>,
+}
+
+impl RedisSecurity {
+    /// The Redis TLS configuration, if any was given.
+    pub fn tls(&self) -> Option<TlsConfig> {
+        tls(&self.redis_cacert, &self.redis_cert, &self.redis_key, &None)
+    }
+}
+
 /// TLS for each backend of `bench` and `chaos`, applied to the endpoints given there.
 #[derive(Clone, Debug, Default, Args)]
 pub struct BackendTls {
@@ -116,16 +139,8 @@ pub struct BackendTls {
     /// etcd user `name:password` (prefer FENCELOCK_ETCD_USER in the environment).
     #[arg(long, env = "FENCELOCK_ETCD_USER", hide_env_values = true)]
     pub etcd_user: Option<String>,
-    /// CA bundle (PEM) for the Redis servers (rediss:// URLs; a user and password go in
-    /// the URL).
-    #[arg(long, env = "FENCELOCK_REDIS_CACERT")]
-    pub redis_cacert: Option<PathBuf>,
-    /// Client certificate (PEM) for Redis.
-    #[arg(long, env = "FENCELOCK_REDIS_CERT", requires = "redis_key")]
-    pub redis_cert: Option<PathBuf>,
-    /// Its private key (PEM).
-    #[arg(long, env = "FENCELOCK_REDIS_KEY", requires = "redis_cert")]
-    pub redis_key: Option<PathBuf>,
+    #[command(flatten)]
+    pub redis: RedisSecurity,
     /// CA bundle (PEM) for PostgreSQL: the connection is then TLS, verified (verify-full).
     #[arg(long, env = "FENCELOCK_POSTGRES_CACERT")]
     pub postgres_cacert: Option<PathBuf>,
@@ -150,11 +165,6 @@ impl BackendTls {
         .apply(config)
     }
 
-    /// The Redis TLS configuration, if any was given.
-    pub fn redis(&self) -> Option<TlsConfig> {
-        tls(&self.redis_cacert, &self.redis_cert, &self.redis_key, &None)
-    }
-
     /// The PostgreSQL TLS configuration, if any was given.
     pub fn postgres(&self) -> Option<TlsConfig> {
         tls(
@@ -176,9 +186,9 @@ impl BackendTls {
         push("etcd-cacert", &self.etcd_cacert);
         push("etcd-cert", &self.etcd_cert);
         push("etcd-key", &self.etcd_key);
-        push("redis-cacert", &self.redis_cacert);
-        push("redis-cert", &self.redis_cert);
-        push("redis-key", &self.redis_key);
+        push("redis-cacert", &self.redis.redis_cacert);
+        push("redis-cert", &self.redis.redis_cert);
+        push("redis-key", &self.redis.redis_key);
         push("postgres-cacert", &self.postgres_cacert);
         push("postgres-cert", &self.postgres_cert);
         push("postgres-key", &self.postgres_key);

@@ -170,7 +170,7 @@ impl Targets {
     }
 
     fn with_redis_tls(&self, config: RedisConfig) -> RedisConfig {
-        match self.tls.redis() {
+        match self.tls.redis.tls() {
             Some(tls) => config.with_tls(tls),
             None => config,
         }

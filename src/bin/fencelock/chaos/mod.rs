@@ -256,9 +256,7 @@ fn worker_tls(
         tls.etcd_cert.clone_from(&all.etcd_cert);
         tls.etcd_key.clone_from(&all.etcd_key);
         tls.etcd_user.clone_from(&all.etcd_user);
-        tls.redis_cacert.clone_from(&all.redis_cacert);
-        tls.redis_cert.clone_from(&all.redis_cert);
-        tls.redis_key.clone_from(&all.redis_key);
+        tls.redis.clone_from(&all.redis);
     }
     if given.postgres.is_some() {
         tls.postgres_cacert.clone_from(&all.postgres_cacert);

@@ -182,7 +182,7 @@ pub async fn work(args: WorkerArgs) -> ExitCode {
 }
 
 fn redis_config(config: RedisConfig, args: &WorkerArgs) -> RedisConfig {
-    let config = match args.tls.redis() {
+    let config = match args.tls.redis.tls() {
         Some(tls) => config.with_tls(tls),
         None => config,
     };

@@ -4,6 +4,10 @@
 //! - The command leads a new process group; every process it starts (a shell's background
 //!   jobs included) is in that group unless it leaves on purpose (`setsid`, `setpgid`),
 //!   and signals go to the whole group.
+//! - The command tells the watchdog its group itself, between fork and exec: by the time
+//!   it runs a single instruction of its own, `fencelock`'s death kills the whole group.
+//!   (Told by `fencelock` after the spawn, a `fencelock` killed in between left the
+//!   command's background processes running.)
 //! - `PR_SET_PDEATHSIG = SIGKILL`: the kernel kills the command if the thread that forked
 //!   it ends, which for us is the end of this process. The thread that forks it lives
 //!   until the command has exited. The rest of the group is the watchdog's job
@@ -13,6 +17,7 @@
 //!   that a late signal would then hit.
 
 use std::io;
+use std::os::fd::RawFd;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
@@ -46,13 +51,16 @@ impl Exit {
 }
 
 impl Job {
-    /// Starts `command` in a new process group, killed by the kernel if this process dies.
-    pub fn start(mut command: Command) -> io::Result<Self> {
+    /// Starts `command` in a new process group, killed by the kernel if this process dies;
+    /// before it execs, the command writes `group <its pid>` to `watchdog` (the writing end
+    /// of the watchdog's pipe), so that no moment exists in which the group runs unguarded.
+    pub fn start(mut command: Command, watchdog: RawFd) -> io::Result<Self> {
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
         command.process_group(0);
         // SAFETY: between fork and exec only async-signal-safe calls (prctl, getppid,
-        // _exit by returning an error) are made, touching no memory of the parent.
+        // getpid, signal, write, _exit by returning an error) are made, and no memory is
+        // allocated: the line for the watchdog is formatted on the stack.
         unsafe {
             command.pre_exec(move || {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
@@ -64,7 +72,7 @@ impl Job {
                         "fencelock exited while starting the command",
                     ));
                 }
-                Ok(())
+                announce_group(watchdog)
             });
         }
         let (started_tx, started) = std::sync::mpsc::channel();
@@ -95,11 +103,6 @@ impl Job {
             exited: Some(exited),
             reaped: false,
         })
-    }
-
-    /// The process group (the command's pid).
-    pub fn group(&self) -> libc::pid_t {
-        self.pid
     }
 
     /// Waits until the command's main process has exited (it is not reaped yet).
@@ -160,6 +163,49 @@ impl Drop for Job {
             self.reap();
         }
     }
+}
+
+/// In the forked child, before exec: writes `group <pid>\n` to the watchdog's pipe (the
+/// child leads its own group, so its pid is the group id). A watchdog already gone fails
+/// the start instead of killing the child with SIGPIPE.
+///
+/// Only async-signal-safe calls and no allocation: this runs between fork and exec.
+fn announce_group(watchdog: RawFd) -> io::Result<()> {
+    let mut line = [0u8; 32];
+    let prefix = b"group ";
+    line[..prefix.len()].copy_from_slice(prefix);
+    let mut len = prefix.len();
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    let mut digits = [0u8; 12];
+    let mut rest = u32::try_from(pid).unwrap_or(0);
+    let mut count = 0;
+    loop {
+        digits[count] = b'0' + u8::try_from(rest % 10).unwrap_or(0);
+        count += 1;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    for digit in digits[..count].iter().rev() {
+        line[len] = *digit;
+        len += 1;
+    }
+    line[len] = b'\n';
+    len += 1;
+    // SAFETY: signal(2) and write(2) are async-signal-safe; `line` is ours. A line this
+    // short is written at once (at most PIPE_BUF bytes are atomic).
+    let written = unsafe {
+        let previous = libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        let written = libc::write(watchdog, line.as_ptr().cast(), len);
+        libc::signal(libc::SIGPIPE, previous);
+        written
+    };
+    if usize::try_from(written).ok() != Some(len) {
+        return Err(io::Error::other("the watchdog is gone"));
+    }
+    Ok(())
 }
 
 /// Blocks until `pid` has exited, leaving it a zombie (`WNOWAIT`).

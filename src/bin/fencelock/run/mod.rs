@@ -1,8 +1,12 @@
 //! `fencelock run`: run a command while holding a lock, for jobs that must run on one
 //! instance at a time (cron on many hosts), or a semaphore permit (`--permits N`).
 //!
-//! The command gets the fencing token in `FENCELOCK_TOKEN` (the lock key's create
-//! revision) and the key in `FENCELOCK_KEY`, so that it can fence its own writes.
+//! The command gets the fencing token in `FENCELOCK_TOKEN` and the key in
+//! `FENCELOCK_KEY`, so that it can fence its own writes. On etcd (the default) the token
+//! is the lock key's create revision: it never repeats. `--backend redis` and
+//! `--backend redlock` hold the same lock on Redis, under the same rules below; their
+//! token is a counter that a Redis failover can repeat (Redlock's is not a fencing token
+//! at all), which is what the comparison with etcd is about.
 //!
 //! # The guarantee
 //!
@@ -28,19 +32,20 @@
 //! once, or never taken); 2 for invalid arguments; 70 when fencelock itself failed.
 
 mod child;
+mod held;
 mod watchdog;
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Args;
-use fencelock::etcd::{EtcdConfig, EtcdGuard, EtcdLocker};
+use clap::{Args, ValueEnum};
+use fencelock::etcd::{EtcdConfig, EtcdLocker};
+use fencelock::redis::{RedisConfig, RedisGuard, RedisLocker, RedlockLocker};
 use fencelock::{LockBackend, LockError, LockGuard, LockOptions, ReleaseOutcome};
-use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::bench::parse_duration;
-use child::{Exit, Job, check_program, start_failure_status};
-use watchdog::Watchdog;
+use child::{check_program, start_failure_status};
+use held::{Ending, Held};
 
 pub use watchdog::run as watchdog;
 
@@ -55,8 +60,8 @@ pub struct RunArgs {
     /// least 1).
     #[arg(long)]
     permits: Option<usize>,
-    /// Lease TTL: how long the lock outlives this process if it dies; 1s to 24h (etcd
-    /// leases are whole seconds: 1.5s becomes 2s).
+    /// Lease TTL: how long the lock outlives this process if it dies; at most 24h, at
+    /// least 1s on etcd (whole seconds there: 1.5s becomes 2s), 100ms on Redis.
     #[arg(long, default_value = "10s", value_parser = parse_duration, allow_hyphen_values = true)]
     ttl: Duration,
     /// How long to wait for the lock (default: forever).
@@ -67,7 +72,7 @@ pub struct RunArgs {
     /// Default: a third of --ttl, at most 5s; at most half of --ttl.
     #[arg(long, value_parser = parse_duration, allow_hyphen_values = true)]
     grace: Option<Duration>,
-    /// etcd endpoints (comma-separated).
+    /// etcd endpoints, for --backend etcd (comma-separated).
     #[arg(
         long,
         value_delimiter = ',',
@@ -75,11 +80,34 @@ pub struct RunArgs {
         env = "FENCELOCK_ETCD"
     )]
     etcd: Vec<String>,
-    /// Key namespace.
+    /// Which lock service holds the lock. Only etcd's token never repeats: Redis's can
+    /// after a failover, Redlock's is not a fencing token at all.
+    #[arg(long, value_enum, default_value_t = RunBackend::Etcd, env = "FENCELOCK_BACKEND")]
+    backend: RunBackend,
+    /// The Redis server, for --backend redis (redis://[user:password@]host:port/,
+    /// rediss:// for TLS; prefer the password in FENCELOCK_REDIS).
+    #[arg(
+        long,
+        default_value = "redis://127.0.0.1:6379/",
+        env = "FENCELOCK_REDIS",
+        hide_env_values = true
+    )]
+    redis: String,
+    /// The independent Redis masters, for --backend redlock (comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        env = "FENCELOCK_REDLOCK",
+        hide_env_values = true
+    )]
+    redlock: Vec<String>,
+    /// Key namespace (the key prefix on Redis).
     #[arg(long, default_value = "fencelock")]
     namespace: String,
     #[command(flatten)]
     security: crate::security::EtcdSecurity,
+    #[command(flatten)]
+    redis_security: crate::security::RedisSecurity,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -94,6 +122,18 @@ pub const EXIT_WAIT_TIMEOUT: u8 = 75;
 /// The lock was lost while the command ran.
 pub const EXIT_LOCK_LOST: u8 = 76;
 
+/// Which lock service holds the lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RunBackend {
+    /// etcd: the fencing token is the key's create revision.
+    Etcd,
+    /// One Redis server (or a master with replicas): the token is a counter that can
+    /// repeat after a failover.
+    Redis,
+    /// Redlock over several Redis masters (`--redis URL,URL,URL`).
+    Redlock,
+}
+
 /// How long before the lease deadline SIGKILL goes out: covers this process's own timer
 /// and scheduling delay, so that the signal is delivered before the deadline.
 fn kill_margin(ttl: Duration) -> Duration {
@@ -102,11 +142,11 @@ fn kill_margin(ttl: Duration) -> Duration {
 
 /// The longest the supervisor sleeps before it looks at the lease deadline again (it
 /// moves with every confirmed renewal).
-const CHECK: Duration = Duration::from_millis(100);
+pub(super) const CHECK: Duration = Duration::from_millis(100);
 
 /// How often the group is looked at for processes left behind: no event tells us when a
 /// process that is not our child exits.
-const GROUP_POLL: Duration = Duration::from_millis(20);
+pub(super) const GROUP_POLL: Duration = Duration::from_millis(20);
 
 pub async fn run(args: RunArgs) -> ExitCode {
     ExitCode::from(match run_inner(args).await {
@@ -129,6 +169,13 @@ impl Failure {
         Self {
             message: message.to_string(),
             code: EXIT_INTERNAL,
+        }
+    }
+
+    fn usage(message: impl std::fmt::Display) -> Self {
+        Self {
+            message: message.to_string(),
+            code: EXIT_USAGE,
         }
     }
 
@@ -161,56 +208,197 @@ async fn run_inner(args: RunArgs) -> Result<u8, Failure> {
     if let Some(wait) = args.wait {
         options = options.with_wait_timeout(wait);
     }
+    let min_ttl = match args.backend {
+        RunBackend::Etcd => fencelock::etcd::MIN_TTL,
+        RunBackend::Redis | RunBackend::Redlock => fencelock::redis::MIN_TTL,
+    };
     options
-        .validate(fencelock::etcd::MIN_TTL)
+        .validate(min_ttl)
         .map_err(Failure::from_lock_error)?;
     // Everything checkable is checked before connecting: a usage error is one, whether
-    // etcd is reachable or not.
+    // the lock service is reachable or not.
     fencelock::validate_name(&args.lock).map_err(Failure::from_lock_error)?;
     if args.permits == Some(0) {
-        return Err(Failure {
-            message: "--permits 0: a semaphore needs at least one permit".into(),
-            code: EXIT_USAGE,
-        });
+        return Err(Failure::usage(
+            "--permits 0: a semaphore needs at least one permit",
+        ));
     }
+    let task = Task {
+        program,
+        rest,
+        lock: &args.lock,
+        grace,
+    };
+    match args.backend {
+        RunBackend::Etcd => on_etcd(&args, &options, task).await,
+        RunBackend::Redis => on_redis(&args, &options, task).await,
+        RunBackend::Redlock => on_redlock(&args, &options, task).await,
+    }
+}
+
+/// The command to run under the lock, and how to treat it.
+struct Task<'a> {
+    program: &'a str,
+    rest: &'a [String],
+    lock: &'a str,
+    grace: Duration,
+}
+
+impl Task<'_> {
+    /// Runs the command under `guard` until its whole group is gone; returns whether the
+    /// lock was lost, and the exit status so far.
+    async fn run_under<G: LockGuard>(&self, guard: &G, key: &str, ttl: Duration) -> (bool, u8) {
+        let held = Held {
+            guard,
+            key,
+            grace: self.grace,
+            margin: kill_margin(ttl),
+        };
+        match held.run_command(self.program, self.rest, self.lock).await {
+            Ending::Completed(exit) => (false, exit.shell_status()),
+            Ending::Lost => (true, EXIT_LOCK_LOST),
+            Ending::NotStarted(code) => (false, code),
+        }
+    }
+}
+
+/// The guard, or the reason there is none (75 when `--wait` ran out).
+fn taken<G>(taken: Result<G, LockError>) -> Result<G, Failure> {
+    taken.map_err(|err| {
+        if err.is_wait_timeout() {
+            Failure {
+                message: err.to_string(),
+                code: EXIT_WAIT_TIMEOUT,
+            }
+        } else {
+            Failure::from_lock_error(err)
+        }
+    })
+}
+
+async fn on_etcd(args: &RunArgs, options: &LockOptions, task: Task<'_>) -> Result<u8, Failure> {
     let config = EtcdConfig::new(args.etcd.clone()).with_namespace(&args.namespace);
-    let config = args.security.apply(config).map_err(|message| Failure {
-        message,
-        code: EXIT_USAGE,
-    })?;
+    let config = args.security.apply(config).map_err(Failure::usage)?;
     let locks = EtcdLocker::connect(config)
         .await
         .map_err(Failure::from_lock_error)?;
-    let taken = match args.permits {
+    let guard = taken(match args.permits {
         Some(permits) => match locks.semaphore(&args.lock, permits) {
-            Ok(semaphore) => semaphore.acquire(&options).await,
+            Ok(semaphore) => semaphore.acquire(options).await,
             Err(err) => Err(err),
         },
-        None => locks.lock(&args.lock, &options).await,
-    };
-    let guard = match taken {
-        Ok(guard) => guard,
-        Err(err) if err.is_wait_timeout() => {
-            eprintln!("fencelock run: {err}");
-            return Ok(EXIT_WAIT_TIMEOUT);
-        }
-        Err(err) => return Err(Failure::from_lock_error(err)),
-    };
-
-    let held = Held {
-        guard: &guard,
-        grace,
-        margin: kill_margin(guard.session().ttl()),
-    };
-    let ending = held.run_command(program, rest, &args.lock).await;
+        None => locks.lock(&args.lock, options).await,
+    })?;
+    let ttl = guard.session().ttl();
+    let (lost, code) = task.run_under(&guard, guard.key(), ttl).await;
     // The group is gone (or was never started): now, and only now, the lock may go.
-    let lost = matches!(ending, Ending::Lost);
-    let code = match ending {
-        Ending::Completed(exit) => exit.shell_status(),
-        Ending::Lost => EXIT_LOCK_LOST,
-        Ending::NotStarted(code) => code,
+    let cleanup = async {
+        let code = if lost {
+            // Nothing to release; revoking frees the lock sooner if the server still has
+            // it.
+            drop(guard);
+            code
+        } else {
+            release(guard, code).await
+        };
+        if let Err(err) = locks.close().await {
+            eprintln!("fencelock run: could not revoke the lease ({err}); it expires by itself");
+        }
+        code
     };
-    Ok(finish(&locks, guard, lost, code).await)
+    Ok(within_ttl(ttl, cleanup, code).await)
+}
+
+async fn on_redis(args: &RunArgs, options: &LockOptions, task: Task<'_>) -> Result<u8, Failure> {
+    let config = redis_config(args, [args.redis.clone()]);
+    let locks = RedisLocker::connect(config)
+        .await
+        .map_err(Failure::from_lock_error)?;
+    let guard = taken(match args.permits {
+        Some(permits) => match locks.semaphore(&args.lock, permits) {
+            Ok(semaphore) => semaphore.acquire(options).await,
+            Err(err) => Err(err),
+        },
+        None => locks.lock(&args.lock, options).await,
+    })?;
+    Ok(on_redis_guard(guard, args.ttl, task).await)
+}
+
+async fn on_redlock(args: &RunArgs, options: &LockOptions, task: Task<'_>) -> Result<u8, Failure> {
+    if args.permits.is_some() {
+        return Err(Failure::usage(
+            "--permits: Redlock has no semaphore; use --backend etcd or redis",
+        ));
+    }
+    if args.redlock.is_empty() {
+        return Err(Failure::usage(
+            "--backend redlock needs its masters: --redlock URL,URL,URL",
+        ));
+    }
+    let config = redis_config(args, args.redlock.clone());
+    let locks = RedlockLocker::connect(config)
+        .await
+        .map_err(Failure::from_lock_error)?;
+    let guard = taken(locks.lock(&args.lock, options).await)?;
+    Ok(on_redis_guard(guard, args.ttl, task).await)
+}
+
+fn redis_config(args: &RunArgs, urls: impl IntoIterator<Item = String>) -> RedisConfig {
+    let config = RedisConfig::masters(urls).with_prefix(&args.namespace);
+    match args.redis_security.tls() {
+        Some(tls) => config.with_tls(tls),
+        None => config,
+    }
+}
+
+/// Runs the command under a Redis (or Redlock) lock, then releases it.
+async fn on_redis_guard(guard: RedisGuard, ttl: Duration, task: Task<'_>) -> u8 {
+    let key = guard.key().to_owned();
+    let (lost, code) = task.run_under(&guard, &key, ttl).await;
+    if lost {
+        // Its key has expired or belongs to someone else: nothing to release.
+        drop(guard);
+        return code;
+    }
+    within_ttl(ttl, release(guard, code), code).await
+}
+
+/// `cleanup`'s exit status, or `code` if it takes longer than `ttl`: by then the lock has
+/// expired by itself anyway.
+async fn within_ttl(ttl: Duration, cleanup: impl Future<Output = u8>, code: u8) -> u8 {
+    match tokio::time::timeout(ttl, cleanup).await {
+        Ok(code) => code,
+        Err(_) => {
+            eprintln!(
+                "fencelock run: warning: the lock service did not confirm the release within \
+                 {ttl:?}; the lock expires by itself"
+            );
+            code
+        }
+    }
+}
+
+/// Releases the lock once the command's group is gone. A failure here never hides what
+/// happened to the command: `code` stands, unless the release finds that the lock had
+/// been lost (then 76), and the failure is reported on stderr.
+async fn release<G: LockGuard>(guard: G, code: u8) -> u8 {
+    match guard.release().await {
+        Ok(ReleaseOutcome::Released) => code,
+        Ok(ReleaseOutcome::NotHeld) => {
+            eprintln!(
+                "fencelock run: the lock was found lost when the command ended; it may have \
+                 run without it"
+            );
+            EXIT_LOCK_LOST
+        }
+        Err(err) => {
+            eprintln!(
+                "fencelock run: warning: the command finished with the lock held, but \
+                 releasing it failed ({err}); it expires with its lease"
+            );
+            code
+        }
+    }
 }
 
 /// `--grace`, defaulted and checked against `--ttl`.
@@ -219,275 +407,10 @@ fn grace(args: &RunArgs) -> Result<Duration, Failure> {
     match args.grace {
         None => Ok((args.ttl / 3).min(Duration::from_secs(5))),
         Some(grace) if grace <= ceiling => Ok(grace),
-        Some(grace) => Err(Failure {
-            message: format!(
-                "--grace {grace:?} is more than half of --ttl {:?}: SIGTERM would go out \
-                 while renewals are still on schedule",
-                args.ttl
-            ),
-            code: EXIT_USAGE,
-        }),
-    }
-}
-
-/// How the command's time under the lock ended.
-enum Ending {
-    /// The command (and its group) finished with the lock held.
-    Completed(Exit),
-    /// The lock was lost (or could no longer be vouched for) while it ran: the group was
-    /// killed.
-    Lost,
-    /// It could not be started; exit with this status.
-    NotStarted(u8),
-}
-
-/// A held lock and the rules for the command under it.
-struct Held<'a> {
-    guard: &'a EtcdGuard,
-    grace: Duration,
-    margin: Duration,
-}
-
-impl Held<'_> {
-    /// Starts the command under the watchdog and supervises it until its whole group is
-    /// gone.
-    async fn run_command(&self, program: &str, rest: &[String], lock: &str) -> Ending {
-        let mut watchdog = match Watchdog::start() {
-            Ok(watchdog) => watchdog,
-            Err(err) => {
-                eprintln!("fencelock run: cannot start the watchdog: {err}");
-                return Ending::NotStarted(EXIT_INTERNAL);
-            }
-        };
-        let mut command = std::process::Command::new(program);
-        command
-            .args(rest)
-            .env("FENCELOCK_TOKEN", self.guard.token().to_string())
-            .env("FENCELOCK_KEY", self.guard.key())
-            .env("FENCELOCK_LOCK", lock);
-        let mut job = match Job::start(command) {
-            Ok(job) => job,
-            Err(err) => {
-                eprintln!("fencelock run: cannot start {program:?}: {err}");
-                watchdog.finish();
-                return Ending::NotStarted(start_failure_status(&err));
-            }
-        };
-        if let Err(err) = watchdog.guard(job.group()) {
-            eprintln!("fencelock run: the watchdog is gone ({err}); stopping the command");
-            drop(job);
-            return Ending::NotStarted(EXIT_INTERNAL);
-        }
-        let ending = match self.supervise(&mut job).await {
-            Ok(ending) => ending,
-            Err(err) => {
-                eprintln!("fencelock run: supervising the command failed: {err}");
-                // Dropping the job kills whatever is left of the group.
-                Ending::NotStarted(EXIT_INTERNAL)
-            }
-        };
-        job.reap();
-        watchdog.finish();
-        ending
-    }
-
-    /// Waits for the command, forwarding signals, and enforces the lease deadline, first
-    /// on the command, then on whatever it left behind in its group.
-    async fn supervise(&self, job: &mut Job) -> std::io::Result<Ending> {
-        let mut signals = Forwarded::new()?;
-        let mut enforcer = Enforcer::new(self);
-        let exit = loop {
-            let next = enforcer.enforce(job);
-            tokio::select! {
-                biased;
-                exit = job.exited() => break exit?,
-                reason = self.guard.lost(), if !enforcer.killed => {
-                    eprintln!("fencelock run: lock lost ({reason}); killing the command");
-                    enforcer.kill(job);
-                }
-                () = tokio::time::sleep(next) => {}
-                signal = signals.next() => job.signal_group(signal),
-            }
-        };
-        let left = job.running_members();
-        if !left.is_empty() && !enforcer.killed {
-            eprintln!(
-                "fencelock run: the command left {} process(es) running in its group; \
-                 terminating them before the lock is released",
-                left.len()
-            );
-            job.signal_group(libc::SIGTERM);
-            enforcer.leftovers_until = Some(tokio::time::Instant::now() + self.grace);
-        }
-        while !job.running_members().is_empty() {
-            let next = enforcer.enforce(job).min(GROUP_POLL);
-            tokio::select! {
-                biased;
-                reason = self.guard.lost(), if !enforcer.killed => {
-                    eprintln!("fencelock run: lock lost ({reason}); killing what is left of the command");
-                    enforcer.kill(job);
-                }
-                () = tokio::time::sleep(next) => {}
-                signal = signals.next() => job.signal_group(signal),
-            }
-        }
-        Ok(if enforcer.killed {
-            Ending::Lost
-        } else {
-            Ending::Completed(exit)
-        })
-    }
-}
-
-/// The lease deadline, enforced on the command's group.
-struct Enforcer<'a> {
-    held: &'a Held<'a>,
-    /// SIGTERM went out because renewals stopped being confirmed.
-    warned: bool,
-    /// SIGKILL went out: the lock is (about to be) gone.
-    killed: bool,
-    /// When processes left behind by the command get SIGKILL.
-    leftovers_until: Option<tokio::time::Instant>,
-}
-
-impl<'a> Enforcer<'a> {
-    fn new(held: &'a Held<'a>) -> Self {
-        Self {
-            held,
-            warned: false,
-            killed: false,
-            leftovers_until: None,
-        }
-    }
-
-    /// Signals what the deadline calls for now; returns how long until the next look.
-    fn enforce(&mut self, job: &Job) -> Duration {
-        if self.killed {
-            // Keep at it: a process may have been forking when the signal went out.
-            job.signal_group(libc::SIGKILL);
-            return GROUP_POLL;
-        }
-        let Held {
-            guard,
-            grace,
-            margin,
-        } = *self.held;
-        let remaining = guard.lease_remaining().unwrap_or(Duration::MAX);
-        if remaining <= margin {
-            eprintln!(
-                "fencelock run: no renewal confirmed before the lease deadline; killing the command"
-            );
-            self.kill(job);
-            return GROUP_POLL;
-        }
-        if let Some(until) = self.leftovers_until {
-            if tokio::time::Instant::now() >= until {
-                job.signal_group(libc::SIGKILL);
-            }
-        }
-        let term_at = grace + margin;
-        if remaining <= term_at {
-            if !self.warned {
-                self.warned = true;
-                eprintln!(
-                    "fencelock run: renewals of the lock are not being confirmed; SIGTERM now, \
-                     SIGKILL in {:?} unless they resume",
-                    remaining - margin
-                );
-                job.signal_group(libc::SIGTERM);
-            }
-        } else if self.warned {
-            self.warned = false;
-            eprintln!("fencelock run: renewals confirmed again; the command keeps the lock");
-        }
-        let until_next = if remaining > term_at {
-            remaining - term_at
-        } else {
-            remaining - margin
-        };
-        until_next.min(CHECK)
-    }
-
-    fn kill(&mut self, job: &Job) {
-        self.killed = true;
-        job.signal_group(libc::SIGKILL);
-    }
-}
-
-/// SIGINT, SIGTERM and SIGHUP received by fencelock, for the command's group.
-struct Forwarded {
-    interrupt: Signal,
-    terminate: Signal,
-    hangup: Signal,
-}
-
-impl Forwarded {
-    fn new() -> std::io::Result<Self> {
-        Ok(Self {
-            interrupt: signal(SignalKind::interrupt())?,
-            terminate: signal(SignalKind::terminate())?,
-            hangup: signal(SignalKind::hangup())?,
-        })
-    }
-
-    /// The next signal to forward.
-    async fn next(&mut self) -> i32 {
-        tokio::select! {
-            _ = self.interrupt.recv() => libc::SIGINT,
-            _ = self.terminate.recv() => libc::SIGTERM,
-            _ = self.hangup.recv() => libc::SIGHUP,
-        }
-    }
-}
-
-/// Releases the lock and closes the session once the command's group is gone. A failure
-/// here never hides what happened to the command: `code` stands, unless the release finds
-/// that the lock had been lost (then 76), and the failure is reported on stderr. It takes
-/// at most the TTL: by then the lease has run out by itself anyway.
-async fn finish(locks: &EtcdLocker, guard: EtcdGuard, lost: bool, code: u8) -> u8 {
-    let budget = guard.session().ttl();
-    let cleanup = async {
-        let mut code = code;
-        if lost {
-            // Nothing to release; revoking frees the lock sooner if the server still has
-            // it.
-            drop(guard);
-            if let Err(err) = locks.close().await {
-                eprintln!(
-                    "fencelock run: could not revoke the lease ({err}); it expires by itself"
-                );
-            }
-            return code;
-        }
-        match guard.release().await {
-            Ok(ReleaseOutcome::Released) => {}
-            Ok(ReleaseOutcome::NotHeld) => {
-                eprintln!(
-                    "fencelock run: the lock was found lost when the command ended; it may \
-                     have run without it"
-                );
-                code = EXIT_LOCK_LOST;
-            }
-            Err(err) => eprintln!(
-                "fencelock run: warning: the command finished with the lock held, but \
-                 releasing it failed ({err}); it expires with its lease"
-            ),
-        }
-        if let Err(err) = locks.close().await {
-            eprintln!(
-                "fencelock run: warning: could not revoke the lease ({err}); it expires by itself"
-            );
-        }
-        code
-    };
-    match tokio::time::timeout(budget, cleanup).await {
-        Ok(code) => code,
-        Err(_) => {
-            eprintln!(
-                "fencelock run: warning: etcd did not confirm the release within {budget:?}; \
-                 the lease expires by itself"
-            );
-            code
-        }
+        Some(grace) => Err(Failure::usage(format!(
+            "--grace {grace:?} is more than half of --ttl {:?}: SIGTERM would go out while \
+             renewals are still on schedule",
+            args.ttl
+        ))),
     }
 }

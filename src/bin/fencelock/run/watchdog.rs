@@ -7,13 +7,15 @@
 //! meanwhile does not matter), in a process group of its own (a Ctrl-C or a hang-up for
 //! `fencelock` does not reach it), reading a pipe whose only writer is `fencelock`:
 //!
-//! - `group <pgid>`: the group to kill;
+//! - `group <pgid>`: the group to kill (written by the command itself between fork and
+//!   exec, so that it is never unguarded);
 //! - `done`: `fencelock` has finished with the group; exit without killing anything;
 //! - end of file without `done`: `fencelock` is gone; SIGKILL the group, then exit.
 //!
 //! The pipe's writing end is close-on-exec, so the command cannot hold it open.
 
 use std::io::{self, BufRead, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
 
 /// The `fencelock` side: tells the watchdog which group to guard, and when it is done.
@@ -37,9 +39,10 @@ impl Watchdog {
         Ok(Self { child, pipe })
     }
 
-    /// From now on, `fencelock`'s death kills `group`.
-    pub fn guard(&mut self, group: libc::pid_t) -> io::Result<()> {
-        self.send(&format!("group {group}\n"))
+    /// The writing end of the pipe, for the command to announce its group on before it
+    /// execs (`child.rs`); `None` once finished.
+    pub fn pipe_fd(&self) -> Option<RawFd> {
+        self.pipe.as_ref().map(AsRawFd::as_raw_fd)
     }
 
     /// `fencelock` is done with the group: the watchdog exits without killing; waits for
