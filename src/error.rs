@@ -23,14 +23,23 @@ pub enum Backend {
     Postgres,
 }
 
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl Backend {
+    /// The backend's name: `etcd`, `redis`, `redlock` or `postgres` (also its `backend`
+    /// label in [`crate::metrics`]).
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
             Self::Etcd => "etcd",
             Self::Redis => "redis",
             Self::Redlock => "redlock",
             Self::Postgres => "postgres",
-        })
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

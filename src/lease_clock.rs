@@ -147,6 +147,7 @@ impl LeaseClock {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads the clock.
+    #[cfg(feature = "etcd")]
     pub(crate) async fn passed(&self) {
         loop {
             let left = self.remaining();
@@ -162,6 +163,7 @@ impl Clock {
     /// The tokio instant at which this clock will read `at`, if the machine does not
     /// sleep in between (tokio's timers stop while it does: wake up no later than
     /// [`RECHECK`] from now to look again).
+    #[cfg(feature = "redis")]
     pub(crate) fn tokio_instant(self, at: ClockInstant) -> tokio::time::Instant {
         let now = tokio::time::Instant::now();
         let left = at.saturating_duration_since(self.now());

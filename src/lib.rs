@@ -7,23 +7,52 @@
 //! create revision as that token: assigned by the Raft log, never reused, never lost on
 //! leader failover.
 //!
-//! Start with [`etcd::EtcdLocker`], which implements the backend-neutral [`LockBackend`].
+//! Start with `etcd::EtcdLocker`, which implements the backend-neutral [`LockBackend`].
+//!
+//! # Cargo features
+//!
+//! Each backend is a feature, so that a service compiles only the client it uses:
+//!
+//! | feature | what it brings | pulls in |
+//! |---|---|---|
+//! | `etcd` (default) | `etcd`: lock, semaphore, read-write lock, election | etcd-client, tonic |
+//! | `redis` | `redis`: the Redis lock, its semaphore, Redlock | redis-rs |
+//! | `postgres` | `postgres`: the fence, idempotency and compare-and-set helpers, advisory locks | tokio-postgres |
+//! | `testkit` | `testkit`: real servers on loopback for tests (all three backends) | tempfile, rcgen |
+//!
+//! The core types ([`FencingToken`], [`LockBackend`], [`LockError`], [`TlsConfig`]) are
+//! always there.
 #![warn(missing_docs)]
+// Without a backend only the core types remain, and the backends' shared parts are unused.
+#![cfg_attr(
+    not(any(feature = "etcd", feature = "redis", feature = "postgres")),
+    allow(dead_code)
+)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
 mod error;
+// The lease deadline of the lease-based backends.
+#[cfg(any(feature = "etcd", feature = "redis"))]
 mod lease_clock;
 mod loss;
+pub mod metrics;
 mod name;
 mod options;
 mod tls;
 mod token;
 
+#[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub mod etcd;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 #[cfg(feature = "testkit")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod testkit;
 
 pub use backend::{LockBackend, LockGuard, ReleaseOutcome};

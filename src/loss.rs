@@ -1,8 +1,13 @@
 //! Loss of ownership: why a lease is gone, and the signal that tells every guard.
 
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::watch;
+
+use crate::Backend;
+use crate::metrics::{self, Holding};
 
 /// Why a lock's lease (and so its ownership) is considered gone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -36,23 +41,42 @@ impl fmt::Display for LossReason {
 #[derive(Debug)]
 pub(crate) struct LossNotifier {
     tx: watch::Sender<Option<LossReason>>,
+    backend: Backend,
+    /// Guards holding a lock on this lease now: what a loss costs (`metrics.rs`).
+    holders: Arc<AtomicUsize>,
 }
 
 /// The receiving half, cloned into every guard.
 #[derive(Clone, Debug)]
 pub(crate) struct LossWatch {
     rx: watch::Receiver<Option<LossReason>>,
+    backend: Backend,
+    holders: Arc<AtomicUsize>,
 }
 
-pub(crate) fn loss_channel() -> (LossNotifier, LossWatch) {
+/// A loss signal for one lease of `backend` (or one connection).
+pub(crate) fn loss_channel(backend: Backend) -> (LossNotifier, LossWatch) {
     let (tx, rx) = watch::channel(None);
-    (LossNotifier { tx }, LossWatch { rx })
+    let holders = Arc::new(AtomicUsize::new(0));
+    (
+        LossNotifier {
+            tx,
+            backend,
+            holders: holders.clone(),
+        },
+        LossWatch {
+            rx,
+            backend,
+            holders,
+        },
+    )
 }
 
 impl LossNotifier {
-    /// Records the loss; the first reason wins and later ones are ignored.
+    /// Records the loss; the first reason wins and later ones are ignored. The first
+    /// counts every lock held on the lease as lost (`fencelock_losses_total`).
     pub(crate) fn mark(&self, reason: LossReason) {
-        self.tx.send_if_modified(|state| {
+        let first = self.tx.send_if_modified(|state| {
             if state.is_none() {
                 *state = Some(reason);
                 true
@@ -60,10 +84,19 @@ impl LossNotifier {
                 false
             }
         });
+        if first {
+            metrics::lost(self.backend, reason, self.holders.load(Ordering::Relaxed));
+        }
     }
 }
 
 impl LossWatch {
+    /// Starts a guard's hold on this lease (see [`Holding`]); a guard keeps it until it
+    /// is released or dropped.
+    pub(crate) fn holding(&self) -> Holding {
+        Holding::start(self.backend, self.holders.clone())
+    }
+
     /// The reason, if the loss has been marked.
     pub(crate) fn current(&self) -> Option<LossReason> {
         *self.rx.borrow()
@@ -86,7 +119,7 @@ mod tests {
 
     #[tokio::test]
     async fn first_reason_wins_and_reaches_every_receiver() {
-        let (notifier, watch) = loss_channel();
+        let (notifier, watch) = loss_channel(Backend::Etcd);
         let other = watch.clone();
         assert_eq!(watch.current(), None);
         notifier.mark(LossReason::Revoked);
@@ -97,7 +130,7 @@ mod tests {
 
     #[tokio::test]
     async fn dropped_notifier_counts_as_closed() {
-        let (notifier, watch) = loss_channel();
+        let (notifier, watch) = loss_channel(Backend::Etcd);
         drop(notifier);
         assert_eq!(watch.wait().await, LossReason::Closed);
     }

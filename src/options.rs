@@ -127,6 +127,7 @@ impl LockOptions {
 }
 
 /// A semaphore needs at least one permit (both backends' semaphores check this).
+#[cfg(any(feature = "etcd", feature = "redis"))]
 pub(crate) fn validate_permits(permits: usize) -> Result<(), LockError> {
     if permits == 0 {
         return Err(invalid(

@@ -335,6 +335,7 @@ impl LoadedTls {
 /// there. Returns what went wrong, in words, or `None` if the handshake and the first read
 /// raised nothing about TLS. Used to explain a connection that failed without a TLS error
 /// (the client library saw only a broken pipe or a closed connection).
+#[cfg(any(feature = "etcd", feature = "redis"))]
 pub(crate) async fn diagnose(
     address: &str,
     tls: &LoadedTls,
@@ -396,6 +397,7 @@ pub(crate) async fn diagnose(
 
 /// Whether the server at `address` (`host:port`) answers a TLS handshake: used to tell a
 /// plaintext client that its endpoint wants TLS. Any certificate will do here.
+#[cfg(any(feature = "etcd", feature = "redis"))]
 pub(crate) async fn speaks_tls(address: &str, limit: std::time::Duration) -> bool {
     let Some((host, _)) = address.rsplit_once(':') else {
         return false;
@@ -430,6 +432,7 @@ pub(crate) async fn speaks_tls(address: &str, limit: std::time::Duration) -> boo
 }
 
 /// One server as a client configuration names it, for [`explain`].
+#[cfg(any(feature = "etcd", feature = "redis"))]
 pub(crate) struct Endpoint {
     /// `host:port`.
     pub(crate) address: String,
@@ -442,6 +445,7 @@ pub(crate) struct Endpoint {
 /// Why first contact with these endpoints failed, when TLS is the reason: a TLS client
 /// the server rejects (or that reaches a plaintext server), or a plaintext client talking
 /// to a TLS server. Looks at each endpoint in turn, within `limit` in all.
+#[cfg(any(feature = "etcd", feature = "redis"))]
 pub(crate) async fn explain(
     endpoints: &[Endpoint],
     tls: Option<&LoadedTls>,
@@ -478,6 +482,7 @@ pub(crate) async fn explain(
 /// finished by half of `timeout`, `explain` (a TLS handshake of our own) may tell what the
 /// server objects to: that is then the error, as [`LockError::Tls`]. Client libraries
 /// often see only a closed connection, or nothing at all, when TLS is what is wrong.
+#[cfg(any(feature = "etcd", feature = "redis"))]
 pub(crate) async fn first_contact<T, E>(
     backend: Backend,
     timeout: std::time::Duration,

@@ -35,12 +35,14 @@ impl FencingToken {
     ///
     /// Returns `None` for zero or negative revisions, which etcd never assigns to a key.
     #[must_use]
+    #[cfg(feature = "etcd")]
     pub(crate) fn from_revision(revision: i64) -> Option<Self> {
         u64::try_from(revision).ok().filter(|v| *v > 0).map(Self)
     }
 
     /// The token as an etcd revision, for revision comparisons in transactions.
     #[must_use]
+    #[cfg(feature = "etcd")]
     pub(crate) fn as_revision(self) -> i64 {
         // Tokens of the etcd backend come from `from_revision`, so they fit in an i64;
         // a token made by hand that does not fit cannot match any revision.

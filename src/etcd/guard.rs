@@ -5,7 +5,8 @@ use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnResponse};
 use super::acquire::delete_key;
 use super::call::call;
 use super::session::Session;
-use crate::{FencingToken, LockError, LockGuard, LossReason, ReleaseOutcome};
+use crate::metrics::{self, Holding, Release};
+use crate::{Backend, FencingToken, LockError, LockGuard, LossReason, ReleaseOutcome};
 
 /// A held etcd lock.
 ///
@@ -24,6 +25,9 @@ pub struct EtcdGuard {
     slot: u64,
     token: FencingToken,
     released: bool,
+    /// Ends when the guard is released or dropped, before its session may close (a
+    /// closing own session must not count this lock as lost).
+    holding: Option<Holding>,
 }
 
 impl EtcdGuard {
@@ -35,6 +39,7 @@ impl EtcdGuard {
         slot: u64,
         token: FencingToken,
     ) -> Self {
+        let holding = Some(session.inner.holding());
         Self {
             session,
             owns_session,
@@ -43,6 +48,7 @@ impl EtcdGuard {
             slot,
             token,
             released: false,
+            holding,
         }
     }
 
@@ -104,6 +110,7 @@ impl EtcdGuard {
     /// The parts a background release needs, leaving this guard marked released.
     fn detach(&mut self) -> Detached {
         self.released = true;
+        self.holding = None;
         Detached {
             session: self.session.clone(),
             owns_session: self.owns_session,
@@ -193,13 +200,17 @@ impl LockGuard for EtcdGuard {
             Ok(deleted) => {
                 detached.give_back_slot();
                 detached.close_own_session().await;
-                Ok(if deleted {
-                    ReleaseOutcome::Released
+                let (outcome, counted) = if deleted {
+                    (ReleaseOutcome::Released, Release::Released)
                 } else {
-                    ReleaseOutcome::NotHeld
-                })
+                    (ReleaseOutcome::NotHeld, Release::NotHeld)
+                };
+                metrics::release(Backend::Etcd, counted);
+                Ok(outcome)
             }
             Err(err) => {
+                metrics::release(Backend::Etcd, Release::Failed);
+                metrics::error(Backend::Etcd, "release", &err);
                 tokio::spawn(detached.finish());
                 Err(err)
             }
@@ -214,6 +225,7 @@ impl Drop for EtcdGuard {
         }
         // Outside a runtime there is nothing to run the release on: the lease (revoked
         // when the session goes, or expired) frees the lock.
+        metrics::release(Backend::Etcd, Release::Dropped);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(self.detach().finish());
         }

@@ -214,6 +214,19 @@ impl EtcdLocker {
         mode: Mode,
         kind: Kind,
     ) -> Result<Option<EtcdGuard>, LockError> {
+        let counted = std::time::Instant::now();
+        let result = self.acquire_uncounted(name, options, mode, kind).await;
+        crate::metrics::acquisition(Backend::Etcd, name, counted, &result);
+        result
+    }
+
+    async fn acquire_uncounted(
+        &self,
+        name: &str,
+        options: &LockOptions,
+        mode: Mode,
+        kind: Kind,
+    ) -> Result<Option<EtcdGuard>, LockError> {
         validate_name(name)?;
         options.validate(MIN_TTL)?;
         let started = tokio::time::Instant::now();

@@ -14,7 +14,7 @@ use super::call::{call_retrying, malformed};
 use super::watch_hub::WatchHub;
 use crate::lease_clock::{Clock, ClockInstant, LeaseClock};
 use crate::loss::{LossNotifier, LossWatch, loss_channel};
-use crate::{LockError, LossReason};
+use crate::{Backend, LockError, LossReason};
 
 /// A lease shared by every lock a client takes with the same TTL.
 ///
@@ -100,7 +100,7 @@ impl Session {
         let ttl = Duration::from_secs(granted);
         let lease_id = grant.id();
         let clock = Arc::new(LeaseClock::new(Clock::BOOT, sent + ttl));
-        let (notifier, loss) = loss_channel();
+        let (notifier, loss) = loss_channel(Backend::Etcd);
         let notifier = Arc::new(notifier);
         let (stop_tx, stop_rx) = oneshot::channel();
         let (control, control_rx) = mpsc::unbounded_channel();
@@ -249,6 +249,12 @@ impl SessionInner {
     pub(crate) async fn lost(&self) -> LossReason {
         self.loss.wait().await
     }
+
+    /// Starts a guard's hold on this session's lease (metrics, and the count of locks a
+    /// loss of the lease costs).
+    pub(crate) fn holding(&self) -> crate::metrics::Holding {
+        self.loss.holding()
+    }
 }
 
 /// The background task behind one session's lease.
@@ -304,12 +310,16 @@ impl KeepAlive {
                     return self.expire(stop).await;
                 }
                 reply = next_reply(&mut stream) => match reply {
-                    Reply::Renewed(sent) => self.clock.extend_to(sent + self.ttl),
+                    Reply::Renewed(sent) => {
+                        crate::metrics::renewals(Backend::Etcd, 1, 0);
+                        self.clock.extend_to(sent + self.ttl);
+                    }
                     Reply::Gone => {
                         tracing::warn!("server reports the lease is gone");
                         return self.notifier.mark(LossReason::Revoked);
                     }
                     Reply::Broken(why) => {
+                        crate::metrics::renewals(Backend::Etcd, 0, 1);
                         tracing::debug!(%why, "keep-alive stream broke; reopening");
                         stream = None;
                         next_send = Instant::now() + retry_delay(interval);
@@ -320,7 +330,10 @@ impl KeepAlive {
                     match &mut stream {
                         // An answer overdue by a whole interval: the member is stuck or cut
                         // off. Reopen, which may reach another member.
-                        Some(s) if s.outstanding.is_some() => stream = None,
+                        Some(s) if s.outstanding.is_some() => {
+                            crate::metrics::renewals(Backend::Etcd, 0, 1);
+                            stream = None;
+                        }
                         Some(s) => {
                             let sent = self.clock.now();
                             if s.keeper.keep_alive().await.is_ok() {
@@ -333,12 +346,16 @@ impl KeepAlive {
                     }
                     if stream.is_none() {
                         match self.reopen().await {
-                            Ok(s) => stream = Some(s),
+                            Ok(s) => {
+                                crate::metrics::renewals(Backend::Etcd, 1, 0);
+                                stream = Some(s);
+                            }
                             Err(Reopen::Gone) => {
                                 tracing::warn!("server reports the lease is gone");
                                 return self.notifier.mark(LossReason::Revoked);
                             }
                             Err(Reopen::Failed(why)) => {
+                                crate::metrics::renewals(Backend::Etcd, 0, 1);
                                 tracing::debug!(%why, "could not reopen keep-alive stream");
                                 next_send = Instant::now() + retry_delay(interval);
                             }

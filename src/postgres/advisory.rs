@@ -18,6 +18,7 @@ use super::connect::{Connector, connect_timeout, map_error, parse, spawn_connect
 use tracing::Instrument;
 
 use crate::loss::{LossWatch, loss_channel};
+use crate::metrics::{self, Holding, Release};
 use crate::{
     Backend, FencingToken, LockBackend, LockError, LockGuard, LockOptions, LossReason,
     ReleaseOutcome, TlsConfig, validate_name,
@@ -117,6 +118,18 @@ impl PgAdvisoryLocker {
         options: &LockOptions,
         wait: bool,
     ) -> Result<Option<PgAdvisoryGuard>, LockError> {
+        let counted = std::time::Instant::now();
+        let result = self.acquire_uncounted(name, options, wait).await;
+        metrics::acquisition(Backend::Postgres, name, counted, &result);
+        result
+    }
+
+    async fn acquire_uncounted(
+        &self,
+        name: &str,
+        options: &LockOptions,
+        wait: bool,
+    ) -> Result<Option<PgAdvisoryGuard>, LockError> {
         validate_name(name)?;
         options.validate(Duration::from_millis(1))?;
         let (reply, answer) = oneshot::channel();
@@ -144,7 +157,7 @@ impl Inner {
             .connector
             .connect(&self.config, self.connect_timeout)
             .await?;
-        let (notifier, closed) = loss_channel();
+        let (notifier, closed) = loss_channel(Backend::Postgres);
         spawn_connection(connection, notifier);
         let pid: i32 = client
             .query_one("SELECT pg_backend_pid()", &[])
@@ -264,6 +277,7 @@ impl Acquisition {
 
     fn guard(self, conn: Conn, token: i64) -> PgAdvisoryGuard {
         PgAdvisoryGuard {
+            holding: Some(conn.closed.holding()),
             inner: self.inner,
             conn: Some(conn),
             name: self.name,
@@ -317,6 +331,8 @@ pub struct PgAdvisoryGuard {
     conn: Option<Conn>,
     name: String,
     token: FencingToken,
+    /// Ends when the guard is released or dropped (metrics, loss counting).
+    holding: Option<Holding>,
 }
 
 impl std::fmt::Debug for PgAdvisoryGuard {
@@ -379,26 +395,40 @@ impl LockGuard for PgAdvisoryGuard {
 
     #[tracing::instrument(skip(self), fields(backend = "postgres", lock = %self.name, token = %self.token))]
     async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
+        self.holding = None;
         let Some(conn) = self.conn.take() else {
+            metrics::release(Backend::Postgres, Release::NotHeld);
             return Ok(ReleaseOutcome::NotHeld);
         };
         if conn.closed.current().is_some() {
             // The connection is gone, and the lock went with it.
+            metrics::release(Backend::Postgres, Release::NotHeld);
             return Ok(ReleaseOutcome::NotHeld);
         }
         let name = std::mem::take(&mut self.name);
-        let unlocked = Self::unlock(self.inner.clone(), conn, name).await?;
-        Ok(if unlocked {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotHeld
-        })
+        match Self::unlock(self.inner.clone(), conn, name).await {
+            Ok(true) => {
+                metrics::release(Backend::Postgres, Release::Released);
+                Ok(ReleaseOutcome::Released)
+            }
+            Ok(false) => {
+                metrics::release(Backend::Postgres, Release::NotHeld);
+                Ok(ReleaseOutcome::NotHeld)
+            }
+            Err(err) => {
+                metrics::release(Backend::Postgres, Release::Failed);
+                metrics::error(Backend::Postgres, "release", &err);
+                Err(err)
+            }
+        }
     }
 }
 
 impl Drop for PgAdvisoryGuard {
     fn drop(&mut self) {
+        self.holding = None;
         let Some(conn) = self.conn.take() else { return };
+        metrics::release(Backend::Postgres, Release::Dropped);
         // Without a runtime, dropping the connection closes it, which frees the lock.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let (inner, name) = (self.inner.clone(), std::mem::take(&mut self.name));

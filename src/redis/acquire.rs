@@ -39,6 +39,21 @@ pub(crate) async fn acquire(
     options: &LockOptions,
     wait: bool,
 ) -> Result<Option<RedisGuard>, LockError> {
+    let backend = core.backend;
+    let counted = std::time::Instant::now();
+    let result = acquire_uncounted(core, subscriber, name, keys, options, wait).await;
+    crate::metrics::acquisition(backend, name, counted, &result);
+    result
+}
+
+async fn acquire_uncounted(
+    core: Arc<Core>,
+    subscriber: Option<Arc<Subscriber>>,
+    name: &str,
+    keys: LockKeys,
+    options: &LockOptions,
+    wait: bool,
+) -> Result<Option<RedisGuard>, LockError> {
     let mut acquisition = Acquisition {
         keys,
         core,

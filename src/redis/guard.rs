@@ -5,6 +5,7 @@ use std::sync::Arc;
 use super::core::Core;
 use super::keys::LockKeys;
 use super::renewer::Registration;
+use crate::metrics::{self, Holding, Release};
 use crate::{FencingToken, LockError, LockGuard, LossReason, ReleaseOutcome};
 
 /// A held Redis (or Redlock) lock.
@@ -22,6 +23,8 @@ pub struct RedisGuard {
     token: FencingToken,
     registration: Registration,
     released: bool,
+    /// Ends when the guard is released or dropped (metrics, loss counting).
+    holding: Option<Holding>,
 }
 
 impl std::fmt::Debug for RedisGuard {
@@ -44,6 +47,7 @@ impl RedisGuard {
         token: FencingToken,
         registration: Registration,
     ) -> Self {
+        let holding = Some(registration.loss.holding());
         Self {
             core,
             name,
@@ -52,6 +56,7 @@ impl RedisGuard {
             token,
             registration,
             released: false,
+            holding,
         }
     }
 
@@ -69,6 +74,7 @@ impl RedisGuard {
 
     fn detach(&mut self) -> Detached {
         self.released = true;
+        self.holding = None;
         self.core.renewer.unregister(self.registration.id);
         Detached {
             core: self.core.clone(),
@@ -131,11 +137,22 @@ impl LockGuard for RedisGuard {
         // the background instead.
         let deleted = self.core.release(&self.keys, &self.owner, &self.name).await;
         drop(self.detach());
-        Ok(if deleted? {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotHeld
-        })
+        let backend = self.core.backend;
+        match deleted {
+            Ok(true) => {
+                metrics::release(backend, Release::Released);
+                Ok(ReleaseOutcome::Released)
+            }
+            Ok(false) => {
+                metrics::release(backend, Release::NotHeld);
+                Ok(ReleaseOutcome::NotHeld)
+            }
+            Err(err) => {
+                metrics::release(backend, Release::Failed);
+                metrics::error(backend, "release", &err);
+                Err(err)
+            }
+        }
     }
 }
 
@@ -144,6 +161,7 @@ impl Drop for RedisGuard {
         if self.released {
             return;
         }
+        metrics::release(self.core.backend, Release::Dropped);
         let detached = self.detach();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(detached.run());

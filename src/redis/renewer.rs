@@ -16,9 +16,9 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use super::node::Node;
-use crate::LossReason;
 use crate::lease_clock::{Clock, ClockInstant, LeaseClock, RECHECK};
 use crate::loss::{LossNotifier, LossWatch, loss_channel};
+use crate::{Backend, LossReason};
 
 /// Never tick more often than this, whatever the TTLs.
 const MIN_INTERVAL: Duration = Duration::from_millis(10);
@@ -33,6 +33,7 @@ struct Held {
 }
 
 struct Shared {
+    backend: Backend,
     nodes: Arc<[Node]>,
     quorum: usize,
     drift_factor: f64,
@@ -66,8 +67,14 @@ pub(crate) struct Registration {
 }
 
 impl Renewer {
-    pub(crate) fn start(nodes: Arc<[Node]>, quorum: usize, drift_factor: f64) -> Self {
+    pub(crate) fn start(
+        backend: Backend,
+        nodes: Arc<[Node]>,
+        quorum: usize,
+        drift_factor: f64,
+    ) -> Self {
         let shared = Arc::new(Shared {
+            backend,
             nodes,
             quorum,
             drift_factor,
@@ -110,7 +117,7 @@ impl Renewer {
         } else {
             expires
         };
-        let (notifier, loss) = loss_channel();
+        let (notifier, loss) = loss_channel(self.shared.backend);
         let needs = self.shared.nanos(needs);
         let wake = {
             // Under the map's lock, so that the task's plan and this check cannot cross.
@@ -252,6 +259,7 @@ async fn renew_all(shared: &Shared) {
     let replies = join_all(shared.nodes.iter().map(|node| node.renew(&items))).await;
     let node_count = shared.nodes.len();
     let mut held = held(shared);
+    let mut renewed = 0;
     for (i, (id, _, _, ttl)) in batch.iter().enumerate() {
         let mut yes = 0;
         let mut no = 0;
@@ -264,6 +272,7 @@ async fn renew_all(shared: &Shared) {
         }
         let Some(lock) = held.get(id) else { continue };
         if yes >= shared.quorum {
+            renewed += 1;
             lock.clock
                 .extend_to(sent + ttl.saturating_sub(drift(*ttl, shared.drift_factor)));
         } else if no > node_count - shared.quorum {
@@ -273,6 +282,10 @@ async fn renew_all(shared: &Shared) {
             held.remove(id);
         }
     }
+    drop(held);
+    // Counted once per tick, not per lock: a client holding 100,000 locks makes two
+    // counter updates a tick.
+    crate::metrics::renewals(shared.backend, renewed, batch.len() - renewed);
     for reply in replies {
         if let Err(err) = reply {
             tracing::debug!(%err, "renewal failed on a node");

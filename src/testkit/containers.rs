@@ -57,6 +57,7 @@ impl ContainerEtcdCluster {
     /// Starts `members` etcd containers on a fresh network and waits for a leader.
     pub async fn start(members: usize) -> Result<Self, TestkitError> {
         let image = std::env::var(ETCD_IMAGE_ENV).unwrap_or_else(|_| DEFAULT_ETCD_IMAGE.into());
+        require_image(&image, ETCD_IMAGE_ENV)?;
         let (name, tag) = image.rsplit_once(':').unwrap_or((image.as_str(), "latest"));
         let suffix = unique_suffix();
         let network = format!("fencelock-{suffix}");
@@ -288,6 +289,26 @@ fn loopback_only(config: &mut testcontainers::bollard::models::HostConfig) {
             binding.host_ip = Some("127.0.0.1".into());
         }
     }
+}
+
+/// Fails with a message that says how to get `image` when this machine does not have it:
+/// no registry is reachable from here or from CI, so a missing image would otherwise end
+/// in a pull error that names neither the script nor the variable.
+pub fn require_image(image: &str, env_var: &str) -> Result<(), TestkitError> {
+    let present = Command::new("docker")
+        .args(["image", "inspect", "--format", "{{.Id}}", image])
+        .output()
+        .map_err(|e| TestkitError::io("running docker", e))?
+        .status
+        .success();
+    if present {
+        return Ok(());
+    }
+    Err(TestkitError::Cluster(format!(
+        "the image {image} is not on this machine, and none can be pulled: build the local \
+         images with `bash compose/build-local-images.sh` (then `set -a; . \
+         compose/local-images.env; set +a`), or name an image this machine has in {env_var}"
+    )))
 }
 
 fn docker(args: &[&str]) -> Result<(), TestkitError> {

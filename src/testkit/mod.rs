@@ -34,7 +34,9 @@ mod redis;
 pub use clock::{JumpingClock, LIBFAKETIME_ENV};
 pub use cluster::{HARNESS_ENV, SelectedEtcdCluster};
 #[cfg(feature = "containers")]
-pub use containers::{ContainerEtcdCluster, DEFAULT_ETCD_IMAGE, ETCD_IMAGE_ENV, IMAGE_ENVS};
+pub use containers::{
+    ContainerEtcdCluster, DEFAULT_ETCD_IMAGE, ETCD_IMAGE_ENV, IMAGE_ENVS, require_image,
+};
 pub use etcd::{
     ETCD_BIN_ENV, EtcdCluster, EtcdClusterBuilder, compact_now, fetch_metrics, metric_sum,
 };

@@ -7,6 +7,7 @@ mod run_cut_off;
 mod run_dies_with_fencelock;
 mod run_leftovers;
 mod run_member_down;
+mod run_metrics;
 mod run_redis;
 mod run_start_failure;
 mod run_tls;

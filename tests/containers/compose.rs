@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use fencelock::testkit::free_port;
+use fencelock::testkit::{free_port, require_image};
 
 /// `docker compose` (v2) if the engine has it, else `docker-compose` (v1).
 fn compose() -> Command {
@@ -96,7 +96,11 @@ pub fn up_with(overlays: &[&'static str], extra: Vec<(String, String)>) -> Proje
                 .trim_end_matches("_IMAGE")
                 .to_lowercase();
             let local = format!("fencelock/{server}:local");
-            ((*var).to_owned(), std::env::var(var).unwrap_or(local))
+            let image = std::env::var(var).unwrap_or(local);
+            if let Err(err) = require_image(&image, var) {
+                panic!("{err}");
+            }
+            ((*var).to_owned(), image)
         })
         .collect();
     for var in PORTS {

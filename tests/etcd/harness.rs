@@ -57,3 +57,24 @@ async fn a_failing_start_reports_the_servers_last_words() {
     assert!(matches!(err, TestkitError::NotReady { .. }), "{err}");
     assert!(err.to_string().contains("fake etcd: cannot start"), "{err}");
 }
+
+/// The suite runs against the etcd it was asked to run: CI sets
+/// `FENCELOCK_EXPECT_ETCD_VERSION` (e.g. `3.5`) beside `FENCELOCK_ETCD_BIN`, so that a
+/// binary that silently fell back to `PATH`'s etcd fails here instead of passing as 3.5.
+#[tokio::test]
+async fn the_server_runs_the_expected_etcd_version() {
+    let cluster = EtcdCluster::single().await.expect("etcd");
+    let mut client = cluster.client().await.expect("client");
+    let version = client.status().await.expect("status").version().to_owned();
+    let parts: Vec<&str> = version.split('.').collect();
+    assert!(
+        parts.len() == 3 && parts.iter().all(|p| p.parse::<u32>().is_ok()),
+        "etcd reported version {version:?}"
+    );
+    if let Ok(expected) = std::env::var("FENCELOCK_EXPECT_ETCD_VERSION") {
+        assert!(
+            version == expected || version.starts_with(&format!("{expected}.")),
+            "expected etcd {expected}, the server reports {version}"
+        );
+    }
+}

@@ -5,6 +5,7 @@
 mod bench;
 mod chaos;
 mod endpoints;
+mod metrics_listen;
 mod run;
 mod security;
 
@@ -24,7 +25,8 @@ struct Cli {
 enum Command {
     /// Benchmark every lock backend through the same trait, beside the raw ceilings.
     Bench(bench::BenchArgs),
-    /// Run a command while holding an etcd lock; it is killed before the lock can pass on.
+    /// Run a command while holding a lock (etcd, Redis or Redlock); it is killed before the
+    /// lock can pass on.
     Run(run::RunArgs),
     /// Check a log of critical sections (JSON lines) for overlapping holders, stale
     /// writes accepted or rejected, and tokens out of grant order.

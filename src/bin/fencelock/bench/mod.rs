@@ -54,12 +54,19 @@ pub struct BenchArgs {
     pub renewal_duration: Duration,
     #[command(flatten)]
     pub endpoints: crate::endpoints::Endpoints,
+    #[command(flatten)]
+    pub metrics: crate::metrics_listen::MetricsListen,
     /// Start a local 3-member etcd cluster instead of a single node.
     #[arg(long)]
     pub cluster: bool,
     /// Let the local etcd fsync its WAL (off by default, like the other local servers).
     #[arg(long)]
     pub fsync: bool,
+    /// The `etcd` binary the local etcd servers run (default: `etcd` on `PATH`), e.g.
+    /// `--etcd-bin "$(.ci/fetch-etcd-3.5)"` to measure etcd 3.5. The report's header names
+    /// the version every server reports of itself.
+    #[arg(long, env = "FENCELOCK_ETCD_BIN", value_name = "PATH")]
+    pub etcd_bin: Option<PathBuf>,
     /// Write every figure and the environment as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -109,9 +116,9 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
     {
         return Err("concurrency and waiter counts must be at least 1".into());
     }
+    args.metrics.start()?;
     let wants = |name: &str| args.backends.iter().any(|b| b == name);
     let targets = Targets::prepare(&args).await?;
-    let environment = report::environment(&args, &targets).await;
 
     let cells = planned_cells(&args);
     let progress = ProgressBar::new(cells);
@@ -170,6 +177,19 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         }
         _ => None,
     };
+    // The versions the servers report of themselves, not those of binaries on PATH.
+    let versions = report::ServerVersions::ask(
+        etcd.as_ref().map(|locks| locks.client().clone()),
+        redis.as_ref().map(RedisLocker::connection),
+        targets
+            .postgres
+            .as_deref()
+            .filter(|_| wants("postgres"))
+            .map(|conn| (conn, postgres_tls.as_ref())),
+    )
+    .await;
+    runner.progress.suspend(|| eprintln!("{}", versions.line()));
+    let environment = report::environment(&args, &targets, versions);
 
     // Each concurrency level runs every subject back to back, ceiling first, so that a
     // ratio compares cells measured minutes apart at most, on the same server state.

@@ -24,16 +24,7 @@ pub struct Environment {
     pub fencelock: String,
 }
 
-pub async fn environment(args: &BenchArgs, targets: &Targets) -> Environment {
-    let version = |program: &str, flag: &str| {
-        std::process::Command::new(program)
-            .arg(flag)
-            .output()
-            .ok()
-            .and_then(|out| String::from_utf8(out.stdout).ok())
-            .and_then(|text| text.lines().next().map(str::to_owned))
-            .unwrap_or_else(|| "unknown".into())
-    };
+pub fn environment(args: &BenchArgs, targets: &Targets, versions: ServerVersions) -> Environment {
     Environment {
         cpus: std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
         os: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
@@ -46,11 +37,88 @@ pub async fn environment(args: &BenchArgs, targets: &Targets) -> Environment {
             "etcd fsync {}; redis without persistence; postgres fsync off (local servers)",
             on_off(args.fsync)
         ),
-        etcd: version("etcd", "--version"),
-        redis: version("redis-server", "--version"),
-        postgres: version("psql", "--version"),
+        etcd: versions.etcd,
+        redis: versions.redis,
+        postgres: versions.postgres,
         cell_duration_s: args.duration.as_secs_f64(),
         fencelock: env!("CARGO_PKG_VERSION").into(),
+    }
+}
+
+/// The versions the servers of the run report of themselves ("not used" for a backend
+/// the run leaves out; "unknown: <why>" when a server would not say).
+#[derive(Debug)]
+pub struct ServerVersions {
+    pub etcd: String,
+    pub redis: String,
+    pub postgres: String,
+}
+
+const NOT_USED: &str = "not used";
+
+impl ServerVersions {
+    /// Asks each server: etcd's Status RPC, Redis's `INFO server`, PostgreSQL's
+    /// `SHOW server_version`.
+    pub async fn ask(
+        etcd: Option<etcd_client::Client>,
+        redis: Option<redis::aio::ConnectionManager>,
+        postgres: Option<(&str, Option<&fencelock::TlsConfig>)>,
+    ) -> Self {
+        let unknown = |err: &dyn std::fmt::Display| format!("unknown: {err}");
+        let etcd = match etcd {
+            Some(mut client) => match client.status().await {
+                Ok(status) => format!("etcd {}", status.version()),
+                Err(err) => unknown(&err),
+            },
+            None => NOT_USED.into(),
+        };
+        let redis = match redis {
+            Some(mut connection) => {
+                let info: redis::RedisResult<String> = redis::cmd("INFO")
+                    .arg("server")
+                    .query_async(&mut connection)
+                    .await;
+                match info {
+                    Ok(info) => redis_version(&info),
+                    Err(err) => unknown(&err),
+                }
+            }
+            None => NOT_USED.into(),
+        };
+        let postgres = match postgres {
+            Some((conn, tls)) => match fencelock::postgres::connect(conn, tls).await {
+                Ok(client) => match client.query_one("SHOW server_version", &[]).await {
+                    Ok(row) => format!("PostgreSQL {}", row.get::<_, String>(0)),
+                    Err(err) => unknown(&err),
+                },
+                Err(err) => unknown(&err),
+            },
+            None => NOT_USED.into(),
+        };
+        Self {
+            etcd,
+            redis,
+            postgres,
+        }
+    }
+
+    /// One line for the terminal.
+    pub fn line(&self) -> String {
+        format!("servers: {}; {}; {}", self.etcd, self.redis, self.postgres)
+    }
+}
+
+/// `redis 7.0.15` or `valkey 8.1.1`, from `INFO server` (Valkey also reports a
+/// `redis_version` for compatibility: its own name and version come first).
+fn redis_version(info: &str) -> String {
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    match (field("server_name"), field("valkey_version")) {
+        (Some(name), Some(version)) => format!("{name} {version}"),
+        _ => format!("redis {}", field("redis_version").unwrap_or("(no version)")),
     }
 }
 
@@ -278,6 +346,12 @@ impl Outcome {
     /// The terminal table.
     pub fn table(&self) -> String {
         let mut out = String::new();
+        let env = &self.environment;
+        let _ = write!(
+            out,
+            "\nservers: {}; {}; {}\n",
+            env.etcd, env.redis, env.postgres
+        );
         let _ = writeln!(
             out,
             "\n{:<14} {:<20} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6}",
@@ -559,4 +633,19 @@ fn line_chart(
     }
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redis_version;
+
+    #[test]
+    fn redis_and_valkey_name_themselves() {
+        let redis = "# Server\r\nredis_version:7.0.15\r\nredis_git_sha1:00000000\r\n";
+        assert_eq!(redis_version(redis), "redis 7.0.15");
+        let valkey =
+            "# Server\r\nredis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:8.1.1\r\n";
+        assert_eq!(redis_version(valkey), "valkey 8.1.1");
+        assert_eq!(redis_version(""), "redis (no version)");
+    }
 }

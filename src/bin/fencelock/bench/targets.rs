@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use fencelock::etcd::EtcdConfig;
 use fencelock::redis::RedisConfig;
-use fencelock::testkit::{EtcdCluster, PostgresServer, RedisServer, TestPki};
+use fencelock::testkit::{EtcdCluster, EtcdClusterBuilder, PostgresServer, RedisServer, TestPki};
 
 use super::{BenchArgs, BoxResult};
 
@@ -62,7 +62,7 @@ impl Targets {
                 "starting a local {members}-member etcd (fsync {})",
                 on_off(args.fsync)
             );
-            let cluster = EtcdCluster::builder()
+            let cluster = local_etcd(args)
                 .members(members)
                 .fsync(args.fsync)
                 .start()
@@ -78,7 +78,7 @@ impl Targets {
                 eprintln!("starting a local etcd with mutual TLS, for the TLS rows");
                 let pki = TestPki::generate()?;
                 let client = pki.client_tls("bench")?;
-                let tls = EtcdCluster::builder()
+                let tls = local_etcd(args)
                     .fsync(args.fsync)
                     .tls(pki.server_tls(true), client.clone())
                     .start()
@@ -92,7 +92,7 @@ impl Targets {
                 targets._etcd_tls = Some((tls, pki));
                 if members == 1 {
                     eprintln!("starting a local 3-member etcd, for the cluster rows");
-                    let three = EtcdCluster::builder()
+                    let three = local_etcd(args)
                         .members(3)
                         .fsync(args.fsync)
                         .start()
@@ -179,4 +179,13 @@ impl Targets {
 
 pub fn on_off(flag: bool) -> &'static str {
     if flag { "on" } else { "off" }
+}
+
+/// A local etcd of the binary the run asked for (`--etcd-bin`), or of `PATH`'s.
+fn local_etcd(args: &BenchArgs) -> EtcdClusterBuilder {
+    let builder = EtcdCluster::builder();
+    match &args.etcd_bin {
+        Some(path) => builder.binary(path),
+        None => builder,
+    }
 }

@@ -52,6 +52,8 @@ pub use watchdog::run as watchdog;
 /// Options of `fencelock run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
+    #[command(flatten)]
+    metrics: crate::metrics_listen::MetricsListen,
     /// The lock to hold while the command runs: 1 to 128 characters from A-Z a-z 0-9 and
     /// - _ . : @ = (no '/').
     #[arg(long)]
@@ -223,6 +225,7 @@ async fn run_inner(args: RunArgs) -> Result<u8, Failure> {
             "--permits 0: a semaphore needs at least one permit",
         ));
     }
+    args.metrics.start().map_err(Failure::internal)?;
     let task = Task {
         program,
         rest,

@@ -1,0 +1,209 @@
+//! What fencelock reports about its locks, through the [`metrics`](https://docs.rs/metrics)
+//! facade: install any recorder (a Prometheus exporter, StatsD, ...) and these appear;
+//! with none installed, each report is a check of an atomic and nothing else.
+//!
+//! | name | kind | unit | labels | what |
+//! |---|---|---|---|---|
+//! | `fencelock_acquire_seconds` | histogram | seconds | `backend`, `outcome` | how long each acquisition took, from the call to its result |
+//! | `fencelock_grants_total` | counter | | `backend` | locks granted |
+//! | `fencelock_locks_held` | gauge | | `backend` | guards alive now (held, or lost and not yet dropped) |
+//! | `fencelock_hold_seconds` | histogram | seconds | `backend` | from the grant to the guard's release or drop |
+//! | `fencelock_releases_total` | counter | | `backend`, `outcome` | releases: `released`, `not_held` (found lost), `error`, `dropped` (a guard dropped without `release()`: released in the background) |
+//! | `fencelock_losses_total` | counter | | `backend`, `reason` | held locks lost, counted when the library learns of the loss (not when a guard notices): `expired`, `revoked`, `closed`, `disconnected` |
+//! | `fencelock_renewals_total` | counter | | `backend`, `outcome` | lease renewals: `ok`, `failed` (an error or no answer; the lease may still live) |
+//! | `fencelock_errors_total` | counter | | `backend`, `operation`, `kind` | errors returned to the caller, by [`LockError`] kind |
+//!
+//! `backend` is `etcd`, `redis`, `redlock` or `postgres`; the acquisition `outcome` is
+//! `acquired`, `busy` (a `try_lock` that found the lock taken), `timeout` (the wait
+//! timeout ran out) or `error`; `kind` is `timeout`, `unavailable`, `permission_denied`,
+//! `tls`, `invalid_input`, `lost` or `other`.
+//!
+//! Lock names are not labels by default: a service that names locks after orders or users
+//! would create a series per name. [`label_lock_names`] adds a `lock` label to the
+//! acquisition histogram and the grant counter, for services with a small fixed set of
+//! names.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use crate::{Backend, LockError, LossReason};
+
+/// Metric names, for dashboards and tests.
+pub mod names {
+    /// Histogram: seconds from an acquisition's call to its result.
+    pub const ACQUIRE_SECONDS: &str = "fencelock_acquire_seconds";
+    /// Counter: locks granted.
+    pub const GRANTS: &str = "fencelock_grants_total";
+    /// Gauge: guards alive now.
+    pub const LOCKS_HELD: &str = "fencelock_locks_held";
+    /// Histogram: seconds from the grant to the guard's release or drop.
+    pub const HOLD_SECONDS: &str = "fencelock_hold_seconds";
+    /// Counter: releases, by outcome.
+    pub const RELEASES: &str = "fencelock_releases_total";
+    /// Counter: held locks lost, by reason.
+    pub const LOSSES: &str = "fencelock_losses_total";
+    /// Counter: lease renewals, by outcome.
+    pub const RENEWALS: &str = "fencelock_renewals_total";
+    /// Counter: errors returned to callers, by operation and kind.
+    pub const ERRORS: &str = "fencelock_errors_total";
+}
+
+static LOCK_NAMES: AtomicBool = AtomicBool::new(false);
+
+/// Adds a `lock` label (the lock's name) to `fencelock_acquire_seconds` and
+/// `fencelock_grants_total` from now on, process-wide. Off by default: only for a small,
+/// fixed set of lock names, since every name becomes a series of its own.
+pub fn label_lock_names(on: bool) {
+    LOCK_NAMES.store(on, Ordering::Relaxed);
+}
+
+fn lock_label(name: &str) -> Option<(&'static str, String)> {
+    LOCK_NAMES
+        .load(Ordering::Relaxed)
+        .then(|| ("lock", name.to_owned()))
+}
+
+/// Records an acquisition's result and how long it took; errors are counted too.
+pub(crate) fn acquisition<T>(
+    backend: Backend,
+    name: &str,
+    started: Instant,
+    result: &Result<Option<T>, LockError>,
+) {
+    let outcome = match result {
+        Ok(Some(_)) => "acquired",
+        Ok(None) => "busy",
+        Err(err) if err.is_wait_timeout() => "timeout",
+        Err(_) => "error",
+    };
+    let mut labels = vec![
+        ("backend", backend.as_str().to_owned()),
+        ("outcome", outcome.to_owned()),
+    ];
+    labels.extend(lock_label(name));
+    ::metrics::histogram!(names::ACQUIRE_SECONDS, &labels).record(started.elapsed().as_secs_f64());
+    if let Err(err) = result {
+        if !err.is_wait_timeout() {
+            error(backend, "acquire", err);
+        }
+    }
+    if let Ok(Some(_)) = result {
+        let mut labels = vec![("backend", backend.as_str().to_owned())];
+        labels.extend(lock_label(name));
+        ::metrics::counter!(names::GRANTS, &labels).increment(1);
+    }
+}
+
+/// Counts an error returned to a caller.
+pub(crate) fn error(backend: Backend, operation: &'static str, err: &LockError) {
+    ::metrics::counter!(
+        names::ERRORS,
+        "backend" => backend.as_str(),
+        "operation" => operation,
+        "kind" => kind(err),
+    )
+    .increment(1);
+}
+
+fn kind(err: &LockError) -> &'static str {
+    if err.is_timeout() {
+        "timeout"
+    } else if err.is_permission_denied() {
+        "permission_denied"
+    } else if err.is_tls() {
+        "tls"
+    } else if err.is_unavailable() {
+        "unavailable"
+    } else if err.is_invalid_input() {
+        "invalid_input"
+    } else if err.is_lost() {
+        "lost"
+    } else {
+        "other"
+    }
+}
+
+/// How a release ended.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Release {
+    /// The key was removed.
+    Released,
+    /// The lock was found lost.
+    NotHeld,
+    /// The release failed (also counted as an error).
+    Failed,
+    /// The guard was dropped without `release()`.
+    Dropped,
+}
+
+/// Counts a release.
+pub(crate) fn release(backend: Backend, outcome: Release) {
+    let outcome = match outcome {
+        Release::Released => "released",
+        Release::NotHeld => "not_held",
+        Release::Failed => "error",
+        Release::Dropped => "dropped",
+    };
+    ::metrics::counter!(names::RELEASES, "backend" => backend.as_str(), "outcome" => outcome)
+        .increment(1);
+}
+
+/// Counts renewals of leases: `ok` confirmed, `failed` not (an error, no answer, or no
+/// quorum; the lease may still live).
+pub(crate) fn renewals(backend: Backend, ok: usize, failed: usize) {
+    for (outcome, count) in [("ok", ok), ("failed", failed)] {
+        if count > 0 {
+            ::metrics::counter!(names::RENEWALS, "backend" => backend.as_str(), "outcome" => outcome)
+                .increment(u64::try_from(count).unwrap_or(u64::MAX));
+        }
+    }
+}
+
+/// Counts `holders` held locks lost at once (every guard on one lease).
+pub(crate) fn lost(backend: Backend, reason: LossReason, holders: usize) {
+    if holders == 0 {
+        return;
+    }
+    let reason = match reason {
+        LossReason::Expired => "expired",
+        LossReason::Revoked => "revoked",
+        LossReason::Closed => "closed",
+        LossReason::Disconnected => "disconnected",
+    };
+    ::metrics::counter!(names::LOSSES, "backend" => backend.as_str(), "reason" => reason)
+        .increment(u64::try_from(holders).unwrap_or(u64::MAX));
+}
+
+/// One guard's hold, from the grant to the guard's end: the held gauge, the hold time,
+/// and the count of holders a loss of their lease affects. Kept inside the guard; its
+/// drop ends the hold.
+#[derive(Debug)]
+pub(crate) struct Holding {
+    backend: Backend,
+    since: Instant,
+    holders: Arc<AtomicUsize>,
+}
+
+impl Holding {
+    /// Starts a hold on a lease whose guards `holders` counts.
+    pub(crate) fn start(backend: Backend, holders: Arc<AtomicUsize>) -> Self {
+        holders.fetch_add(1, Ordering::Relaxed);
+        ::metrics::gauge!(names::LOCKS_HELD, "backend" => backend.as_str()).increment(1.0);
+        Self {
+            backend,
+            since: Instant::now(),
+            holders,
+        }
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.holders.fetch_sub(1, Ordering::Relaxed);
+        let backend = self.backend.as_str();
+        ::metrics::gauge!(names::LOCKS_HELD, "backend" => backend).decrement(1.0);
+        ::metrics::histogram!(names::HOLD_SECONDS, "backend" => backend)
+            .record(self.since.elapsed().as_secs_f64());
+    }
+}
