@@ -61,6 +61,31 @@ impl Kind {
         }
     }
 
+    /// What a key holding `value` stands for (the inverse of [`Kind::value`]); a value
+    /// fencelock did not write is a candidate's: it excludes everyone.
+    pub(crate) fn from_value(value: &[u8]) -> Self {
+        if value.is_empty() {
+            return Self::Mutex;
+        }
+        if value == READER {
+            return Self::Reader;
+        }
+        if value == WRITER {
+            return Self::Writer;
+        }
+        let permits = std::str::from_utf8(value)
+            .ok()
+            .and_then(|v| v.strip_prefix(PERMIT_PREFIX))
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|n| *n > 0);
+        match permits {
+            Some(permits) => Self::Permit { permits },
+            None => Self::Candidate {
+                value: value.to_vec(),
+            },
+        }
+    }
+
     /// How many holders of this kind may share the lock (1: alone).
     pub(crate) fn holders(&self) -> usize {
         match self {
@@ -132,6 +157,19 @@ mod tests {
                 assert_eq!(admitted, expected, "{newcomer:?} behind {holder:?}");
             }
         }
+    }
+
+    #[test]
+    fn every_kind_is_read_back_from_its_value() {
+        for kind in all_kinds() {
+            assert_eq!(Kind::from_value(&kind.value()), kind);
+        }
+        assert_eq!(
+            Kind::from_value(b"fencelock:permit/x"),
+            Kind::Candidate {
+                value: b"fencelock:permit/x".to_vec()
+            }
+        );
     }
 
     #[test]

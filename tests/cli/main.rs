@@ -2,6 +2,7 @@
 
 mod check_log;
 mod etcdctl_interop;
+mod locks;
 mod run;
 mod run_cut_off;
 mod run_dies_with_fencelock;

@@ -13,6 +13,7 @@ mod election;
 mod fifo_order;
 mod guarded_txn;
 mod harness;
+mod inspect;
 mod invalid_input;
 mod key_names;
 mod leader_failover;

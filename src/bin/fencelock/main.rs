@@ -5,6 +5,7 @@
 mod bench;
 mod chaos;
 mod endpoints;
+mod locks;
 mod metrics_listen;
 mod run;
 mod security;
@@ -28,6 +29,8 @@ enum Command {
     /// Run a command while holding a lock (etcd, Redis or Redlock); it is killed before the
     /// lock can pass on.
     Run(run::RunArgs),
+    /// Show who holds which etcd lock (token, lease, TTL left) and who waits behind them.
+    Locks(locks::LocksArgs),
     /// Check a log of critical sections (JSON lines) for overlapping holders, stale
     /// writes accepted or rejected, and tokens out of grant order.
     CheckLog(chaos::CheckLogArgs),
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
         // `run` forwards signals to its command instead of stopping at Ctrl-C.
         Command::Run(args) => return runtime.block_on(run::run(args)),
         Command::CheckLog(args) => return chaos::check_log(&args),
+        Command::Locks(args) => return runtime.block_on(locks::locks(args)),
         Command::ChaosWorker(args) => return runtime.block_on(chaos::worker::work(args)),
         command => command,
     };

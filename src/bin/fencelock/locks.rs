@@ -1,0 +1,196 @@
+//! `fencelock locks`: who holds which etcd lock, with which token and lease, and who waits
+//! behind them, in queue order (a table, or JSON with `--json`).
+//!
+//! JSON schema (`--json`):
+//!
+//! ```text
+//! {"namespace": "fencelock", "revision": 1234,
+//!  "locks": [{"name": "report",
+//!             "holders": [ENTRY, ...],    // 1 for a lock, up to N for a semaphore
+//!             "waiters": [ENTRY, ...]}]}  // first in line first
+//! ENTRY = {"key": "...", "token": 1200, "lease_id": 7587882461712113669,
+//!          "lease_remaining_s": 8, "lease_ttl_s": 10,  // null: no lease, or just expired
+//!          "role": "lock" | "reader" | "writer" | "permit" | "candidate",
+//!          "permits": 3,                               // permits only
+//!          "value": "host-a:8080",                     // candidates only (lossy UTF-8)
+//!          "writes_since": 34}                         // store writes since the key was made
+//! ```
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use fencelock::LockError;
+use fencelock::etcd::{EtcdConfig, EtcdLocker, LockState, QueueEntry, Role};
+use serde_json::{Value, json};
+
+/// Options of `fencelock locks`.
+#[derive(Debug, Args)]
+pub struct LocksArgs {
+    /// Only this lock (default: every lock of the namespace that has a key).
+    #[arg(long)]
+    lock: Option<String>,
+    /// etcd endpoints (comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379",
+        env = "FENCELOCK_ETCD"
+    )]
+    etcd: Vec<String>,
+    /// Key namespace.
+    #[arg(long, default_value = "fencelock")]
+    namespace: String,
+    /// Print JSON instead of a table (schema in the README).
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    security: crate::security::EtcdSecurity,
+}
+
+/// Exit 0 with the report; 2 for invalid arguments; 70 when etcd cannot be read.
+pub async fn locks(args: LocksArgs) -> ExitCode {
+    match report(&args).await {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err((code, message)) => {
+            eprintln!("fencelock locks: {message}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+async fn report(args: &LocksArgs) -> Result<String, (u8, String)> {
+    let failed = |err: LockError| {
+        let code = if err.is_invalid_input() { 2 } else { 70 };
+        (code, err.to_string())
+    };
+    if let Some(name) = &args.lock {
+        fencelock::validate_name(name).map_err(failed)?;
+    }
+    let config = EtcdConfig::new(args.etcd.clone()).with_namespace(&args.namespace);
+    let config = args.security.apply(config).map_err(|err| (2, err))?;
+    let locks = EtcdLocker::connect(config).await.map_err(failed)?;
+    let states = match &args.lock {
+        Some(name) => vec![locks.inspect(name).await.map_err(failed)?],
+        None => locks.inspect_all().await.map_err(failed)?,
+    };
+    let _ = locks.close().await;
+    Ok(if args.json {
+        json_report(&args.namespace, &states)
+    } else {
+        table(&states)
+    })
+}
+
+fn role(entry: &QueueEntry) -> (&'static str, Option<usize>, Option<String>) {
+    match &entry.role {
+        Role::Lock => ("lock", None, None),
+        Role::Reader => ("reader", None, None),
+        Role::Writer => ("writer", None, None),
+        Role::Permit { permits } => ("permit", Some(*permits), None),
+        Role::Candidate { value } => (
+            "candidate",
+            None,
+            Some(String::from_utf8_lossy(value).into_owned()),
+        ),
+        _ => ("other", None, None),
+    }
+}
+
+fn entry_json(entry: &QueueEntry) -> Value {
+    let (role, permits, value) = role(entry);
+    let mut out = json!({
+        "key": entry.key,
+        "token": entry.token.get(),
+        "lease_id": entry.lease_id,
+        "lease_remaining_s": entry.lease_remaining.map(|d| d.as_secs()),
+        "lease_ttl_s": entry.lease_ttl.map(|d| d.as_secs()),
+        "role": role,
+        "writes_since": entry.writes_since,
+    });
+    if let Some(permits) = permits {
+        out["permits"] = json!(permits);
+    }
+    if let Some(value) = value {
+        out["value"] = json!(value);
+    }
+    out
+}
+
+fn json_report(namespace: &str, states: &[LockState]) -> String {
+    let revision = states.iter().map(|s| s.revision).max().unwrap_or(0);
+    let locks: Vec<Value> = states
+        .iter()
+        .map(|state| {
+            json!({
+                "name": state.name,
+                "holders": state.holders().map(entry_json).collect::<Vec<_>>(),
+                "waiters": state.waiters().map(entry_json).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let report = json!({ "namespace": namespace, "revision": revision, "locks": locks });
+    format!(
+        "{}\n",
+        serde_json::to_string_pretty(&report).unwrap_or_default()
+    )
+}
+
+fn seconds(d: Option<Duration>) -> String {
+    d.map_or_else(|| "-".to_owned(), |d| format!("{}s", d.as_secs()))
+}
+
+fn table(states: &[LockState]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    if states.iter().all(|s| s.entries.is_empty()) {
+        out.push_str("no lock is held or waited for\n");
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "{:<24} {:<9} {:<10} {:>10} {:<18} {:>9} {:>7}  key",
+        "lock", "role", "state", "token", "lease", "ttl left", "age"
+    );
+    for state in states {
+        let mut queued = 0;
+        for entry in &state.entries {
+            let (role, permits, value) = role(entry);
+            let role = match (permits, value) {
+                (Some(n), _) => format!("{role}/{n}"),
+                (_, Some(v)) => format!("{role}={v}"),
+                _ => role.to_owned(),
+            };
+            let position = if entry.holds {
+                "holds".to_owned()
+            } else {
+                queued += 1;
+                format!("waits #{queued}")
+            };
+            let ttl = format!(
+                "{}/{}",
+                seconds(entry.lease_remaining),
+                seconds(entry.lease_ttl)
+            );
+            let _ = writeln!(
+                out,
+                "{:<24} {:<9} {:<10} {:>10} {:<18x} {:>9} {:>7}  {}",
+                state.name,
+                role,
+                position,
+                entry.token.get(),
+                entry.lease_id,
+                ttl,
+                entry.writes_since,
+                entry.key
+            );
+        }
+    }
+    out.push_str(
+        "(age: writes to etcd since the key was created; etcd keeps no time with a key)\n",
+    );
+    out
+}

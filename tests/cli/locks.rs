@@ -1,0 +1,115 @@
+//! `fencelock locks`: a held lock and its waiter, as JSON and as a table; an invalid name
+//! is a usage error before any connection.
+
+use std::time::Duration;
+
+use fencelock::etcd::{EtcdLocker, lock_prefix};
+use fencelock::testkit::EtcdCluster;
+use fencelock::{LockBackend, LockGuard, LockOptions};
+use tokio::process::Command;
+
+async fn fencelock_locks(etcd: &EtcdCluster, namespace: &str, extra: &[&str]) -> (i32, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_fencelock"))
+        .args([
+            "locks",
+            "--etcd",
+            &etcd.endpoints().join(","),
+            "--namespace",
+            namespace,
+        ])
+        .args(extra)
+        .output()
+        .await
+        .expect("fencelock locks");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned()
+            + &String::from_utf8_lossy(&output.stderr),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_shows_the_holder_and_its_waiter() {
+    let etcd = EtcdCluster::single().await.expect("etcd");
+    let ns = "cli-locks";
+    let holder = EtcdLocker::connect(etcd.config(ns)).await.expect("connect");
+    let waiter = EtcdLocker::connect(etcd.config(ns)).await.expect("connect");
+    let mut admin = etcd.client().await.expect("client");
+    let options = LockOptions::new().with_ttl(Duration::from_secs(10));
+    let held = holder.lock("payments", &options).await.expect("lock");
+    // The waiter's key is in the queue once a second key exists under the prefix.
+    let queued = tokio::spawn({
+        let options = options.clone();
+        async move { waiter.lock("payments", &options).await }
+    });
+    let prefix = lock_prefix(ns, "payments");
+    let mut watch = admin
+        .watch(
+            prefix.as_str(),
+            Some(
+                etcd_client::WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(1),
+            ),
+        )
+        .await
+        .expect("watch");
+    let mut puts = 0;
+    while puts < 2 {
+        let response = watch.message().await.expect("watch").expect("open");
+        puts += response
+            .events()
+            .iter()
+            .filter(|e| e.event_type() == etcd_client::EventType::Put)
+            .count();
+    }
+
+    let (code, out) = fencelock_locks(&etcd, ns, &["--json"]).await;
+    assert_eq!(code, 0, "{out}");
+    let report: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let locks = report["locks"].as_array().expect("locks");
+    assert_eq!(locks.len(), 1, "{out}");
+    assert_eq!(locks[0]["name"], "payments");
+    let holders = locks[0]["holders"].as_array().expect("holders");
+    let waiters = locks[0]["waiters"].as_array().expect("waiters");
+    assert_eq!(holders.len(), 1, "{out}");
+    assert_eq!(waiters.len(), 1, "{out}");
+    assert_eq!(holders[0]["key"], held.key());
+    assert_eq!(holders[0]["token"], held.token().get());
+    assert_eq!(holders[0]["lease_id"], held.lease_id());
+    assert_eq!(holders[0]["role"], "lock");
+    assert_eq!(holders[0]["lease_ttl_s"], 10);
+    assert!(waiters[0]["token"].as_u64() > holders[0]["token"].as_u64());
+
+    let (code, table) = fencelock_locks(&etcd, ns, &["--lock", "payments"]).await;
+    assert_eq!(code, 0, "{table}");
+    let rows: Vec<&str> = table
+        .lines()
+        .filter(|l| l.starts_with("payments"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    assert!(
+        rows[0].contains("holds") && rows[0].contains(held.key()),
+        "{table}"
+    );
+    assert!(rows[1].contains("waits #1"), "{table}");
+
+    drop(held);
+    let next = tokio::time::timeout(Duration::from_secs(5), queued)
+        .await
+        .expect("the waiter gets the lock")
+        .expect("task")
+        .expect("lock");
+    drop(next);
+}
+
+#[tokio::test]
+async fn an_invalid_name_is_a_usage_error() {
+    // No server: the name is checked before connecting.
+    let output = Command::new(env!("CARGO_BIN_EXE_fencelock"))
+        .args(["locks", "--etcd", "http://127.0.0.1:1", "--lock", "a/b"])
+        .output()
+        .await
+        .expect("fencelock locks");
+    assert_eq!(output.status.code(), Some(2));
+}
