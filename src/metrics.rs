@@ -151,6 +151,7 @@ pub(crate) fn release(backend: Backend, outcome: Release) {
 
 /// Counts renewals of leases: `ok` confirmed, `failed` not (an error, no answer, or no
 /// quorum; the lease may still live).
+#[cfg(any(feature = "etcd", feature = "redis"))]
 pub(crate) fn renewals(backend: Backend, ok: usize, failed: usize) {
     for (outcome, count) in [("ok", ok), ("failed", failed)] {
         if count > 0 {

@@ -22,6 +22,7 @@
 
 mod clock;
 mod cluster;
+pub mod conformance;
 #[cfg(feature = "containers")]
 mod containers;
 mod etcd;

@@ -41,10 +41,14 @@ fn a_fenced_run_passes_the_check() {
         ),
     )
     .expect("write");
-    let status = Command::new(env!("CARGO_BIN_EXE_fencelock"))
+    // Its verdict is captured, not printed into the test output.
+    let output = Command::new(env!("CARGO_BIN_EXE_fencelock"))
         .arg("check-log")
         .arg(&log)
-        .status()
+        .output()
         .expect("run");
-    assert!(status.success());
+    assert!(output.status.success());
+    let verdict: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
+    assert_eq!(verdict["stale_accepted"], 0);
+    assert_eq!(verdict["stale_rejected"], 1);
 }

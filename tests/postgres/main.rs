@@ -6,9 +6,11 @@ mod support;
 
 mod advisory_lock;
 mod concurrent_writers;
+mod conformance;
 mod idempotency;
 mod invalid_input;
 mod same_token;
+mod server_version;
 mod single_statement;
 mod stale_holder;
 mod stale_token;

@@ -5,7 +5,7 @@ mod support;
 
 mod bounded_wait;
 mod cancel_safety;
-mod exclusion;
+mod conformance;
 mod failover;
 mod invalid_input;
 mod loss_during_renewal;
@@ -13,6 +13,6 @@ mod redlock;
 mod release_not_owner;
 mod renewal_traffic;
 mod semaphore;
-mod tokens_increase;
+mod server_version;
 mod waiter_wakes_on_release;
 mod watchdog;

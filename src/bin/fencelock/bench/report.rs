@@ -534,7 +534,8 @@ fn ratio(what: String, value: f64) -> Ratio {
     Ratio { what, value }
 }
 
-const COLORS: [RGBColor; 8] = [
+/// Distinct colours, one per series (a chart has at most a dozen or so).
+const COLORS: [RGBColor; 14] = [
     RGBColor(31, 119, 180),
     RGBColor(214, 39, 40),
     RGBColor(44, 160, 44),
@@ -543,10 +544,52 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(140, 86, 75),
     RGBColor(227, 119, 194),
     RGBColor(23, 190, 207),
+    RGBColor(188, 189, 34),
+    RGBColor(0, 0, 0),
+    RGBColor(127, 127, 127),
+    RGBColor(255, 187, 120),
+    RGBColor(152, 223, 138),
+    RGBColor(174, 199, 232),
 ];
 
-/// One line per series over categorical x values (the concurrencies), with markers and a
-/// legend; `log` puts the y axis on a log scale.
+/// `1.2M`, `35k`, `1.5k`, `640`, `2.5`: tick labels a person reads at a glance.
+fn human(value: f64) -> String {
+    let (scaled, unit) = if value >= 1e6 {
+        (value / 1e6, "M")
+    } else if value >= 1e3 {
+        (value / 1e3, "k")
+    } else {
+        (value, "")
+    };
+    let text = if scaled >= 10.0 || (scaled - scaled.round()).abs() < 0.05 {
+        format!("{scaled:.0}")
+    } else {
+        format!("{scaled:.1}")
+    };
+    format!("{text}{unit}")
+}
+
+/// Tick values 1, 2, 5, 10, 20, 50, ... between `low` and `high`: on a log axis spanning
+/// a decade or two, powers of ten alone leave most of the data unlabelled.
+fn one_two_five(low: f64, high: f64) -> Vec<f64> {
+    let mut ticks = Vec::new();
+    let mut decade = 10f64.powf(low.max(1e-9).log10().floor());
+    while decade <= high {
+        for step in [1.0, 2.0, 5.0] {
+            let tick = decade * step;
+            if (low..=high).contains(&tick) {
+                ticks.push(tick);
+            }
+        }
+        decade *= 10.0;
+    }
+    ticks
+}
+
+/// One line per series over categorical x values (the concurrencies), with markers; the
+/// legend sits to the right of the plot, never over data. Ceilings (series named
+/// `ceiling: ...`) are dashed with hollow markers, the subjects solid. `log` puts the
+/// y axis on a log scale fitted to the data.
 fn line_chart(
     path: &Path,
     title: &str,
@@ -565,15 +608,14 @@ fn line_chart(
         return Ok(());
     }
     let index = |x: usize| xs.iter().position(|v| *v == x).unwrap_or(0);
-    let y_max = series
-        .iter()
-        .flat_map(|(_, p)| p.iter().map(|(_, y)| *y))
-        .fold(1.0_f64, f64::max)
-        * 1.3;
+    let values = || series.iter().flat_map(|(_, p)| p.iter().map(|(_, y)| *y));
+    let y_max = values().fold(1.0_f64, f64::max);
+    let y_min = values().filter(|y| *y > 0.0).fold(y_max, f64::min);
     #[allow(clippy::cast_precision_loss)]
     let x_range = -0.3..(xs.len() as f64 - 0.7);
-    let root = SVGBackend::new(path, (960, 540)).into_drawing_area();
+    let root = SVGBackend::new(path, (1100, 560)).into_drawing_area();
     root.fill(&WHITE)?;
+    let (plot_area, legend_area) = root.split_horizontally(800);
     let labels = xs.clone();
     let x_label = move |x: &f64| {
         let i = x.round();
@@ -588,9 +630,10 @@ fn line_chart(
     let points = |p: &[(usize, f64)]| -> Vec<(f64, f64)> {
         #[allow(clippy::cast_precision_loss)]
         p.iter()
-            .map(|(x, y)| (index(*x) as f64, y.max(1.0)))
+            .map(|(x, y)| (index(*x) as f64, y.max(y_min)))
             .collect()
     };
+    let style = |i: usize, name: &str| (COLORS[i % COLORS.len()], name.starts_with("ceiling"));
     macro_rules! draw {
         ($chart:expr) => {{
             let mut chart = $chart;
@@ -598,38 +641,76 @@ fn line_chart(
                 .configure_mesh()
                 .x_labels(xs.len() * 2 + 1)
                 .x_label_formatter(&x_label)
+                .y_label_formatter(&|y: &f64| human(*y))
                 .x_desc(x_desc)
                 .y_desc(y_desc)
+                .light_line_style(WHITE.mix(0.0))
                 .draw()?;
             for (i, (name, p)) in series.iter().enumerate() {
-                let color = COLORS[i % COLORS.len()];
+                let (color, ceiling) = style(i, name);
                 let pts = points(p);
-                chart
-                    .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
-                    .label(name.as_str())
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-                    });
-                chart.draw_series(pts.into_iter().map(|pt| Circle::new(pt, 4, color.filled())))?;
+                if ceiling {
+                    chart.draw_series(DashedLineSeries::new(
+                        pts.clone(),
+                        8,
+                        5,
+                        color.stroke_width(2),
+                    ))?;
+                    chart.draw_series(
+                        pts.into_iter()
+                            .map(|pt| Circle::new(pt, 4, color.stroke_width(2))),
+                    )?;
+                } else {
+                    chart.draw_series(LineSeries::new(pts.clone(), color.stroke_width(3)))?;
+                    chart.draw_series(
+                        pts.into_iter().map(|pt| Circle::new(pt, 5, color.filled())),
+                    )?;
+                }
             }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperLeft)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .draw()?;
         }};
     }
-    let mut builder = ChartBuilder::on(&root);
+    let mut builder = ChartBuilder::on(&plot_area);
     builder
         .caption(title, ("sans-serif", 22))
         .margin(15)
         .x_label_area_size(45)
-        .y_label_area_size(80);
+        .y_label_area_size(70);
     if log {
-        draw!(builder.build_cartesian_2d(x_range, (1.0..y_max).log_scale())?);
+        let (low, high) = (y_min / 1.5, y_max * 1.5);
+        draw!(
+            builder.build_cartesian_2d(
+                x_range,
+                (low..high)
+                    .log_scale()
+                    .with_key_points(one_two_five(low, high))
+            )?
+        );
     } else {
-        draw!(builder.build_cartesian_2d(x_range, 0.0..y_max)?);
+        draw!(builder.build_cartesian_2d(x_range, 0.0..(y_max * 1.15))?);
+    }
+    // The legend, beside the plot.
+    for (i, (name, _)) in series.iter().enumerate() {
+        let (color, ceiling) = style(i, name);
+        #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
+        let y = 70 + 24 * i as i32;
+        if ceiling {
+            legend_area.draw(&PathElement::new(
+                vec![(10, y), (20, y)],
+                color.stroke_width(2),
+            ))?;
+            legend_area.draw(&PathElement::new(
+                vec![(26, y), (36, y)],
+                color.stroke_width(2),
+            ))?;
+            legend_area.draw(&Circle::new((23, y), 4, color.stroke_width(2)))?;
+        } else {
+            legend_area.draw(&PathElement::new(
+                vec![(10, y), (36, y)],
+                color.stroke_width(3),
+            ))?;
+            legend_area.draw(&Circle::new((23, y), 5, color.filled()))?;
+        }
+        legend_area.draw(&Text::new(name.clone(), (44, y - 7), ("sans-serif", 14)))?;
     }
     root.present()?;
     Ok(())
@@ -647,5 +728,22 @@ mod tests {
             "# Server\r\nredis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:8.1.1\r\n";
         assert_eq!(redis_version(valkey), "valkey 8.1.1");
         assert_eq!(redis_version(""), "redis (no version)");
+    }
+
+    #[test]
+    fn log_ticks_go_one_two_five() {
+        assert_eq!(
+            super::one_two_five(130.0, 2_700.0),
+            [200.0, 500.0, 1_000.0, 2_000.0]
+        );
+    }
+
+    #[test]
+    fn tick_labels_read_at_a_glance() {
+        assert_eq!(super::human(100_000.0), "100k");
+        assert_eq!(super::human(1_500.0), "1.5k");
+        assert_eq!(super::human(2_000_000.0), "2M");
+        assert_eq!(super::human(640.0), "640");
+        assert_eq!(super::human(2.5), "2.5");
     }
 }
