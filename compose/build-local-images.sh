@@ -9,6 +9,9 @@
 #   fencelock/postgres:local    PostgreSQL 15, with an entrypoint that initialises the
 #                               cluster from POSTGRES_* like the official image's
 #
+# SUITE=trixie builds the same from Debian 13 instead, tagged :trixie: etcd 3.5, Redis 8.0
+# with its Sentinel, PostgreSQL 17 (`. compose/trixie-images.env` selects them).
+#
 # The compose file and the test harness pick them up through FENCELOCK_ETCD_IMAGE,
 # FENCELOCK_REDIS_IMAGE and FENCELOCK_POSTGRES_IMAGE (`. compose/local-images.env`).
 # Images that exist are kept (FORCE=1 rebuilds). Needs root (debootstrap) and Docker.
@@ -18,7 +21,22 @@ here="$(cd "$(dirname "$0")" && pwd)"
 suite="${SUITE:-bookworm}"
 mirror="${MIRROR:-http://deb.debian.org/debian}"
 base="fencelock/debian:${suite}"
-packages=etcd-server,etcd-client,redis-server,redis-sentinel,postgresql,procps,iproute2
+case "$suite" in
+  bookworm)
+    packages=etcd-server,etcd-client,redis-server,redis-sentinel,postgresql,procps,iproute2
+    pg_major=15
+    tag=local
+    ;;
+  trixie)
+    packages=etcd-server,etcd-client,redis-server,redis-sentinel,postgresql-17,procps,iproute2
+    pg_major=17
+    tag=trixie
+    ;;
+  *)
+    echo "SUITE must be bookworm or trixie" >&2
+    exit 2
+    ;;
+esac
 
 have() { [ "${FORCE:-0}" != 1 ] && docker image inspect "$1" >/dev/null 2>&1; }
 
@@ -45,10 +63,10 @@ if ! have "$base"; then
 fi
 
 for server in etcd redis postgres; do
-  image="fencelock/${server}:local"
+  image="fencelock/${server}:${tag}"
   if have "$image"; then
     continue
   fi
-  docker build -q --build-arg "BASE=$base" -t "$image" -f "$here/images/Dockerfile.$server" "$here/images" >/dev/null
+  docker build -q --build-arg "BASE=$base" --build-arg "PG_MAJOR=$pg_major" -t "$image" -f "$here/images/Dockerfile.$server" "$here/images" >/dev/null
   echo "built $image" >&2
 done

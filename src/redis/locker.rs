@@ -87,6 +87,14 @@ impl RedisLocker {
     pub fn held_locks(&self) -> usize {
         self.core.renewer.len()
     }
+
+    pub(crate) fn core(&self) -> &Core {
+        &self.core
+    }
+
+    pub(crate) fn prefix(&self) -> &str {
+        &self.core.config.prefix
+    }
 }
 
 impl LockBackend for RedisLocker {

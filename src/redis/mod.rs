@@ -16,6 +16,7 @@ mod acquire;
 mod config;
 mod core;
 mod guard;
+mod inspect;
 mod keys;
 mod locker;
 mod node;
@@ -27,5 +28,6 @@ mod subscriber;
 
 pub use config::RedisConfig;
 pub use guard::RedisGuard;
+pub use inspect::{RedisHolder, RedisLockState};
 pub use locker::{MIN_TTL, RedisLocker, RedlockLocker};
 pub use semaphore::RedisSemaphore;

@@ -100,7 +100,7 @@ impl Node {
     }
 
     /// One request; the connection's own response timeout bounds it (no second timer).
-    async fn call<T>(
+    pub(crate) async fn call<T>(
         &self,
         operation: &'static str,
         lock: Option<&str>,

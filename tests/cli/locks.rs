@@ -113,3 +113,41 @@ async fn an_invalid_name_is_a_usage_error() {
         .expect("fencelock locks");
     assert_eq!(output.status.code(), Some(2));
 }
+
+#[tokio::test]
+async fn locks_on_redis_shows_the_holder_and_says_waiters_are_not_visible() {
+    let server = fencelock::testkit::RedisServer::start()
+        .await
+        .expect("redis-server");
+    let locks = fencelock::redis::RedisLocker::connect(server.config("cli-locks"))
+        .await
+        .expect("connect");
+    let held = locks
+        .lock("payments", &LockOptions::new())
+        .await
+        .expect("lock");
+    let run = |json: bool| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_fencelock"));
+        command.args(["locks", "--backend", "redis", "--redis", &server.url()]);
+        command.args(["--namespace", "cli-locks"]);
+        if json {
+            command.arg("--json");
+        }
+        command.output()
+    };
+    let output = run(true).await.expect("fencelock locks");
+    assert_eq!(output.status.code(), Some(0));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(report["waiters_visible"], false);
+    let holder = &report["locks"][0]["holders"][0];
+    assert_eq!(report["locks"][0]["name"], "payments");
+    assert_eq!(holder["owner"], held.owner());
+    assert_eq!(holder["key"], held.key());
+    assert!(report["locks"][0]["last_token"].as_u64() >= Some(held.token().get()));
+
+    let output = run(false).await.expect("fencelock locks");
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(table.contains(held.owner()), "{table}");
+    assert!(table.contains("waiters are not visible"), "{table}");
+    drop(held);
+}

@@ -7,6 +7,7 @@ mod bounded_wait;
 mod cancel_safety;
 mod conformance;
 mod failover;
+mod inspect;
 mod invalid_input;
 mod loss_during_renewal;
 mod redlock;

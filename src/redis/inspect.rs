@@ -1,0 +1,200 @@
+//! A Redis lock seen from outside, as far as Redis can tell: who holds it (the owner
+//! value), for how much longer, and the last token handed out. Waiters leave no trace on
+//! the server (they wait on a release channel and re-attempt), so none are listed.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::locker::RedisLocker;
+use crate::{LockError, validate_name};
+
+/// One held slot: the lock's key, or one permit of a semaphore.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisHolder {
+    /// The key.
+    pub key: String,
+    /// The holder's owner value (`RedisGuard::owner`).
+    pub owner: String,
+    /// What is left of its `PX`; `None` for a key without expiry.
+    pub remaining: Option<Duration>,
+}
+
+/// What Redis knows of one lock or semaphore.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisLockState {
+    /// The lock's name.
+    pub name: String,
+    /// Whether it is a semaphore (its permit slots) rather than a lock.
+    pub semaphore: bool,
+    /// The held slots.
+    pub holders: Vec<RedisHolder>,
+    /// The last token the lock's counter handed out: at least the holder's token (refused
+    /// attempts also draw one). `None` before the first attempt.
+    pub last_token: Option<u64>,
+}
+
+impl RedisLocker {
+    /// The holders of lock `name` (and of a semaphore of that name) in this locker's
+    /// prefix. A lock nobody holds has no holders.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    #[tracing::instrument(skip(self), fields(backend = "redis"))]
+    pub async fn inspect(&self, name: &str) -> Result<Vec<RedisLockState>, LockError> {
+        validate_name(name)?;
+        let prefix = self.prefix();
+        let mut states = Vec::new();
+        for (semaphore, pattern) in [
+            (false, format!("{prefix}:lock:{name}")),
+            (true, format!("{prefix}:permit:{}:*", glob_escape(name))),
+        ] {
+            let keys = self.scan(&pattern, Some(name)).await?;
+            if !keys.is_empty() {
+                states.push(self.state(name, semaphore, keys).await?);
+            }
+        }
+        Ok(states)
+    }
+
+    /// Every lock and semaphore of this locker's prefix that is held, by name.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    #[tracing::instrument(skip(self), fields(backend = "redis"))]
+    pub async fn inspect_all(&self) -> Result<Vec<RedisLockState>, LockError> {
+        let prefix = self.prefix();
+        let mut groups: BTreeMap<(String, bool), Vec<String>> = BTreeMap::new();
+        let lock_prefix = format!("{prefix}:lock:");
+        for key in self
+            .scan(&format!("{}*", glob_escape(&lock_prefix)), None)
+            .await?
+        {
+            if let Some(name) = key.strip_prefix(&lock_prefix) {
+                groups
+                    .entry((name.to_owned(), false))
+                    .or_default()
+                    .push(key.clone());
+            }
+        }
+        let permit_prefix = format!("{prefix}:permit:");
+        for key in self
+            .scan(&format!("{}*", glob_escape(&permit_prefix)), None)
+            .await?
+        {
+            // `<prefix>:permit:<name>:<slot>`: names may hold ':', the slot is last.
+            if let Some((name, _slot)) = key
+                .strip_prefix(&permit_prefix)
+                .and_then(|rest| rest.rsplit_once(':'))
+            {
+                groups
+                    .entry((name.to_owned(), true))
+                    .or_default()
+                    .push(key.clone());
+            }
+        }
+        let mut states = Vec::with_capacity(groups.len());
+        for ((name, semaphore), keys) in groups {
+            states.push(self.state(&name, semaphore, keys).await?);
+        }
+        Ok(states)
+    }
+
+    /// Every key matching `pattern` (SCAN: no server stall on a large keyspace).
+    async fn scan(&self, pattern: &str, lock: Option<&str>) -> Result<Vec<String>, LockError> {
+        let node = &self.core().nodes[0];
+        let mut conn = node.connection();
+        let mut cursor: u64 = 0;
+        let mut keys = Vec::new();
+        loop {
+            let (next, batch): (u64, Vec<String>) = node
+                .call(
+                    "inspect",
+                    lock,
+                    redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg(pattern)
+                        .arg("COUNT")
+                        .arg(1000)
+                        .query_async(&mut conn),
+                )
+                .await?;
+            keys.extend(batch);
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        keys.sort();
+        keys.dedup();
+        Ok(keys)
+    }
+
+    async fn state(
+        &self,
+        name: &str,
+        semaphore: bool,
+        keys: Vec<String>,
+    ) -> Result<RedisLockState, LockError> {
+        let node = &self.core().nodes[0];
+        let mut conn = node.connection();
+        let mut pipe = redis::pipe();
+        for key in &keys {
+            pipe.cmd("GET").arg(key).cmd("PTTL").arg(key);
+        }
+        let counter = if semaphore {
+            format!("{}:permit-token:{name}", self.prefix())
+        } else {
+            format!("{}:token:{name}", self.prefix())
+        };
+        pipe.cmd("GET").arg(&counter);
+        let replies: Vec<redis::Value> = node
+            .call("inspect", Some(name), pipe.query_async(&mut conn))
+            .await?;
+        let mut holders = Vec::new();
+        for (key, pair) in keys.iter().zip(replies.chunks(2)) {
+            let [owner, pttl] = pair else { continue };
+            // A key that expired between the scan and the read is no holder.
+            let Ok(Some(owner)) = redis::from_redis_value::<Option<String>>(owner.clone()) else {
+                continue;
+            };
+            let pttl = redis::from_redis_value::<i64>(pttl.clone()).unwrap_or(-2);
+            if pttl == -2 {
+                continue;
+            }
+            holders.push(RedisHolder {
+                key: key.clone(),
+                owner,
+                remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+            });
+        }
+        let last_token = replies.last().and_then(|v| {
+            redis::from_redis_value::<Option<u64>>(v.clone())
+                .ok()
+                .flatten()
+        });
+        Ok(RedisLockState {
+            name: name.to_owned(),
+            semaphore,
+            holders,
+            last_token,
+        })
+    }
+}
+
+/// `pattern` with SCAN's glob characters escaped (lock names may not hold them today; a
+/// prefix might).
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
