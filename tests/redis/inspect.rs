@@ -44,29 +44,39 @@ async fn holders_of_locks_and_semaphores() {
 
 #[tokio::test]
 async fn an_expired_holder_is_gone() {
+    use futures_util::StreamExt;
+
     let server = redis().await;
     let prefix = prefix("inspect-expired");
     let locks = locker(&server, &prefix).await;
+    // The server announces each expiry: the test waits for that event, not for time.
+    let mut connection = server.connection().await.expect("connection");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("Ex")
+        .query_async(&mut connection)
+        .await
+        .expect("CONFIG SET");
+    let client = redis::Client::open(server.url()).expect("url");
+    let mut pubsub = client.get_async_pubsub().await.expect("pubsub");
+    pubsub
+        .subscribe("__keyevent@0__:expired")
+        .await
+        .expect("subscribe");
+    let mut expiries = pubsub.on_message();
+
     let options = LockOptions::new()
         .with_ttl(Duration::from_millis(300))
         .with_renewal(false);
     let held = locks.lock("job", &options).await.expect("lock");
     assert_eq!(locks.inspect("job").await.expect("inspect").len(), 1);
-    within(Duration::from_secs(5), "the TTL", held.lost()).await;
-    // The guard's deadline precedes the server's expiry by the drift allowance: wait for
-    // the key itself to go.
-    let mut connection = server.connection().await.expect("connection");
-    within(Duration::from_secs(5), "the key to expire", async {
+    within(Duration::from_secs(5), "the key's expiry", async {
         loop {
-            let exists: bool = redis::cmd("EXISTS")
-                .arg(held.key())
-                .query_async(&mut connection)
-                .await
-                .expect("EXISTS");
-            if !exists {
+            let message = expiries.next().await.expect("subscription open");
+            if message.get_payload::<String>().ok().as_deref() == Some(held.key()) {
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await;
