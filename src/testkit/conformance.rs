@@ -3,7 +3,8 @@
 //! do (`tests/*/conformance.rs`), and a backend of your own can too.
 //!
 //! Each check panics, like `assert!`, with a message that names the broken promise. Every
-//! bound in them is a limit on a wait for an event, never a pause.
+//! bound in them is a limit on a wait for an event; the only time let pass on purpose is
+//! the 300 ms a waiting acquisition runs before it is dropped (the fault being injected).
 //!
 //! ```no_run
 //! # async fn example() {
