@@ -1,6 +1,7 @@
 //! What fencelock reports about its locks, through the [`metrics`](https://docs.rs/metrics)
 //! facade: install any recorder (a Prometheus exporter, StatsD, ...) and these appear;
-//! with none installed, each report is a check of an atomic and nothing else.
+//! with none installed, a report allocates nothing (static labels) and goes to the facade's
+//! no-op recorder; the locks held and their losses are counted with atomics.
 //!
 //! | name | kind | unit | labels | what |
 //! |---|---|---|---|---|
@@ -58,13 +59,10 @@ pub fn label_lock_names(on: bool) {
     LOCK_NAMES.store(on, Ordering::Relaxed);
 }
 
-fn lock_label(name: &str) -> Option<(&'static str, String)> {
-    LOCK_NAMES
-        .load(Ordering::Relaxed)
-        .then(|| ("lock", name.to_owned()))
-}
-
 /// Records an acquisition's result and how long it took; errors are counted too.
+///
+/// On the acquisition path: by default every label is a `&'static str`, so nothing is
+/// allocated; only opted-in lock names are copied.
 pub(crate) fn acquisition<T>(
     backend: Backend,
     name: &str,
@@ -77,21 +75,37 @@ pub(crate) fn acquisition<T>(
         Err(err) if err.is_wait_timeout() => "timeout",
         Err(_) => "error",
     };
-    let mut labels = vec![
-        ("backend", backend.as_str().to_owned()),
-        ("outcome", outcome.to_owned()),
-    ];
-    labels.extend(lock_label(name));
-    ::metrics::histogram!(names::ACQUIRE_SECONDS, &labels).record(started.elapsed().as_secs_f64());
+    let backend_label = backend.as_str();
+    let waited = started.elapsed().as_secs_f64();
+    let granted = matches!(result, Ok(Some(_)));
+    if LOCK_NAMES.load(Ordering::Relaxed) {
+        let lock = name.to_owned();
+        ::metrics::histogram!(
+            names::ACQUIRE_SECONDS,
+            "backend" => backend_label,
+            "outcome" => outcome,
+            "lock" => lock.clone(),
+        )
+        .record(waited);
+        if granted {
+            ::metrics::counter!(names::GRANTS, "backend" => backend_label, "lock" => lock)
+                .increment(1);
+        }
+    } else {
+        ::metrics::histogram!(
+            names::ACQUIRE_SECONDS,
+            "backend" => backend_label,
+            "outcome" => outcome,
+        )
+        .record(waited);
+        if granted {
+            ::metrics::counter!(names::GRANTS, "backend" => backend_label).increment(1);
+        }
+    }
     if let Err(err) = result {
         if !err.is_wait_timeout() {
             error(backend, "acquire", err);
         }
-    }
-    if let Ok(Some(_)) = result {
-        let mut labels = vec![("backend", backend.as_str().to_owned())];
-        labels.extend(lock_label(name));
-        ::metrics::counter!(names::GRANTS, &labels).increment(1);
     }
 }
 

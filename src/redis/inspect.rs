@@ -47,13 +47,20 @@ impl RedisLocker {
         validate_name(name)?;
         let prefix = self.prefix();
         let mut states = Vec::new();
-        for (semaphore, pattern) in [
-            (false, format!("{prefix}:lock:{name}")),
-            (true, format!("{prefix}:permit:{}:*", glob_escape(name))),
-        ] {
-            let keys = self.scan(&pattern, Some(name)).await?;
-            if !keys.is_empty() {
-                states.push(self.state(name, semaphore, keys).await?);
+        // The lock's key is known; a semaphore's permit count is not: scan for its slots.
+        let lock = self
+            .state(name, false, vec![format!("{prefix}:lock:{name}")])
+            .await?;
+        if !lock.holders.is_empty() {
+            states.push(lock);
+        }
+        let pattern = format!("{}:permit:{}:*", glob_escape(prefix), glob_escape(name));
+        let permits = self.scan(&pattern, Some(name)).await?;
+        if !permits.is_empty() {
+            let semaphore = self.state(name, true, permits).await?;
+            // Slots may expire between the scan and the read.
+            if !semaphore.holders.is_empty() {
+                states.push(semaphore);
             }
         }
         Ok(states)

@@ -7,27 +7,28 @@
 //! the 300 ms a waiting acquisition runs before it is dropped (the fault being injected).
 //!
 //! ```no_run
-//! # async fn example() {
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! use fencelock::etcd::{EtcdGuard, EtcdLocker};
 //! use fencelock::testkit::{EtcdCluster, conformance::Contract};
 //!
-//! let cluster = EtcdCluster::single().await.unwrap();
+//! let cluster = EtcdCluster::single().await?;
 //! let mut clients = Vec::new();
 //! for _ in 0..3 {
-//!     clients.push(EtcdLocker::connect(cluster.config("contract")).await.unwrap());
+//!     clients.push(EtcdLocker::connect(cluster.config("contract")).await?);
 //! }
-//! let admin = cluster.client().await.unwrap();
+//! let admin = cluster.client().await?;
 //! Contract::new(clients)
-//!     // How the server takes a lock away from its holder behind its back.
+//!     // How the server takes a lock away from its holder behind its back; a failure
+//!     // here fails the check that follows (the lock is not reported lost).
 //!     .with_take_away(move |guard: &EtcdGuard| {
 //!         let (mut admin, lease) = (admin.clone(), guard.lease_id());
 //!         Box::pin(async move {
-//!             admin.lease_revoke(lease).await.unwrap();
+//!             let _ = admin.lease_revoke(lease).await;
 //!         })
 //!     })
 //!     .run_all()
 //!     .await;
-//! # }
+//! # Ok(()) }
 //! ```
 
 use std::future::Future;

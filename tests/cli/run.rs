@@ -8,6 +8,8 @@ use fencelock::testkit::EtcdCluster;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
+use crate::support::assert_one_at_a_time;
+
 fn fencelock(etcd: &EtcdCluster) -> Command {
     crate::support::fencelock_run(&etcd.endpoints(), "cli-test")
 }
@@ -40,22 +42,7 @@ async fn concurrent_invocations_run_one_at_a_time_with_increasing_tokens() {
     let script =
         "echo start $FENCELOCK_TOKEN >> {log}; sleep 0.2; echo end $FENCELOCK_TOKEN >> {log}";
     let text = run_concurrently(&etcd, 3, &["--lock", "nightly"], script).await;
-    let lines: Vec<(&str, u64)> = text
-        .lines()
-        .map(|line| {
-            let (what, token) = line.split_once(' ').expect("line");
-            (what, token.parse().expect("token"))
-        })
-        .collect();
-    assert_eq!(lines.len(), 6, "{text}");
-    let mut previous = 0;
-    for pair in lines.chunks(2) {
-        // Each run's start is followed by its own end: never two at once.
-        assert_eq!(pair[0].0, "start", "{text}");
-        assert_eq!(pair[1], ("end", pair[0].1), "{text}");
-        assert!(pair[0].1 > previous, "tokens increase: {text}");
-        previous = pair[0].1;
-    }
+    assert_one_at_a_time(&text, 3, "etcd");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

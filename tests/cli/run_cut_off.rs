@@ -3,7 +3,7 @@
 //! lost although the release and the revoke then fail.
 
 use std::process::Stdio;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use fencelock::etcd::EtcdLocker;
 use fencelock::testkit::{EtcdCluster, FaultProxy};
@@ -11,25 +11,7 @@ use fencelock::{LockBackend, LockOptions};
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use crate::support::{address, fencelock_run, next_line};
-
-/// Nanoseconds on the wall clock, which the test and the command share (one machine).
-fn now_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("after 1970")
-        .as_nanos()
-}
-
-/// The last line of the command's life log: its last sign of life.
-fn last_sign_of_life(log: &std::path::Path) -> u128 {
-    std::fs::read_to_string(log)
-        .expect("life log")
-        .lines()
-        .filter_map(|line| line.trim().parse::<u128>().ok())
-        .max()
-        .expect("the command wrote at least once")
-}
+use crate::support::{address, fencelock_run, last_sign_of_life, life_script, next_line, now_ns};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_command_is_dead_before_the_next_grant_every_time() {
@@ -43,11 +25,7 @@ async fn the_command_is_dead_before_the_next_grant_every_time() {
             .await
             .expect("proxy");
         let life = dir.path().join(format!("life-{run}"));
-        // Ignores SIGTERM (so only SIGKILL stops it) and logs a timestamp every 10 ms.
-        let script = format!(
-            "trap '' TERM; echo running; while :; do date +%s%N >> {}; sleep 0.01; done",
-            life.display()
-        );
+        let script = life_script(&life);
         let mut fencelock = fencelock_run(&[proxy.http_url()], ns)
             .args(["--lock", "job", "--ttl", "1s", "--grace", "500ms", "--"])
             .args(["sh", "-c", &script])

@@ -3,7 +3,7 @@
 //! Redis, the command is dead before anyone else can be granted the lock.
 
 use std::process::Stdio;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use fencelock::redis::RedisLocker;
 use fencelock::testkit::{FaultProxy, RedisServer};
@@ -11,7 +11,7 @@ use fencelock::{LockBackend, LockOptions};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-use crate::support::next_line;
+use crate::support::{assert_one_at_a_time, last_sign_of_life, life_script, next_line, now_ns};
 
 /// `fencelock run --backend <backend> <servers…> --namespace <ns>`, killed if the test
 /// drops it.
@@ -51,25 +51,7 @@ async fn one_at_a_time(backend: &str, servers: &[String]) {
         assert!(status.success(), "{backend}: {status}");
     }
     let text = std::fs::read_to_string(&log).expect("log");
-    let lines: Vec<(&str, u64)> = text
-        .lines()
-        .map(|line| {
-            let (what, token) = line.split_once(' ').expect("line");
-            (what, token.parse().expect("token"))
-        })
-        .collect();
-    assert_eq!(lines.len(), 6, "{backend}: {text}");
-    let mut previous = 0;
-    for pair in lines.chunks(2) {
-        assert_eq!(pair[0].0, "start", "{backend}: {text}");
-        assert_eq!(
-            pair[1],
-            ("end", pair[0].1),
-            "{backend}: never two at once: {text}"
-        );
-        assert!(pair[0].1 > previous, "{backend}: tokens increase: {text}");
-        previous = pair[0].1;
-    }
+    assert_one_at_a_time(&text, 3, backend);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -132,12 +114,6 @@ async fn on_redis_the_command_is_stopped_when_its_key_is_gone() {
 }
 
 /// Nanoseconds on the wall clock, which the test and the command share (one machine).
-fn now_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("after 1970")
-        .as_nanos()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis_cut_off_the_command_is_dead_before_the_next_grant() {
@@ -155,11 +131,7 @@ async fn on_redis_cut_off_the_command_is_dead_before_the_next_grant() {
     .expect("proxy");
     let dir = tempfile::tempdir().expect("tempdir");
     let life = dir.path().join("life");
-    // Ignores SIGTERM (so only SIGKILL stops it) and logs a timestamp every 10 ms.
-    let script = format!(
-        "trap '' TERM; echo running; while :; do date +%s%N >> {}; sleep 0.01; done",
-        life.display()
-    );
+    let script = life_script(&life);
     let through_proxy = format!("redis://{}/", proxy.address());
     let mut fencelock = fencelock_on("redis", &[through_proxy], ns)
         .args(["--lock", "job", "--ttl", "1s", "--grace", "300ms", "--"])
@@ -184,12 +156,7 @@ async fn on_redis_cut_off_the_command_is_dead_before_the_next_grant() {
         .await
         .expect("fencelock exits")
         .expect("status");
-    let last = std::fs::read_to_string(&life)
-        .expect("life log")
-        .lines()
-        .filter_map(|line| line.trim().parse::<u128>().ok())
-        .max()
-        .expect("the command wrote at least once");
+    let last = last_sign_of_life(&life);
     assert!(
         last < grant,
         "the command wrote {} ms after the next grant",

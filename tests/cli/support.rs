@@ -64,3 +64,55 @@ pub fn address(endpoint: &str) -> std::net::SocketAddr {
         .parse()
         .expect("endpoint address")
 }
+
+/// Wall-clock nanoseconds, comparable with `date +%s%N` in a command's life log.
+pub fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos()
+}
+
+/// A command that ignores SIGTERM (so only SIGKILL stops it), prints `running`, and logs
+/// a timestamp to `life` every 10 ms.
+pub fn life_script(life: &std::path::Path) -> String {
+    format!(
+        "trap '' TERM; echo running; while :; do date +%s%N >> {}; sleep 0.01; done",
+        life.display()
+    )
+}
+
+/// The last line of a command's life log: its last sign of life.
+pub fn last_sign_of_life(log: &std::path::Path) -> u128 {
+    std::fs::read_to_string(log)
+        .expect("life log")
+        .lines()
+        .filter_map(|line| line.trim().parse::<u128>().ok())
+        .max()
+        .expect("the command wrote at least once")
+}
+
+/// Checks a log of `start <token>` / `end <token>` lines written by `runs` commands under
+/// one lock: each start is followed by its own end (never two at once), and tokens
+/// increase from run to run.
+pub fn assert_one_at_a_time(text: &str, runs: usize, what: &str) {
+    let lines: Vec<(&str, u64)> = text
+        .lines()
+        .map(|line| {
+            let (event, token) = line.split_once(' ').expect("line");
+            (event, token.parse().expect("token"))
+        })
+        .collect();
+    assert_eq!(lines.len(), 2 * runs, "{what}: {text}");
+    let mut previous = 0;
+    for pair in lines.chunks(2) {
+        assert_eq!(pair[0].0, "start", "{what}: {text}");
+        assert_eq!(
+            pair[1],
+            ("end", pair[0].1),
+            "{what}: never two at once: {text}"
+        );
+        assert!(pair[0].1 > previous, "{what}: tokens increase: {text}");
+        previous = pair[0].1;
+    }
+}

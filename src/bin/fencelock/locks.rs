@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use fencelock::LockError;
-use fencelock::etcd::{EtcdConfig, EtcdLocker, LockState, QueueEntry, Role};
-use fencelock::redis::{RedisConfig, RedisLockState, RedisLocker};
+use fencelock::etcd::{EtcdLocker, LockState, QueueEntry, Role};
+use fencelock::redis::{RedisLockState, RedisLocker};
 use serde_json::{Value, json};
 
 /// Where the locks live.
@@ -42,35 +42,14 @@ pub struct LocksArgs {
     /// Only this lock (default: every lock of the namespace that has a key).
     #[arg(long)]
     lock: Option<String>,
-    /// etcd endpoints (comma-separated).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "http://127.0.0.1:2379",
-        env = "FENCELOCK_ETCD"
-    )]
-    etcd: Vec<String>,
     /// Which lock service to look at.
     #[arg(long, value_enum, default_value_t = LocksBackend::Etcd, env = "FENCELOCK_BACKEND")]
     backend: LocksBackend,
-    /// The Redis server, for --backend redis (prefer the password in FENCELOCK_REDIS).
-    #[arg(
-        long,
-        default_value = "redis://127.0.0.1:6379/",
-        env = "FENCELOCK_REDIS",
-        hide_env_values = true
-    )]
-    redis: String,
     #[command(flatten)]
-    redis_security: crate::security::RedisSecurity,
-    /// Key namespace (the key prefix on Redis).
-    #[arg(long, default_value = "fencelock")]
-    namespace: String,
+    service: crate::service::ServiceArgs,
     /// Print JSON instead of a table (schema in the README).
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    security: crate::security::EtcdSecurity,
 }
 
 /// Exit 0 with the report; 2 for invalid arguments; 70 when etcd cannot be read.
@@ -98,8 +77,7 @@ async fn report(args: &LocksArgs) -> Result<String, (u8, String)> {
     if args.backend == LocksBackend::Redis {
         return redis_report(args).await.map_err(failed);
     }
-    let config = EtcdConfig::new(args.etcd.clone()).with_namespace(&args.namespace);
-    let config = args.security.apply(config).map_err(|err| (2, err))?;
+    let config = args.service.etcd_config().map_err(|err| (2, err))?;
     let locks = EtcdLocker::connect(config).await.map_err(failed)?;
     let states = match &args.lock {
         Some(name) => vec![locks.inspect(name).await.map_err(failed)?],
@@ -107,7 +85,7 @@ async fn report(args: &LocksArgs) -> Result<String, (u8, String)> {
     };
     let _ = locks.close().await;
     Ok(if args.json {
-        json_report(&args.namespace, &states)
+        json_report(&args.service.namespace, &states)
     } else {
         table(&states)
     })
@@ -224,17 +202,14 @@ fn table(states: &[LockState]) -> String {
 }
 
 async fn redis_report(args: &LocksArgs) -> Result<String, LockError> {
-    let mut config = RedisConfig::new(args.redis.clone()).with_prefix(&args.namespace);
-    if let Some(tls) = args.redis_security.tls() {
-        config = config.with_tls(tls);
-    }
+    let config = args.service.redis_config([args.service.redis.clone()]);
     let locks = RedisLocker::connect(config).await?;
     let states = match &args.lock {
         Some(name) => locks.inspect(name).await?,
         None => locks.inspect_all().await?,
     };
     Ok(if args.json {
-        redis_json(&args.namespace, &states)
+        redis_json(&args.service.namespace, &states)
     } else {
         redis_table(&states)
     })

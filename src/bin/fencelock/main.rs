@@ -9,6 +9,7 @@ mod locks;
 mod metrics_listen;
 mod run;
 mod security;
+mod service;
 
 use std::process::ExitCode;
 

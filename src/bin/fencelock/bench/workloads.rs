@@ -96,58 +96,31 @@ impl Runner<'_> {
 
             // The cheapest correct cycle: one key name per worker, reused every cycle (as
             // Go's mutex reuses one per session), so that etcd's index of dead keys does
-            // not grow under the prefix the transaction reads.
-            let run = self.run.clone();
-            self.step(&format!("etcd acquire txn + delete, concurrency {c}"));
-            let cl = client.clone();
-            self.settle().await?;
-            let cell = drive(
-                "ceiling",
-                "etcd txn+delete",
-                c,
-                self.args.duration,
-                move |w, _| {
+            // not grow under the prefix the transaction reads. Then the same with a new key
+            // name every cycle: what a name per acquisition costs once dead keys pile up in
+            // the index (until etcd compacts).
+            for (subject, segment, step, key_per_cycle) in [
+                ("etcd txn+delete", "txn", "", false),
+                ("etcd txn+del, new key", "ntxn", ", a key per cycle", true),
+            ] {
+                let run = self.run.clone();
+                self.step(&format!("etcd acquire txn + delete{step}, concurrency {c}"));
+                let cl = client.clone();
+                self.settle().await?;
+                let cell = drive("ceiling", subject, c, self.args.duration, move |w, i| {
                     let mut cl = cl.clone();
-                    let prefix = format!("bench/{run}/txn/{w}/");
-                    let key = format!("{prefix}0");
+                    let prefix = format!("bench/{run}/{segment}/{w}/");
+                    let key = format!("{prefix}{}", if key_per_cycle { i } else { 0 });
                     async move {
                         let txn = acquire_shaped(&prefix, &key, lease);
                         cl.txn(txn).await?;
                         cl.delete(key, None).await?;
                         Ok(())
                     }
-                },
-            )
-            .await?;
-            self.done(cell);
-
-            // The same with a new key name every cycle: what a name per acquisition costs
-            // once dead keys pile up in the index (until etcd compacts).
-            let run = self.run.clone();
-            self.step(&format!(
-                "etcd acquire txn + delete, a key per cycle, concurrency {c}"
-            ));
-            let cl = client.clone();
-            self.settle().await?;
-            let cell = drive(
-                "ceiling",
-                "etcd txn+del, new key",
-                c,
-                self.args.duration,
-                move |w, i| {
-                    let mut cl = cl.clone();
-                    let prefix = format!("bench/{run}/ntxn/{w}/");
-                    let key = format!("{prefix}{i}");
-                    async move {
-                        let txn = acquire_shaped(&prefix, &key, lease);
-                        cl.txn(txn).await?;
-                        cl.delete(key, None).await?;
-                        Ok(())
-                    }
-                },
-            )
-            .await?;
-            self.done(cell);
+                })
+                .await?;
+                self.done(cell);
+            }
 
             // The same cycle with the release guarded by the create revision, as a correct
             // lock must: what the guard costs the server, apart from everything else.

@@ -39,8 +39,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use fencelock::etcd::{EtcdConfig, EtcdLocker};
-use fencelock::redis::{RedisConfig, RedisGuard, RedisLocker, RedlockLocker};
+use fencelock::etcd::EtcdLocker;
+use fencelock::redis::{RedisGuard, RedisLocker, RedlockLocker};
 use fencelock::{LockBackend, LockError, LockGuard, LockOptions, ReleaseOutcome};
 
 use crate::bench::parse_duration;
@@ -74,27 +74,12 @@ pub struct RunArgs {
     /// Default: a third of --ttl, at most 5s; at most half of --ttl.
     #[arg(long, value_parser = parse_duration, allow_hyphen_values = true)]
     grace: Option<Duration>,
-    /// etcd endpoints, for --backend etcd (comma-separated).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "http://127.0.0.1:2379",
-        env = "FENCELOCK_ETCD"
-    )]
-    etcd: Vec<String>,
     /// Which lock service holds the lock. Only etcd's token never repeats: Redis's can
     /// after a failover, Redlock's is not a fencing token at all.
     #[arg(long, value_enum, default_value_t = RunBackend::Etcd, env = "FENCELOCK_BACKEND")]
     backend: RunBackend,
-    /// The Redis server, for --backend redis (redis://[user:password@]host:port/,
-    /// rediss:// for TLS; prefer the password in FENCELOCK_REDIS).
-    #[arg(
-        long,
-        default_value = "redis://127.0.0.1:6379/",
-        env = "FENCELOCK_REDIS",
-        hide_env_values = true
-    )]
-    redis: String,
+    #[command(flatten)]
+    service: crate::service::ServiceArgs,
     /// The independent Redis masters, for --backend redlock (comma-separated).
     #[arg(
         long,
@@ -103,13 +88,6 @@ pub struct RunArgs {
         hide_env_values = true
     )]
     redlock: Vec<String>,
-    /// Key namespace (the key prefix on Redis).
-    #[arg(long, default_value = "fencelock")]
-    namespace: String,
-    #[command(flatten)]
-    security: crate::security::EtcdSecurity,
-    #[command(flatten)]
-    redis_security: crate::security::RedisSecurity,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -280,8 +258,7 @@ fn taken<G>(taken: Result<G, LockError>) -> Result<G, Failure> {
 }
 
 async fn on_etcd(args: &RunArgs, options: &LockOptions, task: Task<'_>) -> Result<u8, Failure> {
-    let config = EtcdConfig::new(args.etcd.clone()).with_namespace(&args.namespace);
-    let config = args.security.apply(config).map_err(Failure::usage)?;
+    let config = args.service.etcd_config().map_err(Failure::usage)?;
     let locks = EtcdLocker::connect(config)
         .await
         .map_err(Failure::from_lock_error)?;
@@ -313,7 +290,7 @@ async fn on_etcd(args: &RunArgs, options: &LockOptions, task: Task<'_>) -> Resul
 }
 
 async fn on_redis(args: &RunArgs, options: &LockOptions, task: Task<'_>) -> Result<u8, Failure> {
-    let config = redis_config(args, [args.redis.clone()]);
+    let config = args.service.redis_config([args.service.redis.clone()]);
     let locks = RedisLocker::connect(config)
         .await
         .map_err(Failure::from_lock_error)?;
@@ -338,20 +315,12 @@ async fn on_redlock(args: &RunArgs, options: &LockOptions, task: Task<'_>) -> Re
             "--backend redlock needs its masters: --redlock URL,URL,URL",
         ));
     }
-    let config = redis_config(args, args.redlock.clone());
+    let config = args.service.redis_config(args.redlock.clone());
     let locks = RedlockLocker::connect(config)
         .await
         .map_err(Failure::from_lock_error)?;
     let guard = taken(locks.lock(&args.lock, options).await)?;
     Ok(on_redis_guard(guard, args.ttl, task).await)
-}
-
-fn redis_config(args: &RunArgs, urls: impl IntoIterator<Item = String>) -> RedisConfig {
-    let config = RedisConfig::masters(urls).with_prefix(&args.namespace);
-    match args.redis_security.tls() {
-        Some(tls) => config.with_tls(tls),
-        None => config,
-    }
 }
 
 /// Runs the command under a Redis (or Redlock) lock, then releases it.

@@ -1,0 +1,53 @@
+//! Where the locks live, for the commands that use a given lock service (`run`, `locks`):
+//! the etcd endpoints, the Redis server, the namespace, and TLS and credentials for each,
+//! and the client configurations made from them.
+
+use clap::Args;
+use fencelock::etcd::EtcdConfig;
+use fencelock::redis::RedisConfig;
+
+/// `--etcd`, `--redis`, `--namespace` and the TLS flags of both services.
+#[derive(Clone, Debug, Args)]
+pub struct ServiceArgs {
+    /// etcd endpoints, for --backend etcd (comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379",
+        env = "FENCELOCK_ETCD"
+    )]
+    pub etcd: Vec<String>,
+    /// The Redis server, for --backend redis (redis://[user:password@]host:port/,
+    /// rediss:// for TLS; prefer the password in FENCELOCK_REDIS).
+    #[arg(
+        long,
+        default_value = "redis://127.0.0.1:6379/",
+        env = "FENCELOCK_REDIS",
+        hide_env_values = true
+    )]
+    pub redis: String,
+    /// Key namespace (the key prefix on Redis).
+    #[arg(long, default_value = "fencelock")]
+    pub namespace: String,
+    #[command(flatten)]
+    pub security: crate::security::EtcdSecurity,
+    #[command(flatten)]
+    pub redis_security: crate::security::RedisSecurity,
+}
+
+impl ServiceArgs {
+    /// The etcd client configuration; an unusable TLS or credential flag is the error.
+    pub fn etcd_config(&self) -> Result<EtcdConfig, String> {
+        let config = EtcdConfig::new(self.etcd.clone()).with_namespace(&self.namespace);
+        self.security.apply(config)
+    }
+
+    /// The Redis client configuration for `urls` (one server, or Redlock's masters).
+    pub fn redis_config(&self, urls: impl IntoIterator<Item = String>) -> RedisConfig {
+        let config = RedisConfig::masters(urls).with_prefix(&self.namespace);
+        match self.redis_security.tls() {
+            Some(tls) => config.with_tls(tls),
+            None => config,
+        }
+    }
+}
