@@ -240,16 +240,34 @@ impl Acquisition {
         // The subquery takes the lock before the outer query draws the token.
         let sql =
             format!("SELECT nextval('{SEQUENCE}') FROM (SELECT pg_advisory_lock({KEY})) AS locked");
-        let cancel = conn.client.cancel_token();
-        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 1] = [(&name, Type::TEXT)];
-        let outcome = tokio::select! {
-            result = conn.client.query_typed_one(&sql, &params) => Waited::Answered(
-                result
-                    .and_then(|row| row.try_get::<_, i64>(0))
-                    .map_err(|err| map_error("acquire", Some(name), err)),
-            ),
-            () = sleep_until_opt(self.deadline) => Waited::TimedOut,
-            () = reply.closed() => Waited::CallerGone,
+        let limit = self.inner.connect_timeout;
+        let (outcome, settled) = {
+            let cancel = conn.client.cancel_token();
+            let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 1] =
+                [(&name, Type::TEXT)];
+            let query = conn.client.query_typed_one(&sql, &params);
+            tokio::pin!(query);
+            let outcome = tokio::select! {
+                result = &mut query => Waited::Answered(
+                    result
+                        .and_then(|row| row.try_get::<_, i64>(0))
+                        .map_err(|err| map_error("acquire", Some(name), err)),
+                ),
+                () = sleep_until_opt(self.deadline) => Waited::TimedOut,
+                () = reply.closed() => Waited::CallerGone,
+            };
+            // Given up: the server hands a released lock to its first waiter at once, so
+            // it may have granted this query the lock before the cancel reached it, and a
+            // session-level advisory lock outlives the cancelled statement. Wait for the
+            // statement's end before anything else.
+            let settled = match outcome {
+                Waited::Answered(_) => true,
+                Waited::TimedOut | Waited::CallerGone => {
+                    self.inner.connector.cancel(&cancel).await;
+                    tokio::time::timeout(limit, &mut query).await.is_ok()
+                }
+            };
+            (outcome, settled)
         };
         match outcome {
             Waited::Answered(Ok(token)) => {
@@ -261,10 +279,22 @@ impl Acquisition {
                 let _ = reply.send(Err(err));
             }
             given_up => {
-                // Stop the waiting query and close the connection, which also frees the
-                // lock had it been granted in the meantime.
-                self.inner.connector.cancel(&cancel).await;
-                drop(conn);
+                // Free whatever this connection holds before answering: the lock is free
+                // when the caller hears of the timeout.
+                let freed = settled
+                    && tokio::time::timeout(
+                        limit,
+                        conn.client.execute("SELECT pg_advisory_unlock_all()", &[]),
+                    )
+                    .await
+                    .is_ok_and(|done| done.is_ok());
+                if freed {
+                    self.inner.put_back(conn);
+                } else {
+                    // No answer: closing the connection frees the lock once the server
+                    // sees it close.
+                    drop(conn);
+                }
                 if matches!(given_up, Waited::TimedOut) {
                     let _ = reply.send(Err(LockError::WaitTimeout {
                         name: self.name.clone(),

@@ -15,3 +15,4 @@ mod single_statement;
 mod stale_holder;
 mod stale_token;
 mod version_cas;
+mod wait_timeout_frees_at_once;
