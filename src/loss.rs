@@ -24,6 +24,10 @@ pub enum LossReason {
     /// The connection that held the lock closed (PostgreSQL advisory locks live exactly
     /// as long as their connection).
     Disconnected,
+    /// The lock's key was deleted while its lease lived (an operator's delete, a prefix
+    /// delete, a request of another client): the lease is fine, but the lock may already
+    /// be someone else's (etcd).
+    KeyDeleted,
 }
 
 impl fmt::Display for LossReason {
@@ -33,6 +37,7 @@ impl fmt::Display for LossReason {
             Self::Revoked => "the server reports the lease is gone",
             Self::Closed => "the session was closed",
             Self::Disconnected => "the connection that held the lock closed",
+            Self::KeyDeleted => "the lock's key was deleted while its lease lived",
         })
     }
 }

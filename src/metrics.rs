@@ -185,6 +185,7 @@ pub(crate) fn lost(backend: Backend, reason: LossReason, holders: usize) {
         LossReason::Revoked => "revoked",
         LossReason::Closed => "closed",
         LossReason::Disconnected => "disconnected",
+        LossReason::KeyDeleted => "key_deleted",
     };
     ::metrics::counter!(names::LOSSES, "backend" => backend.as_str(), "reason" => reason)
         .increment(u64::try_from(holders).unwrap_or(u64::MAX));
@@ -198,6 +199,9 @@ pub(crate) struct Holding {
     backend: Backend,
     since: Instant,
     holders: Arc<AtomicUsize>,
+    /// Set once this hold has left its lease's count: counted as lost on its own
+    /// ([`HoldingLoss`]), or ended.
+    left: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Holding {
@@ -209,16 +213,48 @@ impl Holding {
             backend,
             since: Instant::now(),
             holders,
+            left: Arc::default(),
+        }
+    }
+
+    /// A handle that counts this one hold as lost (its key deleted while its lease
+    /// lives), taking it out of its lease's count so that a later loss of the lease does
+    /// not count it again.
+    pub(crate) fn loss(&self) -> HoldingLoss {
+        HoldingLoss {
+            backend: self.backend,
+            holders: self.holders.clone(),
+            left: self.left.clone(),
         }
     }
 }
 
 impl Drop for Holding {
     fn drop(&mut self) {
-        self.holders.fetch_sub(1, Ordering::Relaxed);
+        if !self.left.swap(true, Ordering::AcqRel) {
+            self.holders.fetch_sub(1, Ordering::Relaxed);
+        }
         let backend = self.backend.as_str();
         ::metrics::gauge!(names::LOCKS_HELD, "backend" => backend).decrement(1.0);
         ::metrics::histogram!(names::HOLD_SECONDS, "backend" => backend)
             .record(self.since.elapsed().as_secs_f64());
+    }
+}
+
+/// Counts one hold as lost on its own; see [`Holding::loss`].
+#[derive(Clone, Debug)]
+pub(crate) struct HoldingLoss {
+    backend: Backend,
+    holders: Arc<AtomicUsize>,
+    left: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl HoldingLoss {
+    /// Counts the loss, once, unless the hold has ended or was counted already.
+    pub(crate) fn count(&self, reason: LossReason) {
+        if !self.left.swap(true, Ordering::AcqRel) {
+            self.holders.fetch_sub(1, Ordering::Relaxed);
+            lost(self.backend, reason, 1);
+        }
     }
 }

@@ -36,12 +36,43 @@ pub(crate) async fn call<T>(
 /// that timed out once (a proposal dropped by a dying leader is never answered). Only for
 /// requests that are safe to apply twice: reads, deletes, revokes, and transactions
 /// guarded by a compare that an earlier attempt would make fail.
+///
+/// A confirmed retry does **not** prove that an earlier attempt is dead: one that got no
+/// answer may still be applied later (a proposal a follower forwarded to the leader is
+/// applied whatever became of its client, `etcdserver/v3_server.go`). Callers whose
+/// request must not land late use [`call_retrying_noting`].
 pub(crate) async fn call_retrying<T, F, Fut>(
     operation: &'static str,
     lock: Option<&str>,
     timeout: Duration,
-    mut request: F,
+    request: F,
 ) -> Result<T, LockError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    call_retrying_noting(operation, lock, timeout, request)
+        .await
+        .result
+}
+
+/// What [`call_retrying_noting`] found.
+#[derive(Debug)]
+pub(crate) struct Attempts<T> {
+    /// The last attempt's outcome.
+    pub(crate) result: Result<T, LockError>,
+    /// Some attempt failed in a way that leaves its fate unknown: it may have been applied,
+    /// or may still be applied later (see [`may_have_applied`]).
+    pub(crate) ambiguous: bool,
+}
+
+/// [`call_retrying`], telling whether any attempt's outcome is unknown.
+pub(crate) async fn call_retrying_noting<T, F, Fut>(
+    operation: &'static str,
+    lock: Option<&str>,
+    timeout: Duration,
+    mut request: F,
+) -> Attempts<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -49,8 +80,13 @@ where
     let started = tokio::time::Instant::now();
     let mut attempt: u32 = 0;
     let mut timed_out = false;
+    let mut ambiguous = false;
     loop {
-        match call(operation, lock, timeout, request()).await {
+        let result = call(operation, lock, timeout, request()).await;
+        if let Err(err) = &result {
+            ambiguous |= may_have_applied(err);
+        }
+        match result {
             Err(err @ LockError::Unavailable { .. }) if started.elapsed() < timeout => {
                 attempt += 1;
                 tracing::debug!(%err, attempt, "member unreachable; retrying");
@@ -61,8 +97,36 @@ where
                 timed_out = true;
                 tracing::debug!(%err, "no answer; retrying once");
             }
-            outcome => return outcome,
+            result => return Attempts { result, ambiguous },
         }
+    }
+}
+
+/// Signs, in an unavailable request's error, that it never reached the server: a refused
+/// connection; hyper's `Canceled` kind ("a pending item was dropped before ever being
+/// processed": a request queued on a connection that closed, or was not ready, before
+/// it was written); the require-leader interceptor's "no leader" (`v3rpc/interceptor.go`,
+/// before the handler runs).
+const NEVER_SENT: [&str; 4] = [
+    "connect error",
+    "Connection refused",
+    "hyper::Error(Canceled",
+    "etcdserver: no leader",
+];
+
+/// Whether a request that failed with `err` may have been applied, or may still be
+/// applied later: no answer at all, a connection that broke with the request sent, or
+/// etcd's own "request timed out" (the proposal is in Raft, `v3_server.go`
+/// `processInternalRaftRequestOnce`). Only failures that prove the request never entered
+/// Raft are not ([`NEVER_SENT`], and refusals of the request itself). When in doubt: yes.
+pub(crate) fn may_have_applied(err: &LockError) -> bool {
+    match err {
+        LockError::Timeout { .. } => true,
+        LockError::Unavailable { source, .. } => {
+            let text = source.to_string();
+            !NEVER_SENT.iter().any(|sign| text.contains(sign))
+        }
+        _ => false,
     }
 }
 

@@ -1,10 +1,12 @@
-//! The etcd lock guard: token, loss, guarded release, owner-guarded transactions.
+//! The etcd lock guard: token, loss (of the lease or of the key), guarded release,
+//! owner-guarded transactions.
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnResponse};
 
-use super::acquire::delete_key;
 use super::call::call;
+use super::key_life::QueueKey;
 use super::session::Session;
+use super::watch_hub::TrackedKey;
 use crate::metrics::{self, Holding, Release};
 use crate::{Backend, FencingToken, LockError, LockGuard, LossReason, ReleaseOutcome};
 
@@ -12,17 +14,19 @@ use crate::{Backend, FencingToken, LockError, LockGuard, LossReason, ReleaseOutc
 ///
 /// Its [`token`](LockGuard::token) is the create revision of its key: strictly larger than
 /// the token of every earlier holder of the same lock, across leader failovers too.
+/// Ownership is lost when the session's lease is (see [`Session`]) and also when the key
+/// itself is deleted under a live lease (an operator, another client's request): the
+/// guard follows its key on the lock's watch, shared with every other waiter and holder
+/// of the lock in this client, and then reports [`LossReason::KeyDeleted`].
 /// Dropping the guard releases the lock in the background (best effort; the lease expires
 /// it otherwise).
 #[derive(Debug)]
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct EtcdGuard {
-    session: Session,
+    key: QueueKey,
     owns_session: bool,
-    name: String,
-    key: String,
-    /// The key's slot among this session's keys for the lock (see `slots.rs`).
-    slot: u64,
+    /// The key, followed on the lock's watch until the guard ends.
+    tracked: Option<TrackedKey>,
     token: FencingToken,
     released: bool,
     /// Ends when the guard is released or dropped, before its session may close (a
@@ -31,66 +35,72 @@ pub struct EtcdGuard {
 }
 
 impl EtcdGuard {
-    pub(crate) fn new(
-        session: Session,
+    pub(super) fn new(
+        key: QueueKey,
         owns_session: bool,
-        name: String,
-        key: String,
-        slot: u64,
+        tracked: TrackedKey,
         token: FencingToken,
+        holding: Holding,
     ) -> Self {
-        let holding = Some(session.inner.holding());
         Self {
-            session,
-            owns_session,
-            name,
             key,
-            slot,
+            owns_session,
+            tracked: Some(tracked),
             token,
             released: false,
-            holding,
+            holding: Some(holding),
         }
     }
 
     /// The full etcd key of this grant.
     #[must_use]
     pub fn key(&self) -> &str {
-        &self.key
+        &self.key.key
     }
 
     /// The lease the key is attached to.
     #[must_use]
     pub fn lease_id(&self) -> i64 {
-        self.session.lease_id()
+        self.key.session.lease_id()
     }
 
     /// The session that keeps this lock's lease alive.
     #[must_use]
     pub fn session(&self) -> &Session {
-        &self.session
+        &self.key.session
+    }
+
+    fn key_lost(&self) -> bool {
+        self.tracked.as_ref().is_some_and(TrackedKey::is_lost)
     }
 
     /// Runs `ops` in one etcd transaction that applies only while this guard still owns the
     /// lock (its key still has this guard's create revision). Returns
     /// [`LockError::NotHeld`] and applies nothing otherwise.
-    #[tracing::instrument(skip(self, ops), fields(backend = "etcd", lock = %self.name, token = %self.token))]
+    #[tracing::instrument(skip(self, ops), fields(backend = "etcd", lock = %self.key.name, token = %self.token))]
     pub async fn txn_if_held(&self, ops: Vec<TxnOp>) -> Result<TxnResponse, LockError> {
         let txn = Txn::new()
             .when([Compare::create_revision(
-                self.key.as_str(),
+                self.key.key.as_str(),
                 CompareOp::Equal,
                 self.token.as_revision(),
             )])
             .and_then(ops);
-        let inner = &self.session.inner;
+        let inner = self.key.inner();
         let mut client = inner.kv.clone();
         let timeout = inner.config.request_timeout;
-        let response = call("guarded txn", Some(&self.name), timeout, client.txn(txn)).await?;
+        let response = call(
+            "guarded txn",
+            Some(&self.key.name),
+            timeout,
+            client.txn(txn),
+        )
+        .await?;
         if response.succeeded() {
             Ok(response)
         } else {
             Err(LockError::NotHeld {
-                name: self.name.clone(),
+                name: self.key.name.clone(),
                 token: self.token,
             })
         }
@@ -111,56 +121,36 @@ impl EtcdGuard {
     fn detach(&mut self) -> Detached {
         self.released = true;
         self.holding = None;
+        // The guard's own delete is no loss to report.
+        self.tracked = None;
         Detached {
-            session: self.session.clone(),
+            key: self.key.detach(),
+            token: self.token,
             owns_session: self.owns_session,
-            name: std::mem::take(&mut self.name),
-            key: std::mem::take(&mut self.key),
-            slot: self.slot,
         }
     }
 }
 
 /// A release that outlives its guard.
 struct Detached {
-    session: Session,
+    key: QueueKey,
+    token: FencingToken,
     owns_session: bool,
-    name: String,
-    key: String,
-    slot: u64,
 }
 
 impl Detached {
-    /// Retries the delete until it gets through or the lease is gone: on a shared, renewed
-    /// session a key left behind would block the lock for as long as the client lives.
+    /// Retries the guarded delete until it gets through or the lease is gone: on a shared,
+    /// renewed session a key left behind would block the lock for as long as the client
+    /// lives.
     async fn finish(self) {
-        let mut delay = std::time::Duration::from_millis(50);
-        while self.session.is_alive() {
-            match delete_key(&self.session.inner, &self.name, &self.key).await {
-                Ok(_) => {
-                    self.give_back_slot();
-                    break;
-                }
-                Err(err) => {
-                    tracing::warn!(%err, lock = %self.name, "release failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(std::time::Duration::from_secs(1));
-                }
-            }
-        }
+        self.key.remove(Some(self.token)).await;
         self.close_own_session().await;
-    }
-
-    /// The key is confirmed gone: its name may serve the next acquisition.
-    fn give_back_slot(&self) {
-        let prefix = super::keys::lock_prefix(&self.session.inner.config.namespace, &self.name);
-        self.session.inner.slots.give_back(&prefix, self.slot);
     }
 
     async fn close_own_session(&self) {
         if self.owns_session {
             // This lease served this lock alone; its key is gone or was never ours.
-            let _ = self.session.close().await;
+            let _ = self.key.session.close().await;
         }
     }
 }
@@ -171,36 +161,50 @@ impl LockGuard for EtcdGuard {
     }
 
     fn name(&self) -> &str {
-        &self.name
+        &self.key.name
     }
 
     async fn lost(&self) -> LossReason {
-        self.session.lost().await
+        match &self.tracked {
+            Some(tracked) => tokio::select! {
+                // The lease's loss first: a revoked lease deletes the key too.
+                biased;
+                reason = self.key.session.lost() => reason,
+                () = tracked.lost() => LossReason::KeyDeleted,
+            },
+            None => self.key.session.lost().await,
+        }
     }
 
     fn is_held(&self) -> bool {
-        !self.released && self.session.is_alive()
+        !self.released && self.key.session.is_alive() && !self.key_lost()
     }
 
     fn lease_remaining(&self) -> Option<std::time::Duration> {
-        Some(if self.released {
+        Some(if self.released || self.key_lost() {
             std::time::Duration::ZERO
         } else {
-            self.session.inner.remaining()
+            self.key.inner().remaining()
         })
     }
 
-    #[tracing::instrument(skip(self), fields(backend = "etcd", lock = %self.name, token = %self.token))]
+    #[tracing::instrument(skip(self), fields(backend = "etcd", lock = %self.key.name, token = %self.token))]
     async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
+        // What the guard knew before it let go: a key found gone after this was not
+        // taken away before the release.
+        let lost_before = self.key_lost() || !self.key.session.is_alive();
         // Until the answer is in, the guard stays armed: if this future is dropped, the
         // guard's drop finishes the release in the background.
-        let outcome = delete_key(&self.session.inner, &self.name, &self.key).await;
+        let outcome = self.key.delete(Some(self.token)).await;
         let detached = self.detach();
         match outcome {
             Ok(deleted) => {
-                detached.give_back_slot();
+                detached.key.give_back();
                 detached.close_own_session().await;
-                let (outcome, counted) = if deleted {
+                // Nothing found to delete after an attempt without an answer: that attempt
+                // deleted it, unless the lock was known lost before.
+                let released = deleted.removed || (deleted.ambiguous && !lost_before);
+                let (outcome, counted) = if released {
                     (ReleaseOutcome::Released, Release::Released)
                 } else {
                     (ReleaseOutcome::NotHeld, Release::NotHeld)

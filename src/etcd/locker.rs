@@ -9,6 +9,7 @@ use etcd_client::{Client, GetOptions};
 use super::acquire::{CLEANUP_ALLOWANCE, Mode, acquire};
 use super::call::{call, call_retrying, map_error};
 use super::kind::Kind;
+use super::watch_hub::WatchHub;
 use super::{EtcdConfig, EtcdElection, EtcdGuard, EtcdRwLock, EtcdSemaphore, Session};
 use crate::{Backend, LockBackend, LockError, LockOptions, validate_name};
 
@@ -40,6 +41,8 @@ pub struct EtcdLocker {
 struct LockerInner {
     client: Client,
     config: Arc<EtcdConfig>,
+    /// One watch stream for the client, one watch per lock name on it (`watch_hub.rs`).
+    hub: Arc<WatchHub>,
     // Renewed sessions by TTL in whole seconds.
     sessions: Mutex<HashMap<u64, Session>>,
     // Serialises session creation so concurrent first locks share one lease.
@@ -117,6 +120,7 @@ impl EtcdLocker {
         };
         Ok(Self {
             inner: Arc::new(LockerInner {
+                hub: Arc::new(WatchHub::start(client.clone())),
                 client,
                 config: Arc::new(config),
                 sessions: Mutex::new(HashMap::new()),
@@ -148,10 +152,29 @@ impl EtcdLocker {
         if let Some(session) = self.live_session(seconds) {
             return Ok(session);
         }
+        // A retired session is forgotten at once: then only its guards keep it (and its
+        // lease) alive, and the next lock of this TTL opens a new one.
+        let locker = Arc::downgrade(&self.inner);
+        let forget: super::session::RetireHook = Arc::new(move |lease_id| {
+            if let Some(inner) = locker.upgrade() {
+                let mut sessions = inner
+                    .sessions
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if sessions
+                    .get(&seconds)
+                    .is_some_and(|s| s.lease_id() == lease_id)
+                {
+                    sessions.remove(&seconds);
+                }
+            }
+        });
         let session = Session::open(
             self.inner.client.clone(),
             self.inner.config.clone(),
             Duration::from_secs(seconds),
+            self.inner.hub.clone(),
+            Some(forget),
         )
         .await?;
         self.sessions().insert(seconds, session.clone());
@@ -239,6 +262,8 @@ impl EtcdLocker {
                     self.inner.client.clone(),
                     self.inner.config.clone(),
                     options.ttl(),
+                    self.inner.hub.clone(),
+                    None,
                 )
                 .await?;
                 acquire(session, true, name, mode, kind, started).await

@@ -5,8 +5,11 @@
 //!   transaction; its create revision is the [`FencingToken`](crate::FencingToken).
 //! - Waiters queue by create revision; the join reads every key ahead, and a waiter
 //!   follows their deletions on one watch per lock (`queue.rs`): no read after waiting.
-//! - Release deletes exactly its key: names are reused only once a delete is confirmed
-//!   (`slots.rs`), so no late delete can meet a newer holder's key.
+//! - Every delete is guarded by the key's create revision, and a join whose outcome is
+//!   unknown retires its session (`key_life.rs`): no request of one acquisition, however
+//!   late, can remove or stand in for another acquisition's key.
+//! - A holder follows its own key on the lock's watch: a key deleted under a live lease
+//!   is a lost lock (`LossReason::KeyDeleted`).
 //! - Every primitive under one name shares one queue; see `kind.rs` for who may hold
 //!   beside whom (and Go's `etcdctl lock` queues in it too).
 //! - An uncontended lock + release costs exactly two round trips, one Raft write each.
@@ -17,6 +20,7 @@ mod config;
 mod election;
 mod guard;
 mod inspect;
+mod key_life;
 mod keys;
 mod kind;
 mod locker;
@@ -26,6 +30,7 @@ mod semaphore;
 mod session;
 mod slots;
 mod watch_hub;
+mod watch_state;
 
 pub use config::EtcdConfig;
 pub use election::{EtcdElection, Leader, Leadership, Observer};

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::EtcdConfig;
-use super::call::{call_retrying, malformed};
+use super::call::{call, call_retrying, malformed};
 use super::watch_hub::WatchHub;
 use crate::lease_clock::{Clock, ClockInstant, LeaseClock};
 use crate::loss::{LossNotifier, LossWatch, loss_channel};
@@ -42,15 +42,22 @@ pub(crate) struct SessionInner {
     notifier: Arc<LossNotifier>,
     loss: LossWatch,
     clock: Arc<LeaseClock>,
-    pub(crate) hub: WatchHub,
-    /// Set once an acquisition on this session may have left a key that nobody could
-    /// confirm removed: no new acquisition uses the session, and its lease (with any such
-    /// key) is revoked when the last guard on it goes.
+    /// The client's watches of lock prefixes, shared by all of its sessions.
+    pub(crate) hub: Arc<WatchHub>,
+    /// Set once a request of an acquisition on this session may still create a key later
+    /// (a join without an answer): no new acquisition uses the session, and its lease
+    /// (with any such key) is revoked when the last guard on it goes (`key_life.rs`).
     retired: std::sync::atomic::AtomicBool,
+    /// Told once when the session is retired (the locker forgets it then, so that nothing
+    /// keeps it alive but its guards).
+    on_retire: Option<RetireHook>,
     control: mpsc::UnboundedSender<Control>,
     // Dropped with the last handle: tells the keep-alive task to revoke and stop.
     _stop: oneshot::Sender<()>,
 }
+
+/// Called with the lease id when a session is retired.
+pub(crate) type RetireHook = Arc<dyn Fn(i64) + Send + Sync>;
 
 /// Requests to the keep-alive task.
 enum Control {
@@ -78,11 +85,13 @@ impl Session {
     /// keeps it alive. A session for a lock without renewal is renewed only while its
     /// acquisition waits ([`stop_renewing`](SessionInner::stop_renewing) ends that at the
     /// grant), so that the lock's TTL counts from the grant, not from the queueing.
-    #[tracing::instrument(skip(client, config), fields(backend = "etcd"))]
+    #[tracing::instrument(skip(client, config, hub, on_retire), fields(backend = "etcd"))]
     pub(crate) async fn open(
         client: Client,
         config: Arc<EtcdConfig>,
         ttl: Duration,
+        hub: Arc<WatchHub>,
+        on_retire: Option<RetireHook>,
     ) -> Result<Self, LockError> {
         let timeout = config.request_timeout;
         let seconds = i64::try_from(ttl.as_millis().div_ceil(1000)).unwrap_or(i64::MAX);
@@ -119,7 +128,6 @@ impl Session {
         tokio::spawn(task.run(stop_rx, control_rx).instrument(span));
         tracing::debug!(lease_id, ?ttl, "session opened");
 
-        let hub = WatchHub::start(client.clone());
         Ok(Self {
             inner: Arc::new(SessionInner {
                 kv: client.kv_client(),
@@ -133,6 +141,7 @@ impl Session {
                 clock,
                 hub,
                 retired: std::sync::atomic::AtomicBool::new(false),
+                on_retire,
                 control,
                 _stop: stop_tx,
             }),
@@ -222,7 +231,11 @@ impl SessionInner {
 
     /// Takes the session out of use for new acquisitions; see `retired`.
     pub(crate) fn retire(&self) {
-        self.retired.store(true, Ordering::Release);
+        if !self.retired.swap(true, Ordering::AcqRel) {
+            if let Some(hook) = &self.on_retire {
+                hook(self.lease_id);
+            }
+        }
     }
 
     /// Whether new acquisitions may use this session.
@@ -248,6 +261,38 @@ impl SessionInner {
 
     pub(crate) async fn lost(&self) -> LossReason {
         self.loss.wait().await
+    }
+
+    /// Asks etcd whether the lease still exists (`LeaseTimeToLive`), after one of its keys
+    /// was found deleted: a revoked lease deletes its keys, and the watch may show that
+    /// before the keep-alive does. Marks the session lost (revoked) if the lease is gone;
+    /// returns whether it is. An unanswered check says nothing: the keep-alive will tell.
+    pub(crate) async fn lease_gone(&self) -> bool {
+        if self.loss.current().is_some() {
+            return true;
+        }
+        let mut lease = self.client.lease_client();
+        let asked = call(
+            "lease check",
+            None,
+            self.config.request_timeout,
+            lease.time_to_live(self.lease_id, None),
+        )
+        .await;
+        match asked {
+            // etcd answers -1 for a lease it does not know.
+            Ok(answer) if answer.ttl() < 0 => {
+                self.notifier.mark(LossReason::Revoked);
+                true
+            }
+            Err(LockError::Backend { source, .. })
+                if source.to_string().contains("requested lease not found") =>
+            {
+                self.notifier.mark(LossReason::Revoked);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Starts a guard's hold on this session's lease (metrics, and the count of locks a

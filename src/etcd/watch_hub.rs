@@ -1,416 +1,471 @@
-//! One watch stream per session, and on it one watch per lock name (its whole prefix,
-//! deletions only), shared by every wait of the session on that lock and kept open for
-//! [`LINGER`] after the last one ends.
+//! One watch stream per client, and on it one watch per lock name (its whole prefix,
+//! deletions only), shared by every waiter and every holder of that lock in the client,
+//! kept open for a while after the last one leaves (`watch_state::LINGER`). What the watches know and decide
+//! is in `watch_state.rs`; this module carries out its actions (open, cancel, check by
+//! read) and feeds it the server's answers.
 //!
 //! A watch that already exists is in etcd's "synced" group and delivers a deletion at
 //! once. A watch created per wait races with the commits around it: etcd turns "no start
 //! revision" into `current + 1` before it registers the watcher, so a commit in between
 //! puts it in the "unsynced" group, which a loop catches up only every 100 ms
 //! (`mvcc/watchable_store.go`, `syncWatchersLoop`), and a contended handoff waits for that
-//! loop (measured: p99 ~90 ms). A waiter subscribes *before* it joins the queue when the
-//! watch is open: every deletion after its read reaches it, provided the watch was created
-//! at or before the read's revision (the subscription says when; `queue.rs`).
+//! loop (measured: p99 ~90 ms). Holders open a lock's watch from the revision after their
+//! grant (no read needed, and no hurry); waiters use the open one, or open one from now
+//! and read their place again once it exists.
+//!
+//! Followers register under a lock shared with the task, so a grant costs no hop to the
+//! task; only opening and closing watches does.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use etcd_client::{Client, EventType, WatchFilterType, WatchOptions, WatchResponse};
-use etcd_client::{WatchRequestSender, WatchResponseStream};
+use etcd_client::{Client, EventType, GetOptions, KvClient, WatchFilterType, WatchOptions};
+use etcd_client::{WatchRequestSender, WatchResponse, WatchResponseStream};
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-/// How long opening the session's watch stream may take.
+use super::call::call_retrying;
+pub(crate) use super::watch_state::EndReason;
+pub(crate) use super::watch_state::OnLost;
+use super::watch_state::{Action, HubState, KeyLoss, Registered, Signal};
+
+/// How long opening the watch stream may take.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long a lock watch stays open after its last subscriber left: successive waits on
-/// one lock (a busy queue) find it already synced.
-pub(crate) const LINGER: Duration = Duration::from_secs(10);
+/// How long a read that checks held keys may take per attempt.
+const VERIFY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What a lock watch reports to a subscriber.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum LockSignal {
-    /// The watch exists since this store revision: every deletion after it is delivered.
-    Created(i64),
-    /// This key under the lock's prefix was deleted, at this revision.
-    Deleted(Vec<u8>, i64),
-    /// The watch ended (cancelled by the server, stream broken).
-    Ended(String),
-}
+/// Pause before a failed watch (or check) is tried again.
+const RETRY: Duration = Duration::from_millis(250);
 
-enum Command {
-    Subscribe {
-        prefix: Vec<u8>,
-        subscriber: u64,
-        signals: mpsc::UnboundedSender<LockSignal>,
-    },
-    Unsubscribe {
-        prefix: Vec<u8>,
-        subscriber: u64,
-    },
-}
-
-/// Handle to the session's watch task. The task stops when the hub is dropped.
+/// Handle to the client's watch task. The task stops when the last handle is dropped.
 #[derive(Debug)]
 pub(crate) struct WatchHub {
-    commands: mpsc::UnboundedSender<Command>,
-    next_subscriber: AtomicU64,
-    /// The prefixes with an open lock watch, as the task last knew them.
-    open: Arc<Mutex<HashSet<Vec<u8>>>>,
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<HubState>,
+    actions: mpsc::UnboundedSender<Vec<Action>>,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, HubState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn perform(&self, actions: Vec<Action>) {
+        if !actions.is_empty() {
+            let _ = self.actions.send(actions);
+        }
+    }
 }
 
 impl WatchHub {
     pub(crate) fn start(client: Client) -> Self {
-        let (commands, receiver) = mpsc::unbounded_channel();
-        let open = Arc::new(Mutex::new(HashSet::new()));
-        tokio::spawn(HubTask::new(client, open.clone()).run(receiver));
-        Self {
-            commands,
-            next_subscriber: AtomicU64::new(1),
-            open,
+        let (actions, receiver) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(HubState::default()),
+            actions,
+        });
+        let task = HubTask {
+            kv: client.kv_client(),
+            client,
+            shared: Arc::downgrade(&shared),
+            stream: None,
+            checks: JoinSet::new(),
+            next_retry: None,
+        };
+        tokio::spawn(task.run(receiver));
+        Self { shared }
+    }
+
+    /// Whether the lock's watch is open (or being opened): following it before a join
+    /// then costs nothing, where opening a watch for every try would cost a request even
+    /// when nobody waits.
+    pub(crate) fn is_open(&self, prefix: &str) -> bool {
+        self.shared.state().is_open(prefix.as_bytes())
+    }
+
+    /// Follows the deletions under the lock prefix `prefix`, opening the lock's watch from
+    /// now if it is not open. Dropping the subscription unsubscribes.
+    pub(crate) fn subscribe(&self, prefix: &str) -> Subscription {
+        let (signals, receiver) = mpsc::unbounded_channel();
+        let mut actions = Vec::new();
+        let follower =
+            self.shared
+                .state()
+                .subscribe(prefix.as_bytes(), signals, Instant::now(), &mut actions);
+        self.shared.perform(actions);
+        Subscription {
+            prefix: prefix.as_bytes().to_vec(),
+            follower,
+            receiver,
+            shared: self.shared.clone(),
         }
     }
 
-    /// [`subscribe`](Self::subscribe), only if the lock's watch is open already (a recent
-    /// wait on this lock): subscribing before joining the queue then costs nothing, where
-    /// opening a watch for every lock taken would cost a request even when nobody waits.
-    pub(crate) fn subscribe_if_open(&self, prefix: &str) -> Option<Subscription> {
-        let open = self
-            .open
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .contains(prefix.as_bytes());
-        open.then(|| self.subscribe(prefix))
+    /// Follows `key` (not joined yet, or waiting) on the lock's watch, if it is open.
+    pub(crate) fn track(&self, prefix: &str, key: &str) -> Option<TrackedKey> {
+        let registered = self
+            .shared
+            .state()
+            .track(prefix.as_bytes(), key.as_bytes())?;
+        Some(self.tracked(prefix, key, registered))
     }
 
-    /// Subscribes to the deletions under the lock prefix `prefix`, opening the lock's
-    /// watch if it is not open. Dropping the subscription unsubscribes.
-    pub(crate) fn subscribe(&self, prefix: &str) -> Subscription {
-        let subscriber = self.next_subscriber.fetch_add(1, Ordering::Relaxed);
-        let (signals, receiver) = mpsc::unbounded_channel();
-        let prefix = prefix.as_bytes().to_vec();
-        let sent = self
-            .commands
-            .send(Command::Subscribe {
-                prefix: prefix.clone(),
-                subscriber,
-                signals,
-            })
-            .is_ok();
-        Subscription {
-            prefix,
-            subscriber,
-            receiver,
-            commands: self.commands.clone(),
-            created: None,
-            ended: !sent,
+    /// Follows `key`, granted at once with create revision `token`, for as long as it is
+    /// held: on the lock's watch, opened from the revision after the grant if there is
+    /// none.
+    pub(crate) fn hold(&self, prefix: &str, key: &str, token: i64, on_lost: OnLost) -> TrackedKey {
+        let mut actions = Vec::new();
+        let registered = self.shared.state().hold(
+            prefix.as_bytes(),
+            key.as_bytes(),
+            token,
+            Some(on_lost),
+            Instant::now(),
+            &mut actions,
+        );
+        self.shared.perform(actions);
+        self.tracked(prefix, key, registered)
+    }
+
+    fn tracked(&self, prefix: &str, key: &str, registered: Registered) -> TrackedKey {
+        TrackedKey {
+            prefix: prefix.as_bytes().to_vec(),
+            key: key.as_bytes().to_vec(),
+            follower: registered.follower,
+            loss: registered.loss,
+            shared: self.shared.clone(),
         }
     }
 }
 
-/// One wait's share of a lock watch.
+/// One acquisition's key followed on its lock's watch, then its guard's: it learns when
+/// the key is deleted under a live lease. Dropping it stops following.
+#[derive(Debug)]
+pub(crate) struct TrackedKey {
+    prefix: Vec<u8>,
+    key: Vec<u8>,
+    follower: u64,
+    loss: Arc<KeyLoss>,
+    shared: Arc<Shared>,
+}
+
+impl TrackedKey {
+    /// The join is answered: the key's create revision is `token`. Returns whether the
+    /// key is already known gone.
+    pub(crate) fn settle(&self, token: i64) -> bool {
+        self.shared
+            .state()
+            .settle_token(&self.prefix, &self.key, self.follower, token)
+    }
+
+    /// The lock is held on this key, seen alive at `verified_through`; `on_lost` decides
+    /// a loss. Returns whether the key is already known gone.
+    pub(crate) fn hold(&self, verified_through: i64, on_lost: OnLost) -> bool {
+        let mut actions = Vec::new();
+        let lost = self.shared.state().hold_tracked(
+            &self.prefix,
+            &self.key,
+            self.follower,
+            verified_through,
+            Some(on_lost),
+            &mut actions,
+        );
+        self.shared.perform(actions);
+        lost
+    }
+
+    /// Whether the key is known deleted.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.loss.is_lost()
+    }
+
+    /// Resolves once the key is known deleted under a live lease (a key that went with
+    /// its lease never resolves this: the session's loss tells that).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only observes.
+    pub(crate) async fn lost(&self) {
+        self.loss.wait().await;
+    }
+}
+
+impl Drop for TrackedKey {
+    fn drop(&mut self) {
+        self.shared
+            .state()
+            .untrack(&self.prefix, &self.key, self.follower, Instant::now());
+    }
+}
+
+/// One waiter's share of a lock watch.
 #[derive(Debug)]
 pub(crate) struct Subscription {
     prefix: Vec<u8>,
-    subscriber: u64,
-    receiver: mpsc::UnboundedReceiver<LockSignal>,
-    commands: mpsc::UnboundedSender<Command>,
-    created: Option<i64>,
-    ended: bool,
+    follower: u64,
+    receiver: mpsc::UnboundedReceiver<Signal>,
+    shared: Arc<Shared>,
+}
+
+/// What a waiter hears next.
+#[derive(Debug)]
+pub(crate) enum Heard {
+    /// Every deletion after this revision reaches the waiter.
+    Covered(i64),
+    /// All the deletions of one revision.
+    Deleted(i64, Vec<Vec<u8>>),
+    /// The watch lost continuity or was refused: read again (and subscribe again).
+    Ended(EndReason),
 }
 
 impl Subscription {
-    /// Waits until the lock watch exists; returns the store revision it was created at
-    /// (every deletion after it is delivered), or `None` if it ended instead.
+    /// The next signal; `Ended` also when the hub is gone.
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: a later call picks up where this one was.
-    pub(crate) async fn ready(&mut self) -> Option<i64> {
-        while self.created.is_none() && !self.ended {
-            match self.receiver.recv().await {
-                Some(LockSignal::Created(revision)) => self.created = Some(revision),
-                // Deletions before the watch is confirmed precede it: the read after it
-                // covers them.
-                Some(LockSignal::Deleted(..)) => {}
-                Some(LockSignal::Ended(_)) | None => self.ended = true,
-            }
-        }
-        if self.ended { None } else { self.created }
-    }
-
-    /// The next key deleted under the lock's prefix, and the revision of its deletion;
-    /// `None` once the watch has ended.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: a deletion not yet taken stays in the queue.
-    pub(crate) async fn next_deletion(&mut self) -> Option<(Vec<u8>, i64)> {
-        if self.ended {
-            return None;
-        }
-        loop {
-            match self.receiver.recv().await {
-                Some(LockSignal::Deleted(key, revision)) => return Some((key, revision)),
-                Some(LockSignal::Created(revision)) => self.created = Some(revision),
-                Some(LockSignal::Ended(_)) | None => {
-                    self.ended = true;
-                    return None;
-                }
-            }
+    /// Cancel safe: a signal not yet taken stays queued.
+    pub(crate) async fn next(&mut self) -> Heard {
+        match self.receiver.recv().await {
+            Some(Signal::Covered(revision)) => Heard::Covered(revision),
+            Some(Signal::Deleted(revision, keys)) => Heard::Deleted(revision, keys),
+            Some(Signal::Ended(why)) => Heard::Ended(why),
+            None => Heard::Ended(EndReason::Gap("the watch task stopped".into())),
         }
     }
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let _ = self.commands.send(Command::Unsubscribe {
-            prefix: std::mem::take(&mut self.prefix),
-            subscriber: self.subscriber,
-        });
+        self.shared
+            .state()
+            .unsubscribe(&self.prefix, self.follower, Instant::now());
     }
 }
 
-/// A lock watch and its subscribers.
-struct LockWatch {
-    id: i64,
-    created: Option<i64>,
-    subscribers: HashMap<u64, mpsc::UnboundedSender<LockSignal>>,
-    /// Since when it has had no subscriber.
-    idle_since: Option<Instant>,
-}
+/// The result of a read that checks the held keys of one prefix.
+type Checked = (Vec<u8>, Result<(i64, Vec<(Vec<u8>, i64)>), String>);
 
 struct HubTask {
     client: Client,
-    next_id: i64,
-    open: Arc<Mutex<HashSet<Vec<u8>>>>,
+    kv: KvClient,
+    /// Weak: the task ends with the last hub handle.
+    shared: std::sync::Weak<Shared>,
     stream: Option<(WatchRequestSender, WatchResponseStream)>,
-    locks: HashMap<Vec<u8>, LockWatch>,
-    lock_ids: HashMap<i64, Vec<u8>>,
-    /// `locks` gained or lost an entry since `open` was last published.
-    open_changed: bool,
+    checks: JoinSet<Checked>,
+    /// When failed watches are asked for again.
+    next_retry: Option<Instant>,
 }
 
 impl HubTask {
-    fn new(client: Client, open: Arc<Mutex<HashSet<Vec<u8>>>>) -> Self {
-        Self {
-            client,
-            next_id: 1,
-            open,
-            stream: None,
-            locks: HashMap::new(),
-            lock_ids: HashMap::new(),
-            open_changed: false,
-        }
-    }
-
-    async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
+    async fn run(mut self, mut actions: mpsc::UnboundedReceiver<Vec<Action>>) {
         loop {
-            let sweep = self.next_sweep();
+            let Some(shared) = self.shared.upgrade() else {
+                return;
+            };
+            let (sweep, failing) = {
+                let state = shared.state();
+                (state.next_sweep(), state.has_failing())
+            };
+            drop(shared);
+            self.next_retry = match (failing, self.next_retry) {
+                (false, _) => None,
+                (true, None) => Some(Instant::now() + RETRY),
+                (true, due) => due,
+            };
+            let wake = match (sweep, self.next_retry) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             tokio::select! {
-                // Commands first: a subscription made before a waiter's read must be in
-                // place before any event after that read is dispatched.
+                // Actions first: a watch asked for must be sent before later answers are
+                // awaited.
                 biased;
-                command = commands.recv() => match command {
-                    Some(command) => self.handle(command).await,
+                batch = actions.recv() => match batch {
+                    Some(batch) => self.perform(batch).await,
                     None => return,
                 },
                 response = next_response(&mut self.stream) => match response {
-                    Ok(Some(response)) => self.dispatch(&response),
-                    Ok(None) => self.break_stream("watch stream ended"),
-                    Err(err) => self.break_stream(&err.to_string()),
+                    Ok(Some(response)) => self.dispatch(&response).await,
+                    Ok(None) => self.broken("watch stream ended").await,
+                    Err(err) => self.broken(&err.to_string()).await,
                 },
-                () = sleep_until_opt(sweep) => self.close_idle().await,
-            }
-            if self.open_changed {
-                self.open_changed = false;
-                self.publish_open();
-            }
-        }
-    }
-
-    /// Publishes which lock watches are open (for `subscribe_if_open`).
-    fn publish_open(&self) {
-        let mut open = self
-            .open
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        open.clear();
-        open.extend(self.locks.keys().cloned());
-    }
-
-    /// When the next idle lock watch is due to close.
-    fn next_sweep(&self) -> Option<Instant> {
-        self.locks
-            .values()
-            .filter_map(|w| w.idle_since)
-            .min()
-            .map(|since| since + LINGER)
-    }
-
-    async fn close_idle(&mut self) {
-        let now = Instant::now();
-        let due: Vec<Vec<u8>> = self
-            .locks
-            .iter()
-            .filter(|(_, w)| w.idle_since.is_some_and(|since| since + LINGER <= now))
-            .map(|(prefix, _)| prefix.clone())
-            .collect();
-        for prefix in due {
-            if let Some(watch) = self.locks.remove(&prefix) {
-                self.open_changed = true;
-                self.lock_ids.remove(&watch.id);
-                self.cancel(watch.id).await;
-            }
-        }
-    }
-
-    async fn handle(&mut self, command: Command) {
-        match command {
-            Command::Subscribe {
-                prefix,
-                subscriber,
-                signals,
-            } => self.subscribe(prefix, subscriber, signals).await,
-            Command::Unsubscribe { prefix, subscriber } => {
-                if let Some(watch) = self.locks.get_mut(&prefix) {
-                    watch.subscribers.remove(&subscriber);
-                    if watch.subscribers.is_empty() {
-                        watch.idle_since = Some(Instant::now());
+                Some(checked) = self.checks.join_next(), if !self.checks.is_empty() => {
+                    if let Ok(checked) = checked {
+                        self.checked(checked).await;
                     }
+                }
+                () = sleep_until_opt(wake) => {
+                    let mut more = Vec::new();
+                    let now = Instant::now();
+                    let retry = self.next_retry.is_some_and(|due| due <= now);
+                    if retry {
+                        self.next_retry = None;
+                    }
+                    if let Some(shared) = self.shared.upgrade() {
+                        let mut state = shared.state();
+                        state.sweep(now, &mut more);
+                        if retry {
+                            state.retry_failing(&mut more);
+                        }
+                    }
+                    self.perform(more).await;
                 }
             }
         }
     }
 
-    async fn subscribe(
-        &mut self,
-        prefix: Vec<u8>,
-        subscriber: u64,
-        signals: mpsc::UnboundedSender<LockSignal>,
-    ) {
-        if let Some(watch) = self.locks.get_mut(&prefix) {
-            if let Some(revision) = watch.created {
-                let _ = signals.send(LockSignal::Created(revision));
-            }
-            watch.subscribers.insert(subscriber, signals);
-            watch.idle_since = None;
-            return;
-        }
-        let id = self.next_id;
-        self.next_id += 1;
-        let options = WatchOptions::new()
-            .with_watch_id(id)
-            .with_prefix()
-            .with_filters([WatchFilterType::NoPut]);
-        match self.send_watch(prefix.clone(), options).await {
-            Ok(()) => {
-                self.open_changed = true;
-                self.lock_ids.insert(id, prefix.clone());
-                self.locks.insert(
-                    prefix,
-                    LockWatch {
-                        id,
-                        created: None,
-                        subscribers: HashMap::from([(subscriber, signals)]),
-                        idle_since: None,
-                    },
-                );
-            }
-            Err(err) => {
-                let _ = signals.send(LockSignal::Ended(err.clone()));
-                self.break_stream(&err);
-            }
+    /// Carries out `actions`, and whatever they lead to.
+    async fn perform(&mut self, actions: Vec<Action>) {
+        let mut queue = std::collections::VecDeque::from(actions);
+        while let Some(action) = queue.pop_front() {
+            let more = match action {
+                Action::Open { prefix, id, start } => self.open(prefix, id, start).await,
+                Action::Cancel { id } => {
+                    if let Some((sender, _)) = &mut self.stream {
+                        if sender.cancel(id).await.is_err() {
+                            self.stream = None;
+                        }
+                    }
+                    Vec::new()
+                }
+                Action::Verify { prefix } => {
+                    self.check(prefix, Duration::ZERO);
+                    Vec::new()
+                }
+            };
+            queue.extend(more);
         }
     }
 
     /// Sends a watch request, opening the stream first if there is none.
-    async fn send_watch(&mut self, key: Vec<u8>, options: WatchOptions) -> Result<(), String> {
-        match &mut self.stream {
+    async fn open(&mut self, prefix: Vec<u8>, id: i64, start: i64) -> Vec<Action> {
+        // Asked for again meanwhile (the stream broke): only the newest request counts,
+        // or the server would keep a watch nobody reads.
+        let current = self
+            .shared
+            .upgrade()
+            .is_some_and(|shared| shared.state().is_current(&prefix, id));
+        if !current {
+            return Vec::new();
+        }
+        let mut options = WatchOptions::new()
+            .with_watch_id(id)
+            .with_prefix()
+            .with_filters([WatchFilterType::NoPut]);
+        if start > 0 {
+            options = options.with_start_revision(start);
+        }
+        let sent = match &mut self.stream {
             Some((sender, _)) => sender
-                .watch(key, Some(options))
+                .watch(prefix, Some(options))
                 .await
                 .map_err(|e| e.to_string()),
             // Bounded: a hub stuck on an unreachable member would stall every wait.
-            None => match tokio::time::timeout(OPEN_TIMEOUT, self.client.watch(key, Some(options)))
-                .await
-            {
-                Ok(Ok(stream)) => {
-                    self.stream = Some(stream.split());
-                    Ok(())
+            None => {
+                match tokio::time::timeout(OPEN_TIMEOUT, self.client.watch(prefix, Some(options)))
+                    .await
+                {
+                    Ok(Ok(stream)) => {
+                        self.stream = Some(stream.split());
+                        Ok(())
+                    }
+                    Ok(Err(err)) => Err(err.to_string()),
+                    Err(_) => Err("opening the watch stream timed out".into()),
                 }
-                Ok(Err(err)) => Err(err.to_string()),
-                Err(_) => Err("opening the watch stream timed out".into()),
-            },
-        }
-    }
-
-    async fn cancel(&mut self, id: i64) {
-        if let Some((sender, _)) = &mut self.stream {
-            if let Err(err) = sender.cancel(id).await {
-                self.break_stream(&err.to_string());
+            }
+        };
+        let mut more = Vec::new();
+        if let Err(why) = sent {
+            tracing::debug!(%why, "could not open a lock watch");
+            self.stream = None;
+            if let Some(shared) = self.shared.upgrade() {
+                shared.state().open_failed(id, &why, &mut more);
             }
         }
+        more
     }
 
-    fn dispatch(&mut self, response: &WatchResponse) {
-        if let Some(prefix) = self.lock_ids.get(&response.watch_id()).cloned() {
-            self.dispatch_lock(&prefix, response);
-        }
-    }
-
-    fn dispatch_lock(&mut self, prefix: &[u8], response: &WatchResponse) {
-        let Some(watch) = self.locks.get_mut(prefix) else {
+    async fn dispatch(&mut self, response: &WatchResponse) {
+        let deletions: Vec<(Vec<u8>, i64)> = response
+            .events()
+            .iter()
+            .filter(|event| event.event_type() == EventType::Delete)
+            .filter_map(|event| event.kv())
+            .map(|kv| (kv.key().to_vec(), kv.mod_revision()))
+            .collect();
+        let mut more = Vec::new();
+        let Some(shared) = self.shared.upgrade() else {
             return;
         };
-        let mut signals = Vec::new();
-        if response.created() {
-            let revision = response.header().map_or(0, |h| h.revision());
-            watch.created = Some(revision);
-            signals.push(LockSignal::Created(revision));
+        shared.state().on_response(
+            response.watch_id(),
+            response.created(),
+            response.canceled(),
+            response.compact_revision(),
+            response.cancel_reason(),
+            response.header().map_or(0, |h| h.revision()),
+            &deletions,
+            &mut more,
+        );
+        drop(shared);
+        self.perform(more).await;
+    }
+
+    /// Every watch on a broken stream is asked again on a new one.
+    async fn broken(&mut self, why: &str) {
+        tracing::debug!(why, "watch stream closed");
+        self.stream = None;
+        let mut more = Vec::new();
+        if let Some(shared) = self.shared.upgrade() {
+            shared.state().stream_broken(&mut more);
         }
-        for event in response.events() {
-            if event.event_type() == EventType::Delete {
-                if let Some(kv) = event.kv() {
-                    signals.push(LockSignal::Deleted(kv.key().to_vec(), kv.mod_revision()));
+        self.perform(more).await;
+    }
+
+    /// Reads the live keys under `prefix` (after `delay`), to check the held keys there.
+    fn check(&mut self, prefix: Vec<u8>, delay: Duration) {
+        let kv = self.kv.clone();
+        self.checks.spawn(async move {
+            tokio::time::sleep(delay).await;
+            let options = GetOptions::new().with_prefix().with_keys_only();
+            let read = call_retrying("watch check", None, VERIFY_TIMEOUT, || {
+                let (mut kv, prefix, options) = (kv.clone(), prefix.clone(), options.clone());
+                async move { kv.get(prefix, Some(options)).await }
+            })
+            .await;
+            let result = read
+                .map(|read| {
+                    let revision = read.header().map_or(0, |h| h.revision());
+                    let live = read
+                        .kvs()
+                        .iter()
+                        .map(|kv| (kv.key().to_vec(), kv.create_revision()))
+                        .collect();
+                    (revision, live)
+                })
+                .map_err(|err| err.to_string());
+            (prefix, result)
+        });
+    }
+
+    async fn checked(&mut self, (prefix, result): Checked) {
+        match result {
+            Ok((revision, live)) => {
+                if let Some(shared) = self.shared.upgrade() {
+                    shared.state().verified(&prefix, revision, &live);
                 }
             }
-        }
-        let canceled = response.canceled();
-        if canceled {
-            signals.push(LockSignal::Ended(cancel_reason(response)));
-        }
-        for sender in watch.subscribers.values() {
-            for signal in &signals {
-                let _ = sender.send(signal.clone());
+            Err(why) => {
+                tracing::debug!(%why, "could not check held keys; retrying");
+                self.check(prefix, RETRY);
             }
         }
-        if canceled {
-            self.lock_ids.remove(&watch.id);
-            self.locks.remove(prefix);
-            self.open_changed = true;
-        }
-    }
-
-    /// Every watch on a broken stream has ended; the next watch opens a new stream.
-    fn break_stream(&mut self, why: &str) {
-        tracing::debug!(why, locks = self.locks.len(), "watch stream closed");
-        self.stream = None;
-        for (_, watch) in self.locks.drain() {
-            for sender in watch.subscribers.values() {
-                let _ = sender.send(LockSignal::Ended(why.to_owned()));
-            }
-        }
-        self.lock_ids.clear();
-        self.open_changed = true;
-    }
-}
-
-fn cancel_reason(response: &WatchResponse) -> String {
-    match response.compact_revision() {
-        0 => format!("watch cancelled: {}", response.cancel_reason()),
-        rev => format!("watch start revision compacted (compact revision {rev})"),
     }
 }
 

@@ -1,5 +1,6 @@
 //! An uncontended lock + release costs exactly two write RPCs, counted by etcd itself: the
-//! acquire transaction and the release's delete.
+//! acquire transaction and the release's delete, guarded by the key's create revision (a
+//! transaction too).
 
 use std::time::Duration;
 
@@ -46,7 +47,10 @@ async fn uncontended_lock_and_release_are_two_requests() {
     let deletes = kv_calls(&cluster, "DeleteRange").await - deletes_before;
     let all = all_kv_calls(&cluster).await - all_before;
 
-    assert_eq!(txns, 1.0, "one transaction to acquire");
-    assert_eq!(deletes, 1.0, "one delete of exactly our key to release");
+    assert_eq!(
+        txns, 2.0,
+        "one transaction to acquire, one guarded delete to release"
+    );
+    assert_eq!(deletes, 0.0, "no unguarded delete");
     assert_eq!(all, 2.0, "no other KV call (range, put)");
 }

@@ -138,3 +138,79 @@ pub async fn locker_through(
         .await
         .expect("connect through the proxy")
 }
+
+/// One etcd member reached by a client over two paths, each through its own fault proxy:
+/// `a` (open) and `b` (refusing connections, so that the client's first connection is
+/// through `a`). Requests kept on `a` and delivered after the client moved to `b` are the
+/// late requests a slow member forwards to the leader after its client gave up.
+pub struct TwoPaths {
+    pub a: fencelock::testkit::FaultProxy,
+    pub b: fencelock::testkit::FaultProxy,
+}
+
+impl TwoPaths {
+    pub async fn start(cluster: &EtcdCluster) -> Self {
+        let member = address(&cluster.endpoint(0));
+        let a = fencelock::testkit::FaultProxy::start(member)
+            .await
+            .expect("proxy a");
+        let b = fencelock::testkit::FaultProxy::start(member)
+            .await
+            .expect("proxy b");
+        b.refuse();
+        Self { a, b }
+    }
+
+    /// A locker whose endpoints are both paths (only `a` accepts for now).
+    pub async fn locker(&self, namespace: &str, request_timeout: Duration) -> EtcdLocker {
+        let config = fencelock::etcd::EtcdConfig::new([self.a.http_url(), self.b.http_url()])
+            .with_namespace(namespace)
+            .with_request_timeout(request_timeout);
+        EtcdLocker::connect(config)
+            .await
+            .expect("connect through path a")
+    }
+
+    /// The client's connection through `a` breaks (what `a` kept stays kept) and `b` opens.
+    pub fn move_to_b(&self) {
+        self.a.sever();
+        self.b.heal();
+    }
+
+    /// The next request the client sends through `a` is kept there and the client's
+    /// connection through `a` breaks at once (`b` stays as it is).
+    pub fn hold_next_request_on_a(&self) {
+        self.a.hold_one_request();
+    }
+}
+
+/// Unary requests (of any service) the member has finished handling, by etcd's own gRPC
+/// counter.
+pub async fn unary_handled(cluster: &EtcdCluster) -> f64 {
+    let metrics = cluster.metrics(0).await.expect("metrics");
+    fencelock::testkit::metric_sum(
+        &metrics,
+        "grpc_server_handled_total",
+        &["grpc_type=\"unary\""],
+    )
+}
+
+/// Delivers the one request `proxy` kept ([`FaultProxy::hold_one_request`]) and waits
+/// until the member has handled it (one more unary request than before): the late
+/// request has been applied, or refused, when this returns.
+pub async fn deliver_late(cluster: &EtcdCluster, proxy: &fencelock::testkit::FaultProxy) {
+    let before = unary_handled(cluster).await;
+    let delivered = proxy.held_requests() as f64;
+    assert_eq!(delivered, 1.0, "one request kept to deliver");
+    proxy.deliver_held();
+    within(
+        Duration::from_secs(10),
+        "the late requests are handled",
+        async {
+            while unary_handled(cluster).await < before + delivered {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        },
+    )
+    .await;
+}

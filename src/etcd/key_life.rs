@@ -1,0 +1,384 @@
+//! The life of one acquisition's lock key, from its name to its deletion: every request
+//! the library sends about a key is made here, so that the rules that keep requests from
+//! harming other acquisitions hold in one place.
+//!
+//! etcd gives no guarantee that a confirmed request proves an earlier attempt of it dead:
+//! an attempt that got no answer (a timeout, a connection that broke after sending) may
+//! be applied later, after a retry through another member was confirmed, after the
+//! caller gave up (`etcdserver/v3_server.go`: a follower forwards a proposal to the leader
+//! whatever becomes of its client). So:
+//!
+//! - **Every delete is guarded by the key's create revision** (the token): a delete sent
+//!   for one acquisition can only ever remove that acquisition's key, however late it
+//!   lands, even though key names are reused (`slots.rs`). The one exception is a key
+//!   whose join got no answer (its create revision is unknown): its name is never used
+//!   again, so a plain delete of it cannot meet anyone else's key.
+//! - **A join whose fate is unknown retires its session** ([`SessionInner::retire`]): the
+//!   join may still create the key later, after every cleanup, under a lease the process
+//!   keeps renewing. A retired session takes no new acquisition, and its lease is revoked
+//!   once its last guard goes, which deletes any such key (a put carrying a revoked lease
+//!   fails whole when it is finally applied: `apply.go` `checkRequestPut`). The key's
+//!   name is never given back, so no later acquisition can mistake the late key for its
+//!   own.
+//! - **A join never adopts a key it did not create**: when a retried join finds its key
+//!   already there, that key must hold this acquisition's value (its kind), or the
+//!   acquisition fails and the session is retired.
+
+use etcd_client::{
+    Compare, CompareOp, GetOptions, GetResponse, PutOptions, Txn, TxnOp, TxnOpResponse,
+};
+use tokio::time::Duration;
+
+use super::call::{Attempts, call_retrying_noting, malformed};
+use super::keys;
+use super::session::{Session, SessionInner};
+use crate::{FencingToken, LockError};
+
+/// One acquisition's key: its name (a slot of its session), what it holds, and whether
+/// any request about it has an unknown outcome.
+#[derive(Debug)]
+pub(super) struct QueueKey {
+    pub(super) session: Session,
+    /// The lock's name.
+    pub(super) name: String,
+    /// The lock's prefix, `<namespace>/<name>/`.
+    pub(super) prefix: String,
+    /// The full key, `<prefix><lease>-<slot>`.
+    pub(super) key: String,
+    slot: u64,
+    /// What the key holds: the kind's marker, or an election candidate's value.
+    value: Vec<u8>,
+    /// A join of this key got no answer: it may still be created later, so its name is
+    /// never given back.
+    join_unknown: bool,
+}
+
+/// What joining the queue found.
+pub(super) enum Joined {
+    /// The key was put now, and this is the read made in the same revision.
+    Now {
+        token: FencingToken,
+        read: GetResponse,
+    },
+    /// An earlier attempt of the same request put it: its token, nothing read.
+    Earlier(FencingToken),
+}
+
+/// What a guarded delete found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Deleted {
+    /// The key with this create revision was there and is gone now.
+    pub(super) removed: bool,
+    /// Some attempt got no answer: when nothing was removed, an earlier attempt may have
+    /// been the one that removed it.
+    pub(super) ambiguous: bool,
+}
+
+impl QueueKey {
+    /// A key for a new acquisition of lock `name` on `session`, holding `value`.
+    pub(super) fn take(session: Session, name: &str, value: Vec<u8>) -> Self {
+        let prefix = keys::lock_prefix(&session.inner.config.namespace, name);
+        let slot = session.inner.slots.take(&prefix);
+        let key = keys::waiter_key(&prefix, session.inner.lease_id(), slot);
+        Self {
+            session,
+            name: name.to_owned(),
+            prefix,
+            key,
+            slot,
+            value,
+            join_unknown: false,
+        }
+    }
+
+    /// Moves the key out for a release that outlives its guard, leaving an empty husk
+    /// behind (the guard is marked released and never uses it again).
+    pub(super) fn detach(&mut self) -> Self {
+        Self {
+            session: self.session.clone(),
+            name: std::mem::take(&mut self.name),
+            prefix: std::mem::take(&mut self.prefix),
+            key: std::mem::take(&mut self.key),
+            slot: self.slot,
+            value: std::mem::take(&mut self.value),
+            join_unknown: self.join_unknown,
+        }
+    }
+
+    pub(super) fn inner(&self) -> &SessionInner {
+        &self.session.inner
+    }
+
+    /// Whether some attempt to create the key got no answer.
+    pub(super) fn join_unknown(&self) -> bool {
+        self.join_unknown
+    }
+
+    /// Records that a join of this key may still land (its call was dropped, or an attempt
+    /// got no answer): the session is retired and the name never given back.
+    pub(super) fn mark_join_unknown(&mut self) {
+        if !self.join_unknown {
+            tracing::debug!(key = self.key, "join outcome unknown; retiring the session");
+            self.join_unknown = true;
+            self.inner().retire();
+        }
+    }
+
+    /// Joins the queue in one transaction: put the key (holding its value) under the
+    /// lease, and run `read` over the lock's prefix in the same revision. The key is the
+    /// newest in the whole store, so everything `read` returns is ahead of it, or it.
+    ///
+    /// The put is guarded by "the key does not exist yet", so the request can be retried
+    /// after a connection failure: if an earlier attempt got through, the retry reads the
+    /// key back instead (and checks it is this acquisition's), and the caller reads its
+    /// place separately.
+    pub(super) async fn create(&mut self, read: GetOptions) -> Result<Joined, LockError> {
+        let inner = self.inner();
+        let put = PutOptions::new().with_lease(inner.lease_id());
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.key.as_str(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([
+                TxnOp::put(self.key.as_str(), self.value.clone(), Some(put)),
+                TxnOp::get(self.prefix.as_str(), Some(read.with_prefix())),
+            ])
+            .or_else([TxnOp::get(self.key.as_str(), None)]);
+        let Attempts { result, ambiguous } = call_retrying_noting(
+            "acquire",
+            Some(self.name.as_str()),
+            inner.config.request_timeout,
+            || {
+                let mut client = inner.kv.clone();
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            },
+        )
+        .await;
+        if ambiguous {
+            self.mark_join_unknown();
+        }
+        let joined = self.joined(result?);
+        if joined.is_err() {
+            // Answered, so applied, but not as this acquisition's key: whatever is there
+            // must not be taken for it, nor its name reused.
+            self.mark_join_unknown();
+        }
+        joined
+    }
+
+    /// What the join's answer says.
+    fn joined(&self, response: etcd_client::TxnResponse) -> Result<Joined, LockError> {
+        let name = Some(self.name.as_str());
+        let succeeded = response.succeeded();
+        let header = response.header().map(|h| h.revision());
+        let mut responses = response.op_responses().into_iter();
+        if !succeeded {
+            let existing = match responses.next() {
+                Some(TxnOpResponse::Get(mine)) => mine.kvs().first().cloned(),
+                _ => None,
+            };
+            let existing =
+                existing.ok_or_else(|| malformed("acquire", name, "existing key not returned"))?;
+            if existing.value() != self.value.as_slice() {
+                // Not this acquisition's: never adopt it (a late join of another kind would
+                // make a reader's key a writer's).
+                return Err(LockError::Backend {
+                    backend: crate::Backend::Etcd,
+                    operation: "acquire",
+                    lock: Some(self.name.clone()),
+                    source: format!(
+                        "key {} already exists with another value; the session is retired",
+                        self.key
+                    )
+                    .into(),
+                });
+            }
+            let token = FencingToken::from_revision(existing.create_revision())
+                .ok_or_else(|| malformed("acquire", name, "existing key without revision"))?;
+            return Ok(Joined::Earlier(token));
+        }
+        let token = header
+            .and_then(FencingToken::from_revision)
+            .ok_or_else(|| malformed("acquire", name, "missing header revision"))?;
+        match responses.nth(1) {
+            Some(TxnOpResponse::Get(read)) => Ok(Joined::Now { token, read }),
+            _ => Err(malformed("acquire", name, "missing range result")),
+        }
+    }
+
+    /// Deletes the key if it is still the one created at `token` (or, with no token,
+    /// whatever carries its name: only for a key whose join got no answer, a name never
+    /// used again). Retried through other members; see [`Deleted`].
+    pub(super) async fn delete(&self, token: Option<FencingToken>) -> Result<Deleted, LockError> {
+        let inner = self.inner();
+        let timeout = inner.config.request_timeout;
+        let name = Some(self.name.as_str());
+        let Attempts { result, ambiguous } = match token {
+            Some(token) => {
+                let txn = Txn::new()
+                    .when([Compare::create_revision(
+                        self.key.as_str(),
+                        CompareOp::Equal,
+                        token.as_revision(),
+                    )])
+                    .and_then([TxnOp::delete(self.key.as_str(), None)]);
+                call_retrying_noting("release", name, timeout, || {
+                    let mut client = inner.kv.clone();
+                    let txn = txn.clone();
+                    async move { client.txn(txn).await.map(|r| r.succeeded()) }
+                })
+                .await
+            }
+            None => {
+                call_retrying_noting("release", name, timeout, || {
+                    let mut client = inner.kv.clone();
+                    async move {
+                        client
+                            .delete(self.key.as_str(), None)
+                            .await
+                            .map(|r| r.deleted() > 0)
+                    }
+                })
+                .await
+            }
+        };
+        let removed = result?;
+        Ok(Deleted { removed, ambiguous })
+    }
+
+    /// The key is confirmed gone (or was never made): its name may serve the next
+    /// acquisition, unless a join of it may still land.
+    pub(super) fn give_back(&self) {
+        if !self.join_unknown {
+            self.inner().slots.give_back(&self.prefix, self.slot);
+        }
+    }
+
+    /// Deletes the key (guarded by `token` when known), retrying until etcd confirms it or
+    /// the session is gone (its lease then takes the key with it), then gives its name
+    /// back. On a shared, renewed session a key left behind would block the lock for as
+    /// long as the process lives.
+    pub(super) async fn remove(&self, token: Option<FencingToken>) -> Option<Deleted> {
+        let inner = self.inner();
+        let mut backoff = Backoff::new();
+        while inner.is_alive() {
+            match self.delete(token).await {
+                Ok(deleted) => {
+                    self.give_back();
+                    return Some(deleted);
+                }
+                // Not allowed to delete it means not allowed to have written it either.
+                Err(err) if err.is_permission_denied() => {
+                    self.give_back();
+                    return None;
+                }
+                Err(err) => {
+                    tracing::debug!(%err, key = self.key, "could not remove our key; retrying");
+                    backoff.wait().await;
+                }
+            }
+        }
+        tracing::debug!(key = self.key, "session gone: its lease removes our key");
+        None
+    }
+}
+
+/// Removes a key whose acquisition was dropped before it could: armed while the key may
+/// exist with nobody else to remove it. Dropped armed, it removes the key in the
+/// background; if the key's join had no answer yet, that join may still land, so the
+/// session is retired first.
+pub(super) struct Cleanup {
+    armed: Option<(QueueKey, Option<FencingToken>)>,
+}
+
+impl Cleanup {
+    /// Armed for `key`, whose join is not answered yet.
+    pub(super) fn joining(key: QueueKey) -> Self {
+        Self {
+            armed: Some((key, None)),
+        }
+    }
+
+    /// Armed for `key`, created at `token`.
+    pub(super) fn joined(key: QueueKey, token: FencingToken) -> Self {
+        Self {
+            armed: Some((key, Some(token))),
+        }
+    }
+
+    /// The key, while armed.
+    pub(super) fn key(&self) -> Option<&QueueKey> {
+        self.armed.as_ref().map(|(key, _)| key)
+    }
+
+    /// The key, while armed (to create it).
+    pub(super) fn key_mut(&mut self) -> Option<&mut QueueKey> {
+        self.armed.as_mut().map(|(key, _)| key)
+    }
+
+    /// The join is answered: the key was created at `token`.
+    pub(super) fn created(&mut self, token: FencingToken) {
+        if let Some((_, known)) = &mut self.armed {
+            *known = Some(token);
+        }
+    }
+
+    /// Takes the key back: someone else (a guard, a waiting task) is responsible now.
+    pub(super) fn disarm(&mut self) -> Option<QueueKey> {
+        self.armed.take().map(|(key, _)| key)
+    }
+
+    /// Removes the key, answering within `allowance`; if etcd does not confirm it by then,
+    /// the removal goes on in the background.
+    pub(super) async fn leave(mut self, allowance: Duration) {
+        let Some((key, token)) = self.armed.take() else {
+            return;
+        };
+        let removed = tokio::time::timeout(allowance, key.remove(token)).await;
+        if removed.is_err() {
+            tracing::warn!(key = key.key, "queue entry not removed yet; still trying");
+            self.armed = Some((key, token));
+            // Dropped armed: the removal goes on in the background.
+        }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let Some((mut key, token)) = self.armed.take() else {
+            return;
+        };
+        if token.is_none() {
+            // Dropped while the join was in flight: it may still land.
+            key.mark_join_unknown();
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                key.remove(token).await;
+            });
+        }
+    }
+}
+
+/// Delay between retries after a failure, doubling from 50 ms to 1 s.
+pub(super) struct Backoff(Duration);
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(50);
+
+    pub(super) fn new() -> Self {
+        Self(Self::FIRST)
+    }
+
+    pub(super) fn reset(&mut self) {
+        self.0 = Self::FIRST;
+    }
+
+    pub(super) async fn wait(&mut self) {
+        tokio::time::sleep(self.0).await;
+        self.0 = (self.0 * 2).min(Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,984 @@
+//! What the client's watches of lock prefixes know, without any I/O: who follows each lock
+//! (waiters, and the keys of acquisitions and holders), since which revision every deletion
+//! reaches them, and what must be asked of etcd next. `watch_hub.rs` carries the actions
+//! out and feeds the responses in; keeping the rules here makes them testable exactly.
+//!
+//! The rules:
+//!
+//! - **Coverage.** A follower registered now sees every deletion with a revision above
+//!   `max(covered, last dispatched)`: `covered` is where the watch started (the `created`
+//!   answer's revision for a watch from "now"; `start - 1` for a watch from a given
+//!   revision), and deletions already dispatched went to the followers registered then.
+//!   Taking only `covered` loses the deletions dispatched between the watch's creation and
+//!   the registration: a waiter that trusted an older read then waits for a key that is
+//!   long gone (the contended benchmark deadlocked on exactly that).
+//! - **Whole revisions.** etcd sends every event of one revision in one response (a
+//!   prefix delete, a revoked lease: `mvcc/watchable_store.go` `notify`, `eventBatch`),
+//!   so deletions are dispatched grouped by revision, and a waiter decides on a revision
+//!   only after all of it.
+//! - **Continuity.** When the stream breaks the watch is opened again from the revision
+//!   after the last one it covered: followers see nothing but a delay. When that revision
+//!   is compacted (or the server refuses the watch), continuity is lost: waiters are told
+//!   to read again, and the keys followed are checked by a read.
+//! - **Keys.** A key followed through an acquisition (a [`KeyEntry`]) is lost when a
+//!   deletion of its name comes after its create revision, or when a read after a gap
+//!   finds it missing or carrying another create revision.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::{Notify, mpsc};
+use tokio::time::{Duration, Instant};
+
+/// How long a lock watch stays open after its last follower left: successive waits and
+/// grants on one lock (a busy queue) find it open and synced.
+pub(crate) const LINGER: Duration = Duration::from_secs(10);
+
+/// What a waiter hears.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Signal {
+    /// Every deletion after this revision reaches the waiter from now on.
+    Covered(i64),
+    /// These keys under the lock's prefix were deleted at this revision: all of that
+    /// revision's deletions.
+    Deleted(i64, Vec<Vec<u8>>),
+    /// Continuity is lost: the waiter must read its place again and follow anew.
+    Ended(EndReason),
+}
+
+/// Why a watch stopped serving its waiters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum EndReason {
+    /// The revision to resume from was compacted, or the watch broke and could not be
+    /// resumed: read again, then follow a new watch.
+    Gap(String),
+    /// The server refuses to watch the prefix (permission denied): retrying will not help.
+    Refused(String),
+}
+
+/// What the I/O side must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Action {
+    /// Create watch `id` over `prefix`, deletions only, from `start` (0: from now).
+    Open {
+        prefix: Vec<u8>,
+        id: i64,
+        start: i64,
+    },
+    /// Cancel watch `id`.
+    Cancel { id: i64 },
+    /// Read the live keys under `prefix` and report them with [`HubState::verified`]: the
+    /// keys followed there may have been deleted while nothing watched.
+    Verify { prefix: Vec<u8> },
+}
+
+/// The loss flag of one followed key, shared with its acquisition and then its guard.
+///
+/// A key can be known gone before it is known *why*: a revoked lease deletes its keys,
+/// and the deletion may reach the watch before the keep-alive hears of the revocation.
+/// So a loss is marked at once (`is_lost`), and decided (`wait` resolves) once the
+/// guard's lease has been checked; see [`OnLost`].
+#[derive(Debug, Default)]
+pub(crate) struct KeyLoss {
+    lost: AtomicBool,
+    decided: AtomicBool,
+    notify: Notify,
+}
+
+impl KeyLoss {
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    /// Marks the key lost; returns whether this call did.
+    fn mark(&self) -> bool {
+        !self.lost.swap(true, Ordering::AcqRel)
+    }
+
+    /// The loss is decided to be the key's own (its lease lives, or nobody could tell).
+    pub(crate) fn decide(&self) {
+        self.lost.store(true, Ordering::Release);
+        if !self.decided.swap(true, Ordering::AcqRel) {
+            self.notify.notify_waiters();
+        }
+    }
+
+    /// Resolves once the loss is decided to be the key's own.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only observes.
+    pub(crate) async fn wait(&self) {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.decided.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Called (under the hub's lock: it must only start work) when a held key is found gone,
+/// to find out whether its lease went with it and to decide the loss.
+pub(crate) type OnLost = Arc<dyn Fn(Arc<KeyLoss>) + Send + Sync>;
+
+/// An [`OnLost`] kept in an entry.
+struct Callback(OnLost);
+
+impl std::fmt::Debug for Callback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnLost")
+    }
+}
+
+/// One acquisition's key, followed from before (or just after) its join until its guard
+/// ends.
+#[derive(Debug)]
+struct KeyEntry {
+    id: u64,
+    /// The key's create revision, once the join's answer is in.
+    token: Option<i64>,
+    /// Whether a guard holds the lock on this key, and what to do when it is lost.
+    held: bool,
+    on_lost: Option<Callback>,
+    /// The latest revision at which the key's name was seen deleted or absent (before the
+    /// token is known: a deletion after the token means this key went).
+    gone_at: i64,
+    /// Deletions after this revision reach the entry.
+    covered_after: Option<i64>,
+    /// The revision up to which the acquisition itself saw its key alive (its join, or a
+    /// read of its place); coverage must reach back to it.
+    verified_through: i64,
+    loss: Arc<KeyLoss>,
+}
+
+impl KeyEntry {
+    /// Records that the key's name was deleted (or found absent) at `revision`; returns
+    /// whether the key is now known lost, and whether that loss is a held lock's.
+    fn gone(&mut self, revision: i64) -> Option<bool> {
+        self.gone_at = self.gone_at.max(revision);
+        self.check()
+    }
+
+    /// Whether the key is known lost (marking it): `Some(held)` the first time. A held
+    /// key's loss is decided through its callback; any other's at once.
+    fn check(&mut self) -> Option<bool> {
+        match self.token {
+            Some(token) if self.gone_at > token && self.loss.mark() => {
+                match (&self.on_lost, self.held) {
+                    (Some(Callback(on_lost)), true) => on_lost(self.loss.clone()),
+                    _ => self.loss.decide(),
+                }
+                Some(self.held)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether a held key's deletions may have gone unseen: between what its acquisition
+    /// saw and where the watch's coverage starts (or while no watch covers it). Keys not
+    /// held yet are their acquisition's business: a waiter reads its place again itself.
+    fn has_gap(&self, phase: Phase) -> bool {
+        if !self.held || self.token.is_none() {
+            return false;
+        }
+        match self.covered_after {
+            Some(covered) => covered > self.verified_through,
+            // Asked for: decided when it is created.
+            None => phase != Phase::Requested,
+        }
+    }
+}
+
+/// Where a lock watch stands with the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Asked for; no `created` answer yet.
+    Requested,
+    /// Created and delivering.
+    Open,
+    /// Refused by the server or unreachable: asked again after a pause.
+    Failing,
+}
+
+#[derive(Debug)]
+struct LockWatch {
+    id: i64,
+    /// The revision it was asked to start from (0: from now).
+    start: i64,
+    phase: Phase,
+    /// Every deletion after this revision is or will be dispatched; `None` until known.
+    covered: Option<i64>,
+    /// The highest revision dispatched.
+    last_dispatched: i64,
+    waiters: HashMap<u64, mpsc::UnboundedSender<Signal>>,
+    keys: HashMap<Vec<u8>, KeyEntry>,
+    idle_since: Option<Instant>,
+}
+
+impl LockWatch {
+    fn new(id: i64, start: i64, now: Instant) -> Self {
+        Self {
+            id,
+            start,
+            phase: Phase::Requested,
+            // A watch from a given revision covers what follows it from the start.
+            covered: (start > 0).then_some(start - 1),
+            last_dispatched: 0,
+            waiters: HashMap::new(),
+            keys: HashMap::new(),
+            idle_since: Some(now),
+        }
+    }
+
+    /// What a follower registered now is covered from, if known yet.
+    fn coverage(&self) -> Option<i64> {
+        self.covered.map(|c| c.max(self.last_dispatched))
+    }
+
+    fn is_idle(&self) -> bool {
+        self.waiters.is_empty() && self.keys.is_empty()
+    }
+
+    fn touch(&mut self) {
+        self.idle_since = None;
+    }
+
+    fn settle(&mut self, now: Instant) {
+        if self.is_idle() && self.idle_since.is_none() {
+            self.idle_since = Some(now);
+        }
+    }
+}
+
+/// Everything the hub knows; see the module docs.
+#[derive(Debug, Default)]
+pub(crate) struct HubState {
+    locks: HashMap<Vec<u8>, LockWatch>,
+    by_id: HashMap<i64, Vec<u8>>,
+    /// Watch ids asked for and not yet answered, in order: a refused watch is answered
+    /// with id -1 (`v3rpc/watch.go`), so it is matched to the oldest one asked.
+    pending: VecDeque<i64>,
+    next_id: i64,
+    next_follower: u64,
+}
+
+/// A key follower's registration: its number (to settle or drop it), and its loss flag.
+#[derive(Debug)]
+pub(crate) struct Registered {
+    pub(crate) follower: u64,
+    pub(crate) loss: Arc<KeyLoss>,
+}
+
+impl HubState {
+    fn new_id(&mut self) -> i64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    fn new_follower(&mut self) -> u64 {
+        self.next_follower += 1;
+        self.next_follower
+    }
+
+    /// Whether `id` is the watch of `prefix` now asked for.
+    pub(crate) fn is_current(&self, prefix: &[u8], id: i64) -> bool {
+        self.locks.get(prefix).is_some_and(|w| w.id == id)
+    }
+
+    /// Whether a watch of `prefix` exists (open or being opened).
+    pub(crate) fn is_open(&self, prefix: &[u8]) -> bool {
+        self.locks.contains_key(prefix)
+    }
+
+    /// The watch of `prefix`, asked for (from `start`, 0: now) if there is none.
+    fn watch(
+        &mut self,
+        prefix: &[u8],
+        start: i64,
+        now: Instant,
+        actions: &mut Vec<Action>,
+    ) -> &mut LockWatch {
+        let watch = match self.locks.entry(prefix.to_vec()) {
+            std::collections::hash_map::Entry::Occupied(open) => open.into_mut(),
+            std::collections::hash_map::Entry::Vacant(missing) => {
+                self.next_id += 1;
+                let id = self.next_id;
+                self.by_id.insert(id, prefix.to_vec());
+                self.pending.push_back(id);
+                actions.push(Action::Open {
+                    prefix: prefix.to_vec(),
+                    id,
+                    start,
+                });
+                missing.insert(LockWatch::new(id, start, now))
+            }
+        };
+        watch.touch();
+        watch
+    }
+
+    /// Registers a waiter on `prefix` (opening the watch from now if there is none). It
+    /// hears [`Signal::Covered`] at once if the coverage is known, else when it is.
+    pub(crate) fn subscribe(
+        &mut self,
+        prefix: &[u8],
+        signals: mpsc::UnboundedSender<Signal>,
+        now: Instant,
+        actions: &mut Vec<Action>,
+    ) -> u64 {
+        let follower = self.new_follower();
+        let watch = self.watch(prefix, 0, now, actions);
+        if let Some(coverage) = watch.coverage() {
+            let _ = signals.send(Signal::Covered(coverage));
+        }
+        watch.waiters.insert(follower, signals);
+        follower
+    }
+
+    /// Removes waiter `follower`.
+    pub(crate) fn unsubscribe(&mut self, prefix: &[u8], follower: u64, now: Instant) {
+        if let Some(watch) = self.locks.get_mut(prefix) {
+            watch.waiters.remove(&follower);
+            watch.settle(now);
+        }
+    }
+
+    /// Follows `key` under `prefix` from now on, before its token is known (the join is
+    /// yet to be answered, or a waiter has not read its place yet). The watch must exist
+    /// (`open` first, or check [`is_open`](Self::is_open)); `None` otherwise.
+    pub(crate) fn track(&mut self, prefix: &[u8], key: &[u8]) -> Option<Registered> {
+        let follower = self.new_follower();
+        let watch = self.locks.get_mut(prefix)?;
+        watch.touch();
+        let loss = Arc::new(KeyLoss::default());
+        watch.keys.insert(
+            key.to_vec(),
+            KeyEntry {
+                id: follower,
+                token: None,
+                held: false,
+                on_lost: None,
+                gone_at: 0,
+                covered_after: watch.coverage(),
+                verified_through: 0,
+                loss: loss.clone(),
+            },
+        );
+        Some(Registered { follower, loss })
+    }
+
+    /// The join of tracked `key` is answered: its create revision is `token`. Returns
+    /// whether the key is already known gone (a deletion of it was seen).
+    pub(crate) fn settle_token(
+        &mut self,
+        prefix: &[u8],
+        key: &[u8],
+        follower: u64,
+        token: i64,
+    ) -> bool {
+        let Some(entry) = self.entry(prefix, key, follower) else {
+            return false;
+        };
+        entry.token = Some(token);
+        entry.check();
+        entry.loss.is_lost()
+    }
+
+    /// The tracked key's acquisition holds the lock now, having seen its key alive at
+    /// `verified_through` (its join, or its last read of its place). Asks for a check by
+    /// read if the watch's coverage does not reach back that far. Returns whether the key
+    /// is already known gone.
+    pub(crate) fn hold_tracked(
+        &mut self,
+        prefix: &[u8],
+        key: &[u8],
+        follower: u64,
+        verified_through: i64,
+        on_lost: Option<OnLost>,
+        actions: &mut Vec<Action>,
+    ) -> bool {
+        let Some(watch) = self.locks.get_mut(prefix) else {
+            return false;
+        };
+        let phase = watch.phase;
+        let Some(entry) = watch.keys.get_mut(key).filter(|e| e.id == follower) else {
+            return false;
+        };
+        entry.held = true;
+        entry.on_lost = on_lost.map(Callback);
+        entry.verified_through = entry.verified_through.max(verified_through);
+        if entry.loss.is_lost() {
+            return true;
+        }
+        if entry.has_gap(phase) {
+            actions.push(Action::Verify {
+                prefix: prefix.to_vec(),
+            });
+        }
+        false
+    }
+
+    /// Follows a key granted at once (`token`, its join's revision) that was not tracked
+    /// before its join: opens the watch from the revision after the grant if there is none
+    /// (so nothing is missed), else checks by read if the watch starts later.
+    pub(crate) fn hold(
+        &mut self,
+        prefix: &[u8],
+        key: &[u8],
+        token: i64,
+        on_lost: Option<OnLost>,
+        now: Instant,
+        actions: &mut Vec<Action>,
+    ) -> Registered {
+        let follower = self.new_follower();
+        let watch = self.watch(prefix, token + 1, now, actions);
+        let loss = Arc::new(KeyLoss::default());
+        let entry = KeyEntry {
+            id: follower,
+            token: Some(token),
+            held: true,
+            on_lost: on_lost.map(Callback),
+            gone_at: 0,
+            covered_after: watch.coverage(),
+            verified_through: token,
+            loss: loss.clone(),
+        };
+        let gap = entry.has_gap(watch.phase);
+        watch.keys.insert(key.to_vec(), entry);
+        if gap {
+            actions.push(Action::Verify {
+                prefix: prefix.to_vec(),
+            });
+        }
+        Registered { follower, loss }
+    }
+
+    /// Stops following `key` (its guard ended, or its acquisition gave up).
+    pub(crate) fn untrack(&mut self, prefix: &[u8], key: &[u8], follower: u64, now: Instant) {
+        if let Some(watch) = self.locks.get_mut(prefix) {
+            if watch.keys.get(key).is_some_and(|e| e.id == follower) {
+                watch.keys.remove(key);
+            }
+            watch.settle(now);
+        }
+    }
+
+    fn entry(&mut self, prefix: &[u8], key: &[u8], follower: u64) -> Option<&mut KeyEntry> {
+        self.locks
+            .get_mut(prefix)?
+            .keys
+            .get_mut(key)
+            .filter(|e| e.id == follower)
+    }
+
+    /// Applies one watch response. `deletions` are its delete events as (key, revision),
+    /// in order. Returns the number of held locks found lost.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn on_response(
+        &mut self,
+        watch_id: i64,
+        created: bool,
+        canceled: bool,
+        compact_revision: i64,
+        cancel_reason: &str,
+        header_revision: i64,
+        deletions: &[(Vec<u8>, i64)],
+        actions: &mut Vec<Action>,
+    ) -> usize {
+        let id = if created {
+            // Answers to creates come in the order asked; a refused one carries id -1.
+            let answered = if watch_id == -1 {
+                self.pending.pop_front()
+            } else {
+                self.pending.retain(|p| *p != watch_id);
+                Some(watch_id)
+            };
+            match answered {
+                Some(id) => id,
+                None => return 0,
+            }
+        } else {
+            watch_id
+        };
+        let Some(prefix) = self.by_id.get(&id).cloned() else {
+            return 0;
+        };
+        let Some(watch) = self.locks.get_mut(&prefix) else {
+            return 0;
+        };
+        if watch.id != id {
+            return 0;
+        }
+        if created && !canceled {
+            watch.phase = Phase::Open;
+            if watch.covered.is_none() {
+                watch.covered = Some(header_revision);
+                let coverage = watch.coverage().unwrap_or(header_revision);
+                for signals in watch.waiters.values() {
+                    let _ = signals.send(Signal::Covered(coverage));
+                }
+                let mut gap = false;
+                for entry in watch.keys.values_mut() {
+                    entry.covered_after = Some(coverage);
+                    gap |= entry.has_gap(Phase::Open);
+                }
+                if gap {
+                    actions.push(Action::Verify {
+                        prefix: prefix.clone(),
+                    });
+                }
+            }
+        }
+        let mut held_lost = 0;
+        let mut i = 0;
+        while i < deletions.len() {
+            let revision = deletions[i].1;
+            let mut keys = Vec::new();
+            while i < deletions.len() && deletions[i].1 == revision {
+                keys.push(deletions[i].0.clone());
+                i += 1;
+            }
+            for key in &keys {
+                if let Some(entry) = watch.keys.get_mut(key) {
+                    if entry.gone(revision) == Some(true) {
+                        held_lost += 1;
+                    }
+                }
+            }
+            watch.last_dispatched = watch.last_dispatched.max(revision);
+            for signals in watch.waiters.values() {
+                let _ = signals.send(Signal::Deleted(revision, keys.clone()));
+            }
+        }
+        if canceled {
+            self.ended(&prefix, compact_revision, cancel_reason, actions);
+        }
+        held_lost
+    }
+
+    /// Watch of `prefix` was cancelled by the server.
+    fn ended(
+        &mut self,
+        prefix: &[u8],
+        compact_revision: i64,
+        reason: &str,
+        actions: &mut Vec<Action>,
+    ) {
+        let refused = compact_revision == 0 && reason.contains("permission denied");
+        let why = if compact_revision != 0 {
+            format!("watch start revision compacted (compact revision {compact_revision})")
+        } else if reason.is_empty() {
+            "watch cancelled by the server".to_owned()
+        } else {
+            format!("watch cancelled: {reason}")
+        };
+        let end = if refused {
+            EndReason::Refused(why)
+        } else {
+            EndReason::Gap(why)
+        };
+        self.lose_continuity(prefix, end, !refused, actions);
+    }
+
+    /// Continuity of `prefix`'s watch is lost: waiters are told to read again, and (when
+    /// `reopen`) a watch from now is asked for, whose creation checks the held keys by
+    /// read (a read now would miss deletions before the new watch exists). Otherwise the
+    /// held keys are checked now, and again each time the watch is asked for anew
+    /// ([`retry_failing`](Self::retry_failing)).
+    fn lose_continuity(
+        &mut self,
+        prefix: &[u8],
+        end: EndReason,
+        reopen: bool,
+        actions: &mut Vec<Action>,
+    ) {
+        let id = self.new_id();
+        let Some(watch) = self.locks.get_mut(prefix) else {
+            return;
+        };
+        for signals in watch.waiters.values() {
+            let _ = signals.send(Signal::Ended(end.clone()));
+        }
+        watch.waiters.clear();
+        self.by_id.remove(&watch.id);
+        watch.id = id;
+        watch.start = 0;
+        watch.covered = None;
+        for entry in watch.keys.values_mut() {
+            entry.covered_after = None;
+        }
+        if !reopen && watch.keys.values().any(|e| e.held) {
+            actions.push(Action::Verify {
+                prefix: prefix.to_vec(),
+            });
+        }
+        if reopen && !watch.keys.is_empty() {
+            watch.phase = Phase::Requested;
+            self.by_id.insert(id, prefix.to_vec());
+            self.pending.push_back(id);
+            actions.push(Action::Open {
+                prefix: prefix.to_vec(),
+                id,
+                start: 0,
+            });
+        } else if watch.keys.is_empty() {
+            // Nobody left to serve: forget it.
+            self.locks.remove(prefix);
+        } else {
+            watch.phase = Phase::Failing;
+        }
+    }
+
+    /// The watch stream broke: every watch is asked again from the revision after the one
+    /// it covered (followers notice only a delay); a watch whose coverage was not known
+    /// yet is asked again from where it was asked.
+    pub(crate) fn stream_broken(&mut self, actions: &mut Vec<Action>) {
+        self.pending.clear();
+        let prefixes: Vec<Vec<u8>> = self.locks.keys().cloned().collect();
+        for prefix in prefixes {
+            let id = self.new_id();
+            let Some(watch) = self.locks.get_mut(&prefix) else {
+                continue;
+            };
+            self.by_id.remove(&watch.id);
+            watch.id = id;
+            let start = match watch.coverage() {
+                Some(coverage) => coverage + 1,
+                None => watch.start,
+            };
+            watch.start = start;
+            watch.phase = Phase::Requested;
+            self.by_id.insert(id, prefix.clone());
+            self.pending.push_back(id);
+            actions.push(Action::Open { prefix, id, start });
+        }
+    }
+
+    /// A watch could not even be asked for (no stream could be opened): its waiters read
+    /// again; its keys are checked by read and the watch is asked again later.
+    pub(crate) fn open_failed(&mut self, id: i64, why: &str, actions: &mut Vec<Action>) {
+        let Some(prefix) = self.by_id.get(&id).cloned() else {
+            return;
+        };
+        self.pending.retain(|p| *p != id);
+        self.lose_continuity(&prefix, EndReason::Gap(why.to_owned()), false, actions);
+    }
+
+    /// Asks again for the watches that failed (called after a pause).
+    pub(crate) fn retry_failing(&mut self, actions: &mut Vec<Action>) {
+        let failing: Vec<Vec<u8>> = self
+            .locks
+            .iter()
+            .filter(|(_, w)| w.phase == Phase::Failing)
+            .map(|(p, _)| p.clone())
+            .collect();
+        for prefix in failing {
+            let id = self.new_id();
+            if let Some(watch) = self.locks.get_mut(&prefix) {
+                watch.id = id;
+                watch.phase = Phase::Requested;
+                self.by_id.insert(id, prefix.clone());
+                self.pending.push_back(id);
+                actions.push(Action::Open {
+                    prefix,
+                    id,
+                    start: 0,
+                });
+            }
+        }
+    }
+
+    /// Whether some watch failed and waits to be asked again.
+    pub(crate) fn has_failing(&self) -> bool {
+        self.locks.values().any(|w| w.phase == Phase::Failing)
+    }
+
+    /// The live keys under `prefix`, read at `revision` (a read made after the gap it
+    /// covers), as (key, create revision). Returns the number of held locks found lost.
+    pub(crate) fn verified(
+        &mut self,
+        prefix: &[u8],
+        revision: i64,
+        live: &[(Vec<u8>, i64)],
+    ) -> usize {
+        let Some(watch) = self.locks.get_mut(prefix) else {
+            return 0;
+        };
+        let live: HashMap<&[u8], i64> = live.iter().map(|(k, c)| (k.as_slice(), *c)).collect();
+        let mut held_lost = 0;
+        for (key, entry) in &mut watch.keys {
+            let lost = match live.get(key.as_slice()) {
+                // Another key of the same name: ours went before it.
+                Some(created) if entry.token.is_some_and(|t| t != *created) => entry.gone(revision),
+                Some(_) => None,
+                None => entry.gone(revision),
+            };
+            if lost == Some(true) {
+                held_lost += 1;
+            }
+            entry.verified_through = entry.verified_through.max(revision);
+        }
+        held_lost
+    }
+
+    /// When the next idle watch is due to close.
+    pub(crate) fn next_sweep(&self) -> Option<Instant> {
+        self.locks
+            .values()
+            .filter_map(|w| w.idle_since)
+            .min()
+            .map(|since| since + LINGER)
+    }
+
+    /// Closes the watches idle for [`LINGER`].
+    pub(crate) fn sweep(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        let due: Vec<Vec<u8>> = self
+            .locks
+            .iter()
+            .filter(|(_, w)| w.is_idle() && w.idle_since.is_some_and(|s| s + LINGER <= now))
+            .map(|(p, _)| p.clone())
+            .collect();
+        for prefix in due {
+            if let Some(watch) = self.locks.remove(&prefix) {
+                self.by_id.remove(&watch.id);
+                self.pending.retain(|p| *p != watch.id);
+                actions.push(Action::Cancel { id: watch.id });
+            }
+        }
+    }
+
+    /// The prefixes with a watch, for tests and inspection.
+    #[cfg(test)]
+    fn watched(&self) -> usize {
+        self.locks.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: &[u8] = b"ns/x/";
+
+    fn open_now(state: &mut HubState, now: Instant) -> (u64, mpsc::UnboundedReceiver<Signal>, i64) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut actions = Vec::new();
+        let follower = state.subscribe(P, tx, now, &mut actions);
+        let id = match actions.as_slice() {
+            [Action::Open { id, start: 0, .. }] => *id,
+            other => panic!("{other:?}"),
+        };
+        (follower, rx, id)
+    }
+
+    fn created(state: &mut HubState, id: i64, revision: i64) {
+        state.on_response(id, true, false, 0, "", revision, &[], &mut Vec::new());
+    }
+
+    fn deleted(state: &mut HubState, id: i64, keys: &[(&[u8], i64)]) -> usize {
+        let deletions: Vec<(Vec<u8>, i64)> = keys.iter().map(|(k, r)| (k.to_vec(), *r)).collect();
+        let last = deletions.last().map_or(0, |d| d.1);
+        state.on_response(id, false, false, 0, "", last, &deletions, &mut Vec::new())
+    }
+
+    #[test]
+    fn a_waiter_registered_after_a_dispatch_is_covered_from_that_dispatch() {
+        // The deadlock of the contended benchmark: the watch was created at 90, a deletion
+        // at 101 was dispatched, then a waiter whose read is at 100 subscribed. It must
+        // learn that it is covered only from 101 (and read again), never from 90.
+        let now = Instant::now();
+        let mut state = HubState::default();
+        let (_first, _rx, id) = open_now(&mut state, now);
+        created(&mut state, id, 90);
+        deleted(&mut state, id, &[(b"ns/x/a", 101)]);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        state.subscribe(P, tx, now, &mut Vec::new());
+        match rx.try_recv() {
+            Ok(Signal::Covered(revision)) => assert!(revision >= 101, "covered from {revision}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn deletions_of_one_revision_arrive_together() {
+        let now = Instant::now();
+        let mut state = HubState::default();
+        let (_f, mut rx, id) = open_now(&mut state, now);
+        created(&mut state, id, 10);
+        assert_eq!(rx.try_recv(), Ok(Signal::Covered(10)));
+        deleted(
+            &mut state,
+            id,
+            &[(b"ns/x/a", 11), (b"ns/x/b", 11), (b"ns/x/c", 12)],
+        );
+        assert_eq!(
+            rx.try_recv(),
+            Ok(Signal::Deleted(
+                11,
+                vec![b"ns/x/a".to_vec(), b"ns/x/b".to_vec()]
+            ))
+        );
+        assert_eq!(
+            rx.try_recv(),
+            Ok(Signal::Deleted(12, vec![b"ns/x/c".to_vec()]))
+        );
+    }
+
+    #[test]
+    fn a_held_key_is_lost_on_a_deletion_after_its_token_only() {
+        let now = Instant::now();
+        let mut state = HubState::default();
+        let (_f, _rx, id) = open_now(&mut state, now);
+        created(&mut state, id, 10);
+        let key = b"ns/x/k-0";
+        let mut actions = Vec::new();
+        let tracked = state.track(P, key).expect("watch open");
+        // The name's previous key is deleted before the join is answered.
+        deleted(&mut state, id, &[(key, 11)]);
+        assert!(!state.settle_token(P, key, tracked.follower, 12));
+        assert!(!state.hold_tracked(P, key, tracked.follower, 12, None, &mut actions));
+        assert!(actions.is_empty(), "{actions:?}");
+        assert!(!tracked.loss.is_lost());
+        // Our own key is deleted (an operator): the holder is told.
+        assert_eq!(deleted(&mut state, id, &[(key, 15)]), 1);
+        assert!(tracked.loss.is_lost());
+    }
+
+    #[test]
+    fn a_deletion_seen_before_the_token_is_known_still_counts_if_it_is_later() {
+        let now = Instant::now();
+        let mut state = HubState::default();
+        let (_f, _rx, id) = open_now(&mut state, now);
+        created(&mut state, id, 10);
+        let key = b"ns/x/k-0";
+        let tracked = state.track(P, key).expect("watch open");
+        // Joined at 12 and deleted at 13, before the join's answer arrived.
+        deleted(&mut state, id, &[(key, 13)]);
+        assert!(state.settle_token(P, key, tracked.follower, 12));
+        assert!(tracked.loss.is_lost());
+    }
+
+    #[test]
+    fn a_grant_without_a_watch_opens_one_from_the_next_revision() {
+        let now = Instant::now();
+        let mut state = HubState::default();
+        let mut actions = Vec::new();
+        let held = state.hold(P, b"ns/x/k-0", 41, None, now, &mut actions);
+        assert!(
+            matches!(actions.as_slice(), [Action::Open { start: 42, .. }]),
+            "{actions:?}"
+        );
+        assert!(!held.loss.is_lost());
+        // A waiter that joined at 45 is covered from 41: its join's read is enough.
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        state.subscribe(P, tx, now, &mut Vec::new());
+        assert_eq!(rx.try_recv(), Ok(Signal::Covered(41)));
+    }
+
+    #[test]
+    fn a_grant_on_a_watch_that_starts_later_is_checked_by_read() {
+        let now = Instant::now();
+        let mut state = HubState::default();
+        let (_f, _rx, id) = open_now(&mut state, now);
+        created(&mut state, id, 50);
+        let mut actions = Vec::new();
+        let held = state.hold(P, b"ns/x/k-0", 41, None, now, &mut actions);
+        assert!(
+            matches!(actions.as_slice(), [Action::Verify { .. }]),
+            "{actions:?}"
+        );
+        // The read finds another key under the name: ours is gone.
+        assert_eq!(state.verified(P, 52, &[(b"ns/x/k-0".to_vec(), 48)]), 1);
+        assert!(held.loss.is_lost());
+    }
+
+    #[test]
+    fn a_broken_stream_resumes_from_the_revision_after_the_last_covered() {
+        let now = Instant::now();
+        let mut state = HubState::default();
+        let (_f, mut rx, id) = open_now(&mut state, now);
+        created(&mut state, id, 10);
+        deleted(&mut state, id, &[(b"ns/x/a", 17)]);
+        let mut actions = Vec::new();
+        state.stream_broken(&mut actions);
+        let new_id = match actions.as_slice() {
+            [Action::Open { start: 18, id, .. }] => *id,
+            other => panic!("{other:?}"),
+        };
+        created(&mut state, new_id, 30);
+        // The waiter noticed nothing but the deletion.
+        assert_eq!(rx.try_recv(), Ok(Signal::Covered(10)));
+        assert!(matches!(rx.try_recv(), Ok(Signal::Deleted(17, _))));
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn a_compacted_resume_makes_waiters_read_again_and_checks_keys() {
+        let now = Instant::now();
+        let mut state = HubState::default();
+        let (_f, mut rx, id) = open_now(&mut state, now);
+        created(&mut state, id, 10);
+        let tracked = state.track(P, b"ns/x/k").expect("open");
+        state.settle_token(P, b"ns/x/k", tracked.follower, 11);
+        state.hold_tracked(P, b"ns/x/k", tracked.follower, 11, None, &mut Vec::new());
+        let mut actions = Vec::new();
+        state.on_response(id, false, true, 25, "", 30, &[], &mut actions);
+        assert!(matches!(rx.try_recv(), Ok(Signal::Covered(10))));
+        assert!(matches!(
+            rx.try_recv(),
+            Ok(Signal::Ended(EndReason::Gap(_)))
+        ));
+        let reopened = match actions.as_slice() {
+            [Action::Open { start: 0, id, .. }] => *id,
+            other => panic!("{other:?}"),
+        };
+        // Once the new watch exists, the held key is checked by read.
+        let mut actions = Vec::new();
+        state.on_response(reopened, true, false, 0, "", 40, &[], &mut actions);
+        assert_eq!(actions, vec![Action::Verify { prefix: P.to_vec() }]);
+        assert_eq!(state.verified(P, 41, &[]), 1, "the key is gone");
+        assert!(tracked.loss.is_lost());
+    }
+
+    #[test]
+    fn a_refused_watch_answered_with_id_minus_one_is_matched_to_its_request() {
+        let now = Instant::now();
+        let mut state = HubState::default();
+        let (_f, mut rx, _id) = open_now(&mut state, now);
+        state.on_response(
+            -1,
+            true,
+            true,
+            0,
+            "etcdserver: permission denied",
+            5,
+            &[],
+            &mut Vec::new(),
+        );
+        assert!(matches!(
+            rx.try_recv(),
+            Ok(Signal::Ended(EndReason::Refused(_)))
+        ));
+        assert_eq!(state.watched(), 0, "nobody left to serve");
+    }
+
+    #[test]
+    fn idle_watches_close_after_the_linger() {
+        let now = Instant::now();
+        let mut state = HubState::default();
+        let (follower, _rx, id) = open_now(&mut state, now);
+        created(&mut state, id, 10);
+        state.unsubscribe(P, follower, now);
+        let mut actions = Vec::new();
+        state.sweep(now + LINGER / 2, &mut actions);
+        assert!(actions.is_empty());
+        state.sweep(now + LINGER, &mut actions);
+        assert_eq!(actions, vec![Action::Cancel { id }]);
+        assert_eq!(state.watched(), 0);
+    }
+}

@@ -1,0 +1,100 @@
+//! A join whose outcome the client never learned can be applied later, after the client
+//! cleaned up, under a lease the process keeps renewing. Such a key must never block the
+//! lock for long, and must never be taken over by a later acquisition as if it were its
+//! own: the session that sent the join is retired (its lease, and any late key with it,
+//! goes once nothing else uses it), and its key name is never used again.
+
+use std::time::Duration;
+
+use fencelock::{LockBackend, LockGuard, LockOptions};
+
+use crate::support::{TwoPaths, etcd, keys, locker, namespace, within};
+
+/// Runs `call` (an acquisition with a 50 ms wait timeout) while path a keeps the join the
+/// client sends and breaks its connection at once (b still refuses, so no retry of the
+/// join gets through), and the call is dropped at its wait timeout without an answer.
+/// Then path b opens and the client's cleanup goes through; the join is still kept for a
+/// late delivery when this returns.
+async fn drop_a_join<T>(
+    cluster: &fencelock::testkit::EtcdCluster,
+    paths: &TwoPaths,
+    call: impl std::future::Future<Output = Result<T, fencelock::LockError>>,
+) {
+    paths.hold_next_request_on_a();
+    let outcome = within(Duration::from_secs(5), "the call ends", call).await;
+    assert_eq!(paths.a.held_requests(), 1, "the join is kept");
+    match outcome {
+        Err(err) => assert!(err.is_wait_timeout(), "{err}"),
+        Ok(_) => panic!("the join got through"),
+    }
+    // The cleanup's delete goes through b, confirmed before the join is delivered.
+    let before = crate::support::unary_handled(cluster).await;
+    paths.b.heal();
+    within(Duration::from_secs(10), "the cleanup's delete", async {
+        while crate::support::unary_handled(cluster).await <= before {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_applied_after_its_call_was_dropped_does_not_block_the_lock() {
+    let cluster = etcd().await;
+    let ns = namespace("late-join");
+    let prefix = format!("{ns}/x/");
+    let paths = TwoPaths::start(&cluster).await;
+    let client = paths.locker(&ns, Duration::from_secs(1)).await;
+    let other = locker(&cluster, &ns).await;
+    let mut etcd_client = cluster.client().await.expect("client");
+    let options = LockOptions::new().with_ttl(Duration::from_secs(30));
+    // The session exists before the fault: only the join is kept.
+    client.session(options.ttl()).await.expect("session");
+
+    let short = options.clone().with_wait_timeout(Duration::from_millis(50));
+    drop_a_join(&cluster, &paths, client.lock("x", &short)).await;
+
+    // The join reaches etcd now, after the client's cleanup.
+    crate::support::deliver_late(&cluster, &paths.a).await;
+
+    // Within a few seconds nothing is left of it, and another client gets the lock.
+    let wait = options.clone().with_wait_timeout(Duration::from_secs(5));
+    let granted = other.lock("x", &wait).await;
+    let left = keys(&mut etcd_client, &prefix).await;
+    let granted = granted.unwrap_or_else(|err| {
+        panic!("the late join's key blocks the lock ({err}); keys: {left:?}")
+    });
+    assert_eq!(left, vec![granted.key().to_owned()]);
+    crate::support::released(granted.release().await);
+    drop(client);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_reader_key_is_never_taken_over_by_a_writer() {
+    let cluster = etcd().await;
+    let ns = namespace("late-reader");
+    let paths = TwoPaths::start(&cluster).await;
+    let client = paths.locker(&ns, Duration::from_secs(1)).await;
+    let reader = locker(&cluster, &ns).await;
+    let options = LockOptions::new().with_ttl(Duration::from_secs(30));
+    client.session(options.ttl()).await.expect("session");
+    let rw = client.rwlock("x").expect("rwlock");
+
+    let short = options.clone().with_wait_timeout(Duration::from_millis(50));
+    drop_a_join(&cluster, &paths, rw.read(&short)).await;
+    crate::support::deliver_late(&cluster, &paths.a).await;
+
+    // The same client now writes: it must wait its turn behind the late reader key (until
+    // that key's session is gone), never hold the write lock *as* that reader key.
+    let wait = options.clone().with_wait_timeout(Duration::from_secs(10));
+    let writing = within(Duration::from_secs(15), "the write lock", rw.write(&wait))
+        .await
+        .expect("write lock");
+    let readers = reader.rwlock("x").expect("rwlock");
+    let beside = readers.try_read(&options).await.expect("try_read");
+    assert!(
+        beside.is_none(),
+        "a reader was admitted beside the writer (the writer holds a reader's key)"
+    );
+    crate::support::released(writing.release().await);
+}

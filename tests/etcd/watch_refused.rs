@@ -1,0 +1,86 @@
+//! A lock watch the server refuses (created and cancelled at once: here, permission to
+//! read the lock's keys was taken away while a waiter waited) ends the wait with a typed
+//! error at once, instead of a waiter that retries a refused watch in silence until its
+//! wait timeout.
+
+use std::time::Duration;
+
+use etcd_client::{Permission, RoleRevokePermissionOptions};
+use fencelock::testkit::FaultProxy;
+use fencelock::{LockBackend, LockOptions};
+
+use crate::support::{PrefixWatch, address, etcd, namespace, within};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_watch_is_refused_gets_permission_denied() {
+    let cluster = etcd().await;
+    let ns = namespace("watch-refused");
+    let mut admin = cluster.client().await.expect("client");
+    admin.user_add("root", "rootpw", None).await.expect("root");
+    admin
+        .user_grant_role("root", "root")
+        .await
+        .expect("root role");
+    admin.role_add("locker").await.expect("role");
+    admin
+        .role_grant_permission(
+            "locker",
+            Permission::read_write(format!("{ns}/")).with_prefix(),
+        )
+        .await
+        .expect("grant");
+    admin.user_add("waiter", "pw", None).await.expect("user");
+    admin
+        .user_grant_role("waiter", "locker")
+        .await
+        .expect("user role");
+    admin.auth_enable().await.expect("auth on");
+    let mut admin = cluster
+        .client_as("root", "rootpw")
+        .await
+        .expect("root client");
+
+    let holder = fencelock::etcd::EtcdLocker::connect(
+        cluster.config(&ns).with_credentials("root", "rootpw"),
+    )
+    .await
+    .expect("holder");
+    let proxy = FaultProxy::start(address(&cluster.endpoint(0)))
+        .await
+        .expect("proxy");
+    let waiter = fencelock::etcd::EtcdLocker::connect(
+        fencelock::etcd::EtcdConfig::new([proxy.http_url()])
+            .with_namespace(&ns)
+            .with_credentials("waiter", "pw"),
+    )
+    .await
+    .expect("waiter");
+    let prefix = format!("{ns}/x/");
+    let mut watch = PrefixWatch::start(&mut admin, &prefix).await;
+
+    let held = holder.lock("x", &LockOptions::new()).await.expect("lock");
+    watch.next_put().await;
+    let wait = LockOptions::new().with_wait_timeout(Duration::from_secs(20));
+    let waiting = tokio::spawn(async move { waiter.lock("x", &wait).await.map(drop) });
+    watch.next_put().await;
+
+    // The waiter may no longer read the lock's keys; its watch breaks and is refused when
+    // it is asked for again.
+    admin
+        .role_revoke_permission(
+            "locker",
+            format!("{ns}/"),
+            Some(RoleRevokePermissionOptions::new().with_prefix()),
+        )
+        .await
+        .expect("revoke permission");
+    proxy.sever();
+    proxy.heal();
+
+    let err = within(Duration::from_secs(10), "the waiter is told", waiting)
+        .await
+        .expect("task")
+        .expect_err("refused");
+    assert!(err.is_permission_denied(), "{err}");
+    crate::support::released(fencelock::LockGuard::release(held).await);
+}
