@@ -96,7 +96,7 @@ pub(crate) async fn acquire(
             return Err(err);
         }
     };
-    cleanup.created(token);
+    cleanup.created();
     let gone = tracked
         .as_ref()
         .is_some_and(|t| t.settle(token.as_revision()));
@@ -239,6 +239,7 @@ impl Acquisition {
             self.owns_session,
             tracked,
             token,
+            revision,
             holding,
         ))
     }
@@ -253,7 +254,7 @@ impl Acquisition {
             timeout,
         } = wait;
         let deadline = timeout.map(|t| self.started + t);
-        let mut cleanup = Cleanup::joined(key, token);
+        let mut cleanup = Cleanup::joined(key);
         let Some(key) = cleanup.key() else {
             return;
         };
@@ -281,7 +282,7 @@ impl Acquisition {
             drop(tracked);
             // Nobody waits for an answer: the removal may take as long as it needs.
             if let Some(key) = cleanup.disarm() {
-                key.remove(Some(token)).await;
+                key.remove().await;
             }
             return;
         };

@@ -28,7 +28,12 @@ pub struct EtcdGuard {
     /// The key, followed on the lock's watch until the guard ends.
     tracked: Option<TrackedKey>,
     token: FencingToken,
+    /// The store revision the grant was decided at.
+    admitted: i64,
     released: bool,
+    /// A release's delete was sent: if the guard goes before its answer, that delete may
+    /// still land, and the key's name must not be reused.
+    releasing: bool,
     /// Ends when the guard is released or dropped, before its session may close (a
     /// closing own session must not count this lock as lost).
     holding: Option<Holding>,
@@ -40,6 +45,7 @@ impl EtcdGuard {
         owns_session: bool,
         tracked: TrackedKey,
         token: FencingToken,
+        admitted: i64,
         holding: Holding,
     ) -> Self {
         Self {
@@ -47,7 +53,9 @@ impl EtcdGuard {
             owns_session,
             tracked: Some(tracked),
             token,
+            admitted,
             released: false,
+            releasing: false,
             holding: Some(holding),
         }
     }
@@ -56,6 +64,17 @@ impl EtcdGuard {
     #[must_use]
     pub fn key(&self) -> &str {
         &self.key.key
+    }
+
+    /// The store revision at which this grant was decided: at that revision the key
+    /// existed and the keys ahead of it (create revision below the token) admitted it (none
+    /// for a lock; only readers for a reader; fewer than N permits of the same semaphore
+    /// for a permit). It is the join's revision for a lock granted at once, else the
+    /// revision of the deletion (or of the read) that let the key through. Tools that check
+    /// grants against etcd's history (`fencelock chaos --soak`) start from it.
+    #[must_use]
+    pub fn admitted_revision(&self) -> i64 {
+        self.admitted
     }
 
     /// The lease the key is attached to.
@@ -125,7 +144,6 @@ impl EtcdGuard {
         self.tracked = None;
         Detached {
             key: self.key.detach(),
-            token: self.token,
             owns_session: self.owns_session,
         }
     }
@@ -134,16 +152,15 @@ impl EtcdGuard {
 /// A release that outlives its guard.
 struct Detached {
     key: QueueKey,
-    token: FencingToken,
     owns_session: bool,
 }
 
 impl Detached {
-    /// Retries the guarded delete until it gets through or the lease is gone: on a shared,
+    /// Retries the delete until it gets through or the lease is gone: on a shared,
     /// renewed session a key left behind would block the lock for as long as the client
     /// lives.
     async fn finish(self) {
-        self.key.remove(Some(self.token)).await;
+        self.key.remove().await;
         self.close_own_session().await;
     }
 
@@ -193,9 +210,12 @@ impl LockGuard for EtcdGuard {
         // What the guard knew before it let go: a key found gone after this was not
         // taken away before the release.
         let lost_before = self.key_lost() || !self.key.session.is_alive();
+        // Its own delete is no loss to hear of (nor to check the lease for).
+        self.tracked = None;
         // Until the answer is in, the guard stays armed: if this future is dropped, the
         // guard's drop finishes the release in the background.
-        let outcome = self.key.delete(Some(self.token)).await;
+        self.releasing = true;
+        let outcome = self.key.delete().await;
         let detached = self.detach();
         match outcome {
             Ok(deleted) => {
@@ -230,6 +250,9 @@ impl Drop for EtcdGuard {
         // Outside a runtime there is nothing to run the release on: the lease (revoked
         // when the session goes, or expired) frees the lock.
         metrics::release(Backend::Etcd, Release::Dropped);
+        if self.releasing {
+            self.key.spend();
+        }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(self.detach().finish());
         }

@@ -6,13 +6,17 @@
 //! an attempt that got no answer (a timeout, a connection that broke after sending) may
 //! be applied later, after a retry through another member was confirmed, after the
 //! caller gave up (`etcdserver/v3_server.go`: a follower forwards a proposal to the leader
-//! whatever becomes of its client). So:
+//! whatever becomes of its client). What etcd does give: one request is applied at most
+//! once (one gRPC call is one proposal; neither etcd-client nor tonic retries a call), so
+//! a request whose only attempt was answered has no copy left anywhere. So:
 //!
-//! - **Every delete is guarded by the key's create revision** (the token): a delete sent
-//!   for one acquisition can only ever remove that acquisition's key, however late it
-//!   lands, even though key names are reused (`slots.rs`). The one exception is a key
-//!   whose join got no answer (its create revision is unknown): its name is never used
-//!   again, so a plain delete of it cannot meet anyone else's key.
+//! - **A key name is reused only once every request about its previous key was answered**
+//!   (`slots.rs`): then nothing sent for that key can still land, and a plain delete of
+//!   exactly the key (what etcd's own Unlock does, and cheaper than a transaction guarded
+//!   by the create revision) can never meet another acquisition's key. A request about a
+//!   key that got no answer (a join, a release, a cleanup) *spends* its name: the name is
+//!   never used again in that session, so a late copy of the request can only meet the key
+//!   it was sent for.
 //! - **A join whose fate is unknown retires its session** ([`SessionInner::retire`]): the
 //!   join may still create the key later, after every cleanup, under a lease the process
 //!   keeps renewing. A retired session takes no new acquisition, and its lease is revoked
@@ -23,6 +27,8 @@
 //! - **A join never adopts a key it did not create**: when a retried join finds its key
 //!   already there, that key must hold this acquisition's value (its kind), or the
 //!   acquisition fails and the session is retired.
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use etcd_client::{
     Compare, CompareOp, GetOptions, GetResponse, PutOptions, Txn, TxnOp, TxnOpResponse,
@@ -48,9 +54,11 @@ pub(super) struct QueueKey {
     slot: u64,
     /// What the key holds: the kind's marker, or an election candidate's value.
     value: Vec<u8>,
-    /// A join of this key got no answer: it may still be created later, so its name is
-    /// never given back.
+    /// A join of this key got no answer: it may still be created later (the session is
+    /// retired).
     join_unknown: bool,
+    /// Some request about this key got no answer: the name is never given back.
+    spent: AtomicBool,
 }
 
 /// What joining the queue found.
@@ -64,10 +72,10 @@ pub(super) enum Joined {
     Earlier(FencingToken),
 }
 
-/// What a guarded delete found.
+/// What a delete found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Deleted {
-    /// The key with this create revision was there and is gone now.
+    /// The key was there and is gone now.
     pub(super) removed: bool,
     /// Some attempt got no answer: when nothing was removed, an earlier attempt may have
     /// been the one that removed it.
@@ -88,6 +96,7 @@ impl QueueKey {
             slot,
             value,
             join_unknown: false,
+            spent: AtomicBool::new(false),
         }
     }
 
@@ -102,6 +111,7 @@ impl QueueKey {
             slot: self.slot,
             value: std::mem::take(&mut self.value),
             join_unknown: self.join_unknown,
+            spent: AtomicBool::new(self.spent.load(Ordering::Acquire)),
         }
     }
 
@@ -120,8 +130,14 @@ impl QueueKey {
         if !self.join_unknown {
             tracing::debug!(key = self.key, "join outcome unknown; retiring the session");
             self.join_unknown = true;
+            self.spend();
             self.inner().retire();
         }
+    }
+
+    /// A request about this key got no answer: its name is never used again.
+    pub(super) fn spend(&self) {
+        self.spent.store(true, Ordering::Release);
     }
 
     /// Joins the queue in one transaction: put the key (holding its value) under the
@@ -209,63 +225,44 @@ impl QueueKey {
         }
     }
 
-    /// Deletes the key if it is still the one created at `token` (or, with no token,
-    /// whatever carries its name: only for a key whose join got no answer, a name never
-    /// used again). Retried through other members; see [`Deleted`].
-    pub(super) async fn delete(&self, token: Option<FencingToken>) -> Result<Deleted, LockError> {
+    /// Deletes exactly the key, retried through other members. If some attempt got no
+    /// answer its name is spent (see the module docs), and a late attempt can only ever
+    /// delete this key; see [`Deleted`].
+    pub(super) async fn delete(&self) -> Result<Deleted, LockError> {
         let inner = self.inner();
-        let timeout = inner.config.request_timeout;
-        let name = Some(self.name.as_str());
-        let Attempts { result, ambiguous } = match token {
-            Some(token) => {
-                let txn = Txn::new()
-                    .when([Compare::create_revision(
-                        self.key.as_str(),
-                        CompareOp::Equal,
-                        token.as_revision(),
-                    )])
-                    .and_then([TxnOp::delete(self.key.as_str(), None)]);
-                call_retrying_noting("release", name, timeout, || {
-                    let mut client = inner.kv.clone();
-                    let txn = txn.clone();
-                    async move { client.txn(txn).await.map(|r| r.succeeded()) }
-                })
-                .await
-            }
-            None => {
-                call_retrying_noting("release", name, timeout, || {
-                    let mut client = inner.kv.clone();
-                    async move {
-                        client
-                            .delete(self.key.as_str(), None)
-                            .await
-                            .map(|r| r.deleted() > 0)
-                    }
-                })
-                .await
-            }
-        };
-        let removed = result?;
+        let Attempts { result, ambiguous } = call_retrying_noting(
+            "release",
+            Some(self.name.as_str()),
+            inner.config.request_timeout,
+            || {
+                let mut client = inner.kv.clone();
+                async move { client.delete(self.key.as_str(), None).await }
+            },
+        )
+        .await;
+        if ambiguous {
+            self.spend();
+        }
+        let removed = result?.deleted() > 0;
         Ok(Deleted { removed, ambiguous })
     }
 
     /// The key is confirmed gone (or was never made): its name may serve the next
-    /// acquisition, unless a join of it may still land.
+    /// acquisition, unless some request about it got no answer.
     pub(super) fn give_back(&self) {
-        if !self.join_unknown {
+        if !self.spent.load(Ordering::Acquire) {
             self.inner().slots.give_back(&self.prefix, self.slot);
         }
     }
 
-    /// Deletes the key (guarded by `token` when known), retrying until etcd confirms it or
-    /// the session is gone (its lease then takes the key with it), then gives its name
-    /// back. On a shared, renewed session a key left behind would block the lock for as
-    /// long as the process lives.
-    pub(super) async fn remove(&self, token: Option<FencingToken>) -> Option<Deleted> {
+    /// Deletes the key, retrying until etcd confirms it or the session is gone (its lease
+    /// then takes the key with it), then gives its name back. On a shared, renewed session
+    /// a key left behind would block the lock for as long as the process lives.
+    pub(super) async fn remove(&self) -> Option<Deleted> {
         let inner = self.inner();
         let mut backoff = Backoff::new();
         while inner.is_alive() {
-            match self.delete(token).await {
+            match self.delete().await {
                 Ok(deleted) => {
                     self.give_back();
                     return Some(deleted);
@@ -289,58 +286,66 @@ impl QueueKey {
 /// Removes a key whose acquisition was dropped before it could: armed while the key may
 /// exist with nobody else to remove it. Dropped armed, it removes the key in the
 /// background; if the key's join had no answer yet, that join may still land, so the
-/// session is retired first.
+/// session is retired first; if a removal attempt was in flight, it may still land, so the
+/// name is spent.
 pub(super) struct Cleanup {
-    armed: Option<(QueueKey, Option<FencingToken>)>,
+    key: Option<QueueKey>,
+    /// The join was answered.
+    answered: bool,
+    /// A removal attempt was sent.
+    attempting: bool,
 }
 
 impl Cleanup {
     /// Armed for `key`, whose join is not answered yet.
     pub(super) fn joining(key: QueueKey) -> Self {
         Self {
-            armed: Some((key, None)),
+            key: Some(key),
+            answered: false,
+            attempting: false,
         }
     }
 
-    /// Armed for `key`, created at `token`.
-    pub(super) fn joined(key: QueueKey, token: FencingToken) -> Self {
+    /// Armed for `key`, whose join was answered.
+    pub(super) fn joined(key: QueueKey) -> Self {
         Self {
-            armed: Some((key, Some(token))),
+            key: Some(key),
+            answered: true,
+            attempting: false,
         }
     }
 
     /// The key, while armed.
     pub(super) fn key(&self) -> Option<&QueueKey> {
-        self.armed.as_ref().map(|(key, _)| key)
+        self.key.as_ref()
     }
 
     /// The key, while armed (to create it).
     pub(super) fn key_mut(&mut self) -> Option<&mut QueueKey> {
-        self.armed.as_mut().map(|(key, _)| key)
+        self.key.as_mut()
     }
 
-    /// The join is answered: the key was created at `token`.
-    pub(super) fn created(&mut self, token: FencingToken) {
-        if let Some((_, known)) = &mut self.armed {
-            *known = Some(token);
-        }
+    /// The join is answered.
+    pub(super) fn created(&mut self) {
+        self.answered = true;
     }
 
     /// Takes the key back: someone else (a guard, a waiting task) is responsible now.
     pub(super) fn disarm(&mut self) -> Option<QueueKey> {
-        self.armed.take().map(|(key, _)| key)
+        self.key.take()
     }
 
-    /// Removes the key, answering within `allowance`; if etcd does not confirm it by then,
-    /// the removal goes on in the background.
+    /// Removes the key, answering within `allowance`; if etcd does not confirm it by then
+    /// (or this future is dropped), the removal goes on in the background.
     pub(super) async fn leave(mut self, allowance: Duration) {
-        let Some((key, token)) = self.armed.take() else {
+        self.attempting = true;
+        let Some(key) = self.key.as_ref() else {
             return;
         };
-        let removed = tokio::time::timeout(allowance, key.remove(token)).await;
-        if removed.is_err() {
+        if tokio::time::timeout(allowance, key.remove()).await.is_ok() {
+            self.key = None;
+        } else {
             tracing::warn!(key = key.key, "queue entry not removed yet; still trying");
-            self.armed = Some((key, token));
             // Dropped armed: the removal goes on in the background.
         }
     }
@@ -348,16 +353,20 @@ impl Cleanup {
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        let Some((mut key, token)) = self.armed.take() else {
+        let Some(mut key) = self.key.take() else {
             return;
         };
-        if token.is_none() {
+        if !self.answered {
             // Dropped while the join was in flight: it may still land.
             key.mark_join_unknown();
         }
+        if self.attempting {
+            // A removal attempt given up on may still land.
+            key.spend();
+        }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                key.remove(token).await;
+                key.remove().await;
             });
         }
     }

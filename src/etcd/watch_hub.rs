@@ -268,9 +268,9 @@ impl HubTask {
             let Some(shared) = self.shared.upgrade() else {
                 return;
             };
-            let (sweep, failing) = {
-                let state = shared.state();
-                (state.next_sweep(), state.has_failing())
+            let (sweep, failing, due) = {
+                let mut state = shared.state();
+                (state.next_sweep(), state.has_failing(), state.next_due())
             };
             drop(shared);
             self.next_retry = match (failing, self.next_retry) {
@@ -278,10 +278,7 @@ impl HubTask {
                 (true, None) => Some(Instant::now() + RETRY),
                 (true, due) => due,
             };
-            let wake = match (sweep, self.next_retry) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let wake = [sweep, self.next_retry, due].into_iter().flatten().min();
             tokio::select! {
                 // Actions first: a watch asked for must be sent before later answers are
                 // awaited.
@@ -310,6 +307,7 @@ impl HubTask {
                     if let Some(shared) = self.shared.upgrade() {
                         let mut state = shared.state();
                         state.sweep(now, &mut more);
+                        state.open_due(now, &mut more);
                         if retry {
                             state.retry_failing(&mut more);
                         }
@@ -338,6 +336,8 @@ impl HubTask {
                     self.check(prefix, Duration::ZERO);
                     Vec::new()
                 }
+                // The loop works out its next wake-up on its next turn.
+                Action::Wake => Vec::new(),
             };
             queue.extend(more);
         }

@@ -23,6 +23,12 @@
 //! - **Keys.** A key followed through an acquisition (a [`KeyEntry`]) is lost when a
 //!   deletion of its name comes after its create revision, or when a read after a gap
 //!   finds it missing or carrying another create revision.
+//! - **Short holds cost nothing.** A grant on a lock with no watch does not open one at
+//!   once: the watch is asked for [`DEFER`] later if the grant still holds, from the
+//!   revision after the grant, so every deletion since is still delivered (a loss is told
+//!   at most `DEFER` plus one delivery after it). A lock taken and released within `DEFER`
+//!   (most locks) costs the server no watch and no event: on the machines measured, one
+//!   watch event per release cost etcd a third more CPU per lock cycle.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -34,6 +40,10 @@ use tokio::time::{Duration, Instant};
 /// How long a lock watch stays open after its last follower left: successive waits and
 /// grants on one lock (a busy queue) find it open and synced.
 pub(crate) const LINGER: Duration = Duration::from_secs(10);
+
+/// How long a grant holds before the lock's watch is opened for it (when none is open);
+/// see the module docs.
+pub(crate) const DEFER: Duration = Duration::from_millis(100);
 
 /// What a waiter hears.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +81,8 @@ pub(crate) enum Action {
     /// Read the live keys under `prefix` and report them with [`HubState::verified`]: the
     /// keys followed there may have been deleted while nothing watched.
     Verify { prefix: Vec<u8> },
+    /// Work out when to wake again: a deferred watch is due sooner than planned.
+    Wake,
 }
 
 /// The loss flag of one followed key, shared with its acquisition and then its guard.
@@ -189,7 +201,7 @@ impl KeyEntry {
         match self.covered_after {
             Some(covered) => covered > self.verified_through,
             // Asked for: decided when it is created.
-            None => phase != Phase::Requested,
+            None => phase != Phase::Requested && !matches!(phase, Phase::Deferred(_)),
         }
     }
 }
@@ -197,6 +209,9 @@ impl KeyEntry {
 /// Where a lock watch stands with the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
+    /// Not asked for yet: only young grants follow it, and it is asked for (from its start
+    /// revision) at this time if they still hold then.
+    Deferred(Instant),
     /// Asked for; no `created` answer yet.
     Requested,
     /// Created and delivering.
@@ -253,6 +268,10 @@ impl LockWatch {
             self.idle_since = Some(now);
         }
     }
+
+    fn is_deferred(&self) -> bool {
+        matches!(self.phase, Phase::Deferred(_))
+    }
 }
 
 /// Everything the hub knows; see the module docs.
@@ -265,6 +284,8 @@ pub(crate) struct HubState {
     pending: VecDeque<i64>,
     next_id: i64,
     next_follower: u64,
+    /// When the task means to wake next (for deferred watches); `None` if it sleeps on.
+    planned_wake: Option<Instant>,
 }
 
 /// A key follower's registration: its number (to settle or drop it), and its loss flag.
@@ -332,6 +353,11 @@ impl HubState {
         actions: &mut Vec<Action>,
     ) -> u64 {
         let follower = self.new_follower();
+        if self.locks.get(prefix).is_some_and(LockWatch::is_deferred) {
+            // A waiter needs deliveries at once: open the watch now, from now (held keys
+            // are checked by a read once it exists).
+            self.open_deferred(prefix, 0, actions);
+        }
         let watch = self.watch(prefix, 0, now, actions);
         if let Some(coverage) = watch.coverage() {
             let _ = signals.send(Signal::Covered(coverage));
@@ -346,6 +372,76 @@ impl HubState {
             watch.waiters.remove(&follower);
             watch.settle(now);
         }
+        self.forget_if_unused(prefix);
+    }
+
+    /// A deferred watch nobody follows any more is forgotten at once: the server never
+    /// knew of it.
+    fn forget_if_unused(&mut self, prefix: &[u8]) {
+        if self
+            .locks
+            .get(prefix)
+            .is_some_and(|w| w.is_deferred() && w.is_idle())
+        {
+            self.locks.remove(prefix);
+        }
+    }
+
+    /// Asks for the deferred watch of `prefix`, from `start` (0: now).
+    fn open_deferred(&mut self, prefix: &[u8], start: i64, actions: &mut Vec<Action>) {
+        self.next_id += 1;
+        let id = self.next_id;
+        let Some(watch) = self.locks.get_mut(prefix) else {
+            return;
+        };
+        watch.id = id;
+        watch.start = start;
+        watch.phase = Phase::Requested;
+        if start == 0 {
+            watch.covered = None;
+            for entry in watch.keys.values_mut() {
+                entry.covered_after = None;
+            }
+        }
+        self.by_id.insert(id, prefix.to_vec());
+        self.pending.push_back(id);
+        actions.push(Action::Open {
+            prefix: prefix.to_vec(),
+            id,
+            start,
+        });
+    }
+
+    /// Asks for the deferred watches that are due and still followed (from their start
+    /// revision: nothing since the grant is missed); forgets the others.
+    pub(crate) fn open_due(&mut self, now: Instant, actions: &mut Vec<Action>) {
+        let due: Vec<(Vec<u8>, i64)> = self
+            .locks
+            .iter()
+            .filter(|(_, w)| matches!(w.phase, Phase::Deferred(at) if at <= now))
+            .map(|(p, w)| (p.clone(), w.start))
+            .collect();
+        for (prefix, start) in due {
+            if self.locks.get(&prefix).is_some_and(LockWatch::is_idle) {
+                self.locks.remove(&prefix);
+            } else {
+                self.open_deferred(&prefix, start, actions);
+            }
+        }
+    }
+
+    /// When the next deferred watch is due; the task plans to wake then.
+    pub(crate) fn next_due(&mut self) -> Option<Instant> {
+        let next = self
+            .locks
+            .values()
+            .filter_map(|w| match w.phase {
+                Phase::Deferred(at) => Some(at),
+                _ => None,
+            })
+            .min();
+        self.planned_wake = next;
+        next
     }
 
     /// Follows `key` under `prefix` from now on, before its token is known (the join is
@@ -436,6 +532,16 @@ impl HubState {
         actions: &mut Vec<Action>,
     ) -> Registered {
         let follower = self.new_follower();
+        if !self.locks.contains_key(prefix) {
+            let open_at = now + DEFER;
+            let mut deferred = LockWatch::new(0, token + 1, now);
+            deferred.phase = Phase::Deferred(open_at);
+            self.locks.insert(prefix.to_vec(), deferred);
+            if self.planned_wake.is_none_or(|planned| planned > open_at) {
+                self.planned_wake = Some(open_at);
+                actions.push(Action::Wake);
+            }
+        }
         let watch = self.watch(prefix, token + 1, now, actions);
         let loss = Arc::new(KeyLoss::default());
         let entry = KeyEntry {
@@ -466,6 +572,7 @@ impl HubState {
             }
             watch.settle(now);
         }
+        self.forget_if_unused(prefix);
     }
 
     fn entry(&mut self, prefix: &[u8], key: &[u8], follower: u64) -> Option<&mut KeyEntry> {
@@ -639,7 +746,12 @@ impl HubState {
     /// yet is asked again from where it was asked.
     pub(crate) fn stream_broken(&mut self, actions: &mut Vec<Action>) {
         self.pending.clear();
-        let prefixes: Vec<Vec<u8>> = self.locks.keys().cloned().collect();
+        let prefixes: Vec<Vec<u8>> = self
+            .locks
+            .iter()
+            .filter(|(_, w)| !w.is_deferred())
+            .map(|(p, _)| p.clone())
+            .collect();
         for prefix in prefixes {
             let id = self.new_id();
             let Some(watch) = self.locks.get_mut(&prefix) else {
@@ -730,6 +842,7 @@ impl HubState {
     pub(crate) fn next_sweep(&self) -> Option<Instant> {
         self.locks
             .values()
+            .filter(|w| !w.is_deferred())
             .filter_map(|w| w.idle_since)
             .min()
             .map(|since| since + LINGER)
@@ -740,7 +853,9 @@ impl HubState {
         let due: Vec<Vec<u8>> = self
             .locks
             .iter()
-            .filter(|(_, w)| w.is_idle() && w.idle_since.is_some_and(|s| s + LINGER <= now))
+            .filter(|(_, w)| {
+                !w.is_deferred() && w.is_idle() && w.idle_since.is_some_and(|s| s + LINGER <= now)
+            })
             .map(|(p, _)| p.clone())
             .collect();
         for prefix in due {
@@ -864,11 +979,19 @@ mod tests {
     }
 
     #[test]
-    fn a_grant_without_a_watch_opens_one_from_the_next_revision() {
+    fn a_grant_without_a_watch_opens_one_from_the_next_revision_once_it_has_held_a_while() {
         let now = Instant::now();
         let mut state = HubState::default();
         let mut actions = Vec::new();
         let held = state.hold(P, b"ns/x/k-0", 41, None, now, &mut actions);
+        assert_eq!(
+            actions,
+            vec![Action::Wake],
+            "nothing asked of the server yet"
+        );
+        assert_eq!(state.next_due(), Some(now + DEFER));
+        let mut actions = Vec::new();
+        state.open_due(now + DEFER, &mut actions);
         assert!(
             matches!(actions.as_slice(), [Action::Open { start: 42, .. }]),
             "{actions:?}"
@@ -878,6 +1001,39 @@ mod tests {
         let (tx, mut rx) = mpsc::unbounded_channel();
         state.subscribe(P, tx, now, &mut Vec::new());
         assert_eq!(rx.try_recv(), Ok(Signal::Covered(41)));
+    }
+
+    #[test]
+    fn a_short_hold_never_asks_the_server_for_a_watch() {
+        let now = Instant::now();
+        let mut state = HubState::default();
+        let held = state.hold(P, b"ns/x/k-0", 41, None, now, &mut Vec::new());
+        state.untrack(P, b"ns/x/k-0", held.follower, now);
+        let mut actions = Vec::new();
+        state.open_due(now + DEFER, &mut actions);
+        assert!(actions.is_empty(), "{actions:?}");
+        assert_eq!(state.watched(), 0);
+        // The next grant arms a new one; the task is already due to wake, no new wake-up.
+        let mut actions = Vec::new();
+        state.hold(P, b"ns/x/k-0", 50, None, now, &mut actions);
+        assert!(actions.is_empty(), "{actions:?}");
+    }
+
+    #[test]
+    fn a_waiter_on_a_deferred_watch_opens_it_from_now_and_held_keys_are_checked() {
+        let now = Instant::now();
+        let mut state = HubState::default();
+        state.hold(P, b"ns/x/k-0", 41, None, now, &mut Vec::new());
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let mut actions = Vec::new();
+        state.subscribe(P, tx, now, &mut actions);
+        let id = match actions.as_slice() {
+            [Action::Open { start: 0, id, .. }] => *id,
+            other => panic!("{other:?}"),
+        };
+        let mut actions = Vec::new();
+        state.on_response(id, true, false, 0, "", 60, &[], &mut actions);
+        assert_eq!(actions, vec![Action::Verify { prefix: P.to_vec() }]);
     }
 
     #[test]

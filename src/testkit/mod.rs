@@ -31,6 +31,7 @@ mod postgres;
 mod process;
 mod proxy;
 mod redis;
+pub mod soak;
 
 pub use clock::{JumpingClock, LIBFAKETIME_ENV};
 pub use cluster::{HARNESS_ENV, SelectedEtcdCluster};

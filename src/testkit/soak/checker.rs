@@ -1,0 +1,682 @@
+//! The soak's independent checker: the truth is etcd's own history (every put and delete
+//! under the namespace, with its revision, as a watch from revision 1 saw it), and every
+//! claim a client made is checked against it. Nothing here trusts the library: the rule
+//! for who may hold beside whom is written again from the design, and a grant is checked
+//! at the revision the client says it was decided at.
+//!
+//! Checks:
+//!
+//! - **token**: a grant's token is the create revision of a key of that name;
+//! - **exclusion**: at the revision a grant was decided, its key was alive and the keys
+//!   ahead of it (alive, created earlier) admitted it: none for a lock, a writer or a
+//!   leader; only readers for a reader; fewer than N permits of the same N for a permit;
+//! - **holding**: `is_held()` never says true longer than [`HeldBound`] after the key
+//!   was deleted, and a lost guard's `lost()` names a key deletion only if there was one;
+//! - **release**: a release reported `Released` left no key behind;
+//! - **progress**: a key admitted by the history is granted (or gone) within
+//!   [`STALL_BOUND`]: a waiter that stays in line although the keys ahead left is a lost
+//!   wakeup, and a key nobody holds or waits on (a late join) blocks the lock;
+//! - **leftovers**: after the run and a settling period no key is left.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::LossReason;
+
+/// How long a key may stay admitted without being granted or removed: the longest fault
+/// that can keep a waiter from hearing (a cut path, 3 s) plus a margin.
+pub(crate) const STALL_BOUND: Duration = Duration::from_secs(6);
+
+/// How long after its key is deleted a guard may still say it holds: one lease TTL (a
+/// holder cut off from every member learns by its lease deadline) plus a margin.
+pub(crate) struct HeldBound;
+
+impl HeldBound {
+    pub(crate) fn for_ttl(ttl: Duration) -> Duration {
+        ttl + Duration::from_millis(1500)
+    }
+}
+
+/// One change under the namespace, as the recorder saw it.
+#[derive(Clone, Debug)]
+pub(crate) struct Observed {
+    pub(crate) revision: i64,
+    pub(crate) key: Vec<u8>,
+    /// `None` for a delete.
+    pub(crate) put: Option<Put>,
+    /// When the recorder received it.
+    pub(crate) seen: Instant,
+}
+
+/// What a put wrote.
+#[derive(Clone, Debug)]
+pub(crate) struct Put {
+    pub(crate) create_revision: i64,
+    pub(crate) value: Vec<u8>,
+    pub(crate) lease: i64,
+}
+
+/// What a client was told, and what it said.
+#[derive(Clone, Debug)]
+pub(crate) enum Event {
+    Grant(Grant),
+    /// `is_held()` answered `held` at `at`.
+    Held {
+        id: u64,
+        at: Instant,
+        held: bool,
+    },
+    /// `lost()` resolved with `reason` at `at`.
+    Lost {
+        id: u64,
+        at: Instant,
+        reason: LossReason,
+    },
+    /// The grant's release, and what it reported.
+    Released {
+        id: u64,
+        started: Instant,
+        outcome: Outcome,
+    },
+}
+
+/// A grant as its client reported it.
+#[derive(Clone, Debug)]
+pub(crate) struct Grant {
+    pub(crate) id: u64,
+    pub(crate) client: usize,
+    pub(crate) key: String,
+    pub(crate) token: i64,
+    /// The revision the client says the grant was decided at.
+    pub(crate) admitted: i64,
+    pub(crate) ttl: Duration,
+    pub(crate) at: Instant,
+}
+
+/// What a release reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Released,
+    NotHeld,
+    Failed,
+    Dropped,
+}
+
+/// One key's life, rebuilt from the history.
+#[derive(Clone, Debug)]
+struct Life {
+    key: Vec<u8>,
+    prefix: Vec<u8>,
+    created: i64,
+    created_seen: Instant,
+    value: Vec<u8>,
+    deleted: Option<(i64, Instant)>,
+}
+
+impl Life {
+    fn alive_at(&self, revision: i64) -> bool {
+        self.created <= revision && self.deleted.is_none_or(|(d, _)| d > revision)
+    }
+}
+
+/// Who may hold beside whom, from the key's value (the design's rule, §3 and `kind.rs`'s
+/// documentation): `None` for a key that excludes everyone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Share {
+    Exclusive,
+    Reader,
+    Permits(usize),
+}
+
+fn share(value: &[u8]) -> Share {
+    if value == b"fencelock:read" {
+        return Share::Reader;
+    }
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|v| v.strip_prefix("fencelock:permit/"))
+        .and_then(|n| n.parse::<usize>().ok())
+        .filter(|n| *n > 0)
+        .map_or(Share::Exclusive, Share::Permits)
+}
+
+fn admits(mine: Share, ahead: &[Share]) -> bool {
+    match mine {
+        Share::Exclusive => ahead.is_empty(),
+        Share::Reader => ahead.iter().all(|s| *s == Share::Reader),
+        Share::Permits(n) => ahead.len() < n && ahead.iter().all(|s| *s == Share::Permits(n)),
+    }
+}
+
+/// What the checker found.
+#[derive(Debug, Default)]
+pub(crate) struct Verdict {
+    /// Each check run, by name, and how many times.
+    pub(crate) checked: Vec<(&'static str, usize)>,
+    /// Every violation, with the history around it.
+    pub(crate) violations: Vec<String>,
+}
+
+/// Checks `events` against `history`; `left` are the keys found after the run settled,
+/// `ended` when the workload stopped.
+pub(crate) fn check(
+    history: &[Observed],
+    events: &[Event],
+    left: &[String],
+    ended: Instant,
+    namespace: &str,
+) -> Verdict {
+    let lives = lives(history, namespace);
+    let by_key: HashMap<&[u8], Vec<usize>> = lives.iter().enumerate().fold(
+        HashMap::new(),
+        |mut map: HashMap<&[u8], Vec<usize>>, (i, life)| {
+            map.entry(life.key.as_slice()).or_default().push(i);
+            map
+        },
+    );
+    let by_prefix: HashMap<&[u8], Vec<usize>> = lives.iter().enumerate().fold(
+        HashMap::new(),
+        |mut map: HashMap<&[u8], Vec<usize>>, (i, life)| {
+            map.entry(life.prefix.as_slice()).or_default().push(i);
+            map
+        },
+    );
+    let mut verdict = Verdict::default();
+    let mut counts: HashMap<&'static str, usize> = HashMap::new();
+    let grants: HashMap<u64, &Grant> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Grant(g) => Some((g.id, g)),
+            _ => None,
+        })
+        .collect();
+    let life_of = |grant: &Grant| -> Option<&Life> {
+        by_key
+            .get(grant.key.as_bytes())?
+            .iter()
+            .map(|i| &lives[*i])
+            .find(|life| life.created == grant.token)
+    };
+    let dump = |prefix: &[u8], around: i64| history_around(history, prefix, around);
+
+    for grant in grants.values() {
+        *counts.entry("token").or_default() += 1;
+        let Some(life) = life_of(grant) else {
+            verdict.violations.push(format!(
+                "token: client {} was granted {} with token {}, but no key of that name was \
+                 created at that revision",
+                grant.client, grant.key, grant.token
+            ));
+            continue;
+        };
+        *counts.entry("exclusion").or_default() += 1;
+        let revision = grant.admitted;
+        if !life.alive_at(revision) {
+            verdict.violations.push(format!(
+                "exclusion: client {} was granted {} (token {}) at revision {revision}, when its \
+                 key did not exist (deleted at {:?})\n{}",
+                grant.client,
+                grant.key,
+                grant.token,
+                life.deleted.map(|(d, _)| d),
+                dump(&life.prefix, revision)
+            ));
+            continue;
+        }
+        let ahead: Vec<&Life> = by_prefix
+            .get(life.prefix.as_slice())
+            .into_iter()
+            .flatten()
+            .map(|i| &lives[*i])
+            .filter(|other| other.created < life.created && other.alive_at(revision))
+            .collect();
+        let shares: Vec<Share> = ahead.iter().map(|other| share(&other.value)).collect();
+        if !admits(share(&life.value), &shares) {
+            let names: Vec<String> = ahead
+                .iter()
+                .map(|o| format!("{}@{}", String::from_utf8_lossy(&o.key), o.created))
+                .collect();
+            verdict.violations.push(format!(
+                "exclusion: client {} was granted {} (token {}) at revision {revision} while \
+                 {names:?} were ahead of it\n{}",
+                grant.client,
+                grant.key,
+                grant.token,
+                dump(&life.prefix, revision)
+            ));
+        }
+    }
+
+    for event in events {
+        match event {
+            Event::Held { id, at, held: true } => {
+                let Some(grant) = grants.get(id) else {
+                    continue;
+                };
+                let Some(life) = life_of(grant) else { continue };
+                *counts.entry("holding").or_default() += 1;
+                if let Some((revision, seen)) = life.deleted {
+                    let bound = HeldBound::for_ttl(grant.ttl);
+                    if *at > seen + bound {
+                        verdict.violations.push(format!(
+                            "holding: client {}'s is_held() said true for {} (token {}) {:?} \
+                             after its key was deleted at revision {revision} (bound {bound:?})\n{}",
+                            grant.client,
+                            grant.key,
+                            grant.token,
+                            at.duration_since(seen),
+                            dump(&life.prefix, revision)
+                        ));
+                    }
+                }
+            }
+            Event::Lost {
+                id,
+                at,
+                reason: LossReason::KeyDeleted,
+            } => {
+                let Some(grant) = grants.get(id) else {
+                    continue;
+                };
+                let Some(life) = life_of(grant) else { continue };
+                *counts.entry("holding").or_default() += 1;
+                // The recorder may hear of a deletion a little after the client does.
+                let heard_late = |seen: Instant| seen > *at + Duration::from_secs(2);
+                if life.deleted.is_none_or(|(_, seen)| heard_late(seen)) {
+                    verdict.violations.push(format!(
+                        "holding: client {} was told its key {} (token {}) was deleted, before \
+                         it was (deleted: {:?})",
+                        grant.client,
+                        grant.key,
+                        grant.token,
+                        life.deleted.map(|(d, _)| d)
+                    ));
+                }
+            }
+            Event::Released {
+                id,
+                started,
+                outcome: Outcome::Released,
+            } => {
+                let Some(grant) = grants.get(id) else {
+                    continue;
+                };
+                let Some(life) = life_of(grant) else { continue };
+                *counts.entry("release").or_default() += 1;
+                match life.deleted {
+                    None => verdict.violations.push(format!(
+                        "release: client {} released {} (token {}), and its key was never \
+                         deleted",
+                        grant.client, grant.key, grant.token
+                    )),
+                    // Someone else deleted it long before: the release found nothing of
+                    // its own to delete, and should have said so.
+                    Some((revision, seen)) if seen + HeldBound::for_ttl(grant.ttl) < *started => {
+                        verdict.violations.push(format!(
+                            "release: client {} reported {} (token {}) released, but its key \
+                             had been deleted at revision {revision}, {:?} before the release",
+                            grant.client,
+                            grant.key,
+                            grant.token,
+                            started.duration_since(seen)
+                        ));
+                    }
+                    Some(_) => {}
+                }
+            }
+            _ => {}
+        }
+    }
+
+    // Progress: every key admitted by the history is granted, or gone, soon.
+    let granted: HashMap<(&[u8], i64), &Grant> = grants
+        .values()
+        .map(|g| ((g.key.as_bytes(), g.token), *g))
+        .collect();
+    let seen_at = revision_times(history);
+    for life in &lives {
+        let Some(peers) = by_prefix.get(life.prefix.as_slice()) else {
+            continue;
+        };
+        *counts.entry("progress").or_default() += 1;
+        let Some(admitted) = first_admission(life, peers, &lives) else {
+            continue;
+        };
+        let since = seen_at.get(&admitted).copied().unwrap_or(life.created_seen);
+        let until = match granted.get(&(life.key.as_slice(), life.created)) {
+            // Granted: when the client was told.
+            Some(grant) => grant.at,
+            None => life.deleted.map_or(ended, |(_, seen)| seen),
+        };
+        if until > since + STALL_BOUND {
+            let who = if granted.contains_key(&(life.key.as_slice(), life.created)) {
+                "its waiter was granted only"
+            } else {
+                "nobody took it; it went only"
+            };
+            verdict.violations.push(format!(
+                "progress: key {} (created {}) was admitted at revision {admitted}, and {who} \
+                 {:?} later\n{}",
+                String::from_utf8_lossy(&life.key),
+                life.created,
+                until.duration_since(since),
+                dump(&life.prefix, admitted)
+            ));
+        }
+    }
+
+    *counts.entry("leftovers").or_default() += 1;
+    for key in left {
+        verdict.violations.push(format!(
+            "leftovers: key {key} was still there after the run settled"
+        ));
+    }
+
+    let mut checked: Vec<(&'static str, usize)> = counts.into_iter().collect();
+    checked.sort();
+    verdict.checked = checked;
+    verdict
+}
+
+/// Every key's life under `namespace`, from the history.
+fn lives(history: &[Observed], namespace: &str) -> Vec<Life> {
+    let mut lives: Vec<Life> = Vec::new();
+    let mut open: HashMap<Vec<u8>, usize> = HashMap::new();
+    for event in history {
+        let prefix = prefix_of(&event.key, namespace);
+        if prefix.len() == event.key.len() {
+            // Not a lock's key (the harness's end marker).
+            continue;
+        }
+        match &event.put {
+            Some(put) => {
+                if let Some(i) = open.get(&event.key) {
+                    // An update of a live key (a leader's proclaim): same life.
+                    lives[*i].value.clone_from(&put.value);
+                    continue;
+                }
+                open.insert(event.key.clone(), lives.len());
+                lives.push(Life {
+                    prefix,
+                    key: event.key.clone(),
+                    created: put.create_revision,
+                    created_seen: event.seen,
+                    value: put.value.clone(),
+                    deleted: None,
+                });
+            }
+            None => {
+                if let Some(i) = open.remove(&event.key) {
+                    lives[i].deleted = Some((event.revision, event.seen));
+                }
+            }
+        }
+    }
+    lives
+}
+
+/// The lock prefix of a key `<namespace>/<name>/<rest>`.
+fn prefix_of(key: &[u8], namespace: &str) -> Vec<u8> {
+    let skip = namespace.len() + 1;
+    let rest = key.get(skip..).unwrap_or_default();
+    let end = rest
+        .iter()
+        .position(|b| *b == b'/')
+        .map_or(key.len(), |p| skip + p + 1);
+    key[..end].to_vec()
+}
+
+/// When the recorder first saw each revision.
+fn revision_times(history: &[Observed]) -> HashMap<i64, Instant> {
+    let mut times = HashMap::new();
+    for event in history {
+        times.entry(event.revision).or_insert(event.seen);
+    }
+    times
+}
+
+/// The first revision at which `life`'s key is admitted by the keys ahead of it.
+fn first_admission(life: &Life, peers: &[usize], lives: &[Life]) -> Option<i64> {
+    let ahead: Vec<&Life> = peers
+        .iter()
+        .map(|i| &lives[*i])
+        .filter(|other| other.created < life.created)
+        .collect();
+    let mut moments: BTreeSet<i64> = ahead
+        .iter()
+        .filter_map(|other| other.deleted.map(|(d, _)| d))
+        .filter(|d| *d > life.created)
+        .collect();
+    moments.insert(life.created);
+    let mine = share(&life.value);
+    moments.into_iter().find(|revision| {
+        life.alive_at(*revision) && {
+            let shares: Vec<Share> = ahead
+                .iter()
+                .filter(|other| other.alive_at(*revision))
+                .map(|other| share(&other.value))
+                .collect();
+            admits(mine, &shares)
+        }
+    })
+}
+
+/// The history of `prefix` around `revision`, for a violation's report.
+fn history_around(history: &[Observed], prefix: &[u8], revision: i64) -> String {
+    let mut out = String::from("  history of the lock around it:\n");
+    let relevant: Vec<&Observed> = history
+        .iter()
+        .filter(|e| e.key.starts_with(prefix))
+        .collect();
+    let at = relevant
+        .iter()
+        .position(|e| e.revision >= revision)
+        .unwrap_or(relevant.len());
+    for event in &relevant[at.saturating_sub(12)..(at + 8).min(relevant.len())] {
+        let what = match &event.put {
+            Some(put) => format!(
+                "put (value {:?}, lease {:x})",
+                String::from_utf8_lossy(&put.value),
+                put.lease
+            ),
+            None => "delete".to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "    {} {} {what}",
+            event.revision,
+            String::from_utf8_lossy(&event.key)
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NS: &str = "soak";
+
+    struct Story {
+        start: Instant,
+        history: Vec<Observed>,
+        events: Vec<Event>,
+    }
+
+    impl Story {
+        fn new() -> Self {
+            Self {
+                start: Instant::now(),
+                history: Vec::new(),
+                events: Vec::new(),
+            }
+        }
+
+        fn at(&self, ms: u64) -> Instant {
+            self.start + Duration::from_millis(ms)
+        }
+
+        fn put(&mut self, revision: i64, key: &str, value: &str, ms: u64) {
+            self.history.push(Observed {
+                revision,
+                key: key.as_bytes().to_vec(),
+                put: Some(Put {
+                    create_revision: revision,
+                    value: value.as_bytes().to_vec(),
+                    lease: 1,
+                }),
+                seen: self.at(ms),
+            });
+        }
+
+        fn delete(&mut self, revision: i64, key: &str, ms: u64) {
+            self.history.push(Observed {
+                revision,
+                key: key.as_bytes().to_vec(),
+                put: None,
+                seen: self.at(ms),
+            });
+        }
+
+        fn grant(&mut self, id: u64, key: &str, token: i64, admitted: i64, ms: u64) {
+            self.events.push(Event::Grant(Grant {
+                id,
+                client: 0,
+                key: key.to_owned(),
+                token,
+                admitted,
+                ttl: Duration::from_secs(2),
+                at: self.at(ms),
+            }));
+        }
+
+        fn check(&self, ended_ms: u64) -> Verdict {
+            check(&self.history, &self.events, &[], self.at(ended_ms), NS)
+        }
+    }
+
+    fn kinds(verdict: &Verdict) -> Vec<&str> {
+        verdict
+            .violations
+            .iter()
+            .map(|v| v.split(':').next().unwrap_or_default())
+            .collect()
+    }
+
+    #[test]
+    fn a_clean_handoff_passes() {
+        let mut s = Story::new();
+        s.put(2, "soak/x/a-0", "", 0);
+        s.grant(1, "soak/x/a-0", 2, 2, 1);
+        s.put(3, "soak/x/b-0", "", 2);
+        s.delete(4, "soak/x/a-0", 3);
+        s.grant(2, "soak/x/b-0", 3, 4, 4);
+        s.delete(5, "soak/x/b-0", 5);
+        let verdict = s.check(10);
+        assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
+    }
+
+    #[test]
+    fn two_holders_of_one_lock_are_caught() {
+        let mut s = Story::new();
+        s.put(2, "soak/x/a-0", "", 0);
+        s.grant(1, "soak/x/a-0", 2, 2, 1);
+        s.put(3, "soak/x/b-0", "", 2);
+        // b says it was admitted at 3, while a's key lives.
+        s.grant(2, "soak/x/b-0", 3, 3, 3);
+        assert_eq!(kinds(&s.check(10)), ["exclusion"]);
+    }
+
+    #[test]
+    fn a_grant_on_a_revision_that_deleted_its_own_key_is_caught() {
+        // The prefix delete: holder's and waiter's keys go at 4; the waiter says 4.
+        let mut s = Story::new();
+        s.put(2, "soak/x/a-0", "", 0);
+        s.put(3, "soak/x/a-1", "", 1);
+        s.delete(4, "soak/x/a-0", 2);
+        s.delete(4, "soak/x/a-1", 2);
+        s.grant(1, "soak/x/a-1", 3, 4, 3);
+        assert_eq!(kinds(&s.check(10)), ["exclusion"]);
+    }
+
+    #[test]
+    fn readers_share_and_permits_count() {
+        let mut s = Story::new();
+        s.put(2, "soak/x/a", "fencelock:read", 0);
+        s.put(3, "soak/x/b", "fencelock:read", 0);
+        s.grant(1, "soak/x/a", 2, 2, 1);
+        s.grant(2, "soak/x/b", 3, 3, 1);
+        s.put(4, "soak/y/a", "fencelock:permit/2", 0);
+        s.put(5, "soak/y/b", "fencelock:permit/2", 0);
+        s.put(6, "soak/y/c", "fencelock:permit/2", 0);
+        s.grant(3, "soak/y/a", 4, 4, 1);
+        s.grant(4, "soak/y/b", 5, 5, 1);
+        s.grant(5, "soak/y/c", 6, 6, 1); // a third permit of two
+        let verdict = s.check(1);
+        assert_eq!(kinds(&verdict), ["exclusion"], "{:?}", verdict.violations);
+    }
+
+    #[test]
+    fn a_wrong_token_is_caught() {
+        let mut s = Story::new();
+        s.put(2, "soak/x/a-0", "", 0);
+        s.grant(1, "soak/x/a-0", 7, 7, 1);
+        assert_eq!(kinds(&s.check(1)), ["token"]);
+    }
+
+    #[test]
+    fn holding_long_after_the_key_went_is_caught() {
+        let mut s = Story::new();
+        s.put(2, "soak/x/a-0", "", 0);
+        s.grant(1, "soak/x/a-0", 2, 2, 1);
+        s.delete(3, "soak/x/a-0", 100);
+        s.events.push(Event::Held {
+            id: 1,
+            at: s.at(1000),
+            held: true,
+        });
+        s.events.push(Event::Held {
+            id: 1,
+            at: s.at(100 + 2000 + 1500 + 1),
+            held: true,
+        });
+        assert_eq!(kinds(&s.check(5000)), ["holding"]);
+    }
+
+    #[test]
+    fn a_lost_wakeup_and_a_key_nobody_holds_are_caught() {
+        let mut s = Story::new();
+        s.put(2, "soak/x/a-0", "", 0);
+        s.grant(1, "soak/x/a-0", 2, 2, 1);
+        s.put(3, "soak/x/b-0", "", 2);
+        s.delete(4, "soak/x/a-0", 10);
+        // b's waiter hears only 7 s later.
+        s.grant(2, "soak/x/b-0", 3, 4, 7010);
+        s.delete(5, "soak/x/b-0", 7020);
+        // An orphan on another lock: created, admitted at once, never held, never gone.
+        s.put(6, "soak/y/c-0", "", 7030);
+        let verdict = s.check(15_000);
+        assert_eq!(
+            kinds(&verdict),
+            ["progress", "progress"],
+            "{:?}",
+            verdict.violations
+        );
+    }
+
+    #[test]
+    fn keys_left_after_the_run_are_reported() {
+        let s = Story::new();
+        let verdict = check(&s.history, &s.events, &["soak/x/a-0".into()], s.at(0), NS);
+        assert_eq!(kinds(&verdict), ["leftovers"]);
+    }
+
+    #[test]
+    fn a_prefix_is_the_namespace_and_the_lock_name() {
+        assert_eq!(prefix_of(b"soak/x/0a-1", NS), b"soak/x/");
+        assert_eq!(prefix_of(b"soak/long-name/k", NS), b"soak/long-name/");
+    }
+}

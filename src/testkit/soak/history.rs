@@ -1,0 +1,106 @@
+//! The soak's record of the truth: a watch from revision 1 over the namespace, on a client
+//! of its own that no fault touches, resumed from the revision after the last one it saw
+//! whenever its stream breaks (a member killed). The nemesis compacts only up to what the
+//! recorder has seen, so the record never has a hole.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use etcd_client::{Client, EventType, WatchOptions};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::checker::{Observed, Put};
+
+/// The recorder's shared state.
+#[derive(Debug, Default)]
+pub(crate) struct Record {
+    events: Mutex<Vec<Observed>>,
+}
+
+impl Record {
+    fn push(&self, observed: Vec<Observed>) {
+        self.events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(observed);
+    }
+
+    /// Everything recorded so far.
+    pub(crate) fn snapshot(&self) -> Vec<Observed> {
+        self.events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Records every change under `namespace/` into `record` until `stop` turns true;
+/// `progress` tells the highest revision seen.
+pub(crate) async fn record(
+    client: Client,
+    namespace: String,
+    record: Arc<Record>,
+    progress: watch::Sender<i64>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let prefix = format!("{namespace}/");
+    let mut next = 1;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(next)
+            .with_progress_notify();
+        let mut watcher = client.watch_client();
+        let opened = tokio::select! {
+            opened = watcher.watch(prefix.as_str(), Some(options)) => opened,
+            _ = stop.changed() => return,
+        };
+        let Ok(mut stream) = opened else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        loop {
+            let message = tokio::select! {
+                message = stream.message() => message,
+                _ = stop.changed() => return,
+            };
+            let Ok(Some(response)) = message else { break };
+            if response.canceled() {
+                tracing::warn!(
+                    compact = response.compact_revision(),
+                    "the soak recorder's watch was cancelled"
+                );
+                break;
+            }
+            let seen = Instant::now();
+            let observed: Vec<Observed> = response
+                .events()
+                .iter()
+                .filter_map(|event| {
+                    let kv = event.kv()?;
+                    let put = (event.event_type() == EventType::Put).then(|| Put {
+                        create_revision: kv.create_revision(),
+                        value: kv.value().to_vec(),
+                        lease: kv.lease(),
+                    });
+                    Some(Observed {
+                        revision: kv.mod_revision(),
+                        key: kv.key().to_vec(),
+                        put,
+                        seen,
+                    })
+                })
+                .collect();
+            if let Some(last) = observed.last() {
+                next = last.revision + 1;
+                progress.send_replace(last.revision);
+            }
+            record.push(observed);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

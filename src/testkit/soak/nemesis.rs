@@ -1,0 +1,264 @@
+//! The soak's nemesis: faults on a random schedule drawn from the seed. Per client and
+//! member (the proxy on that path): added latency; requests held, the client's connection
+//! broken, and the held requests delivered late (a request applied after its sender gave
+//! up and retried elsewhere); answers lost; a cut; a pause. Cluster-wide: a member killed
+//! and restarted, an operator's prefix delete of a lock or delete of one key, a
+//! compaction (never past what the recorder has seen), a lease revoked by an operator.
+//! At most three faults run at once, never two on one path.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use etcd_client::{Client, DeleteOptions, GetOptions};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::rng::Rng;
+use crate::testkit::{EtcdCluster, FaultProxy};
+
+/// The faults injected, by kind, and a line per fault for reports.
+#[derive(Debug, Default)]
+pub(crate) struct Faults {
+    counts: Mutex<BTreeMap<&'static str, u64>>,
+    log: Mutex<Vec<(Instant, String)>>,
+}
+
+impl Faults {
+    fn note(&self, kind: &'static str, what: String) {
+        *self
+            .counts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(kind)
+            .or_default() += 1;
+        self.log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((Instant::now(), what));
+    }
+
+    /// Faults injected, by kind.
+    pub(crate) fn counts(&self) -> BTreeMap<&'static str, u64> {
+        self.counts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The faults' log, with times relative to `start`.
+    pub(crate) fn log(&self, start: Instant) -> Vec<String> {
+        self.log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(at, what)| format!("{:>8.3}s {what}", at.duration_since(start).as_secs_f64()))
+            .collect()
+    }
+}
+
+/// Everything the nemesis acts on.
+pub(crate) struct Targets {
+    pub(crate) cluster: Arc<tokio::sync::Mutex<EtcdCluster>>,
+    /// `proxies[client][member]`.
+    pub(crate) proxies: Arc<Vec<Vec<FaultProxy>>>,
+    pub(crate) admin: Client,
+    pub(crate) namespace: String,
+    pub(crate) names: Arc<Vec<String>>,
+    /// The highest revision the recorder has seen: compactions stay at or below it + 1.
+    pub(crate) recorded: watch::Receiver<i64>,
+}
+
+/// Injects faults until `until`, then heals everything.
+pub(crate) async fn run(targets: Targets, mut rng: Rng, until: Instant, faults: Arc<Faults>) {
+    let targets = Arc::new(targets);
+    let busy: Arc<Mutex<HashSet<(usize, usize)>>> = Arc::default();
+    let member_down: Arc<Mutex<bool>> = Arc::default();
+    let mut running = JoinSet::new();
+    let mut stream = 0;
+    while Instant::now() < until {
+        tokio::time::sleep(rng.millis(100, 500)).await;
+        while running.try_join_next().is_some() {}
+        if running.len() >= 3 {
+            continue;
+        }
+        stream += 1;
+        let mut fault_rng = rng.fork(stream);
+        let kind = rng.weighted(&[14, 24, 10, 10, 8, 8, 8, 8, 6, 4]);
+        let clients = targets.proxies.len();
+        let members = targets.proxies.first().map_or(0, Vec::len);
+        let path = (rng.index(clients), rng.index(members));
+        if kind <= 4 && !lock(&busy).insert(path) {
+            continue;
+        }
+        let (targets, faults, busy, down) = (
+            targets.clone(),
+            faults.clone(),
+            busy.clone(),
+            member_down.clone(),
+        );
+        running.spawn(async move {
+            let (client, member) = path;
+            let proxy = &targets.proxies[client][member];
+            let at = format!("client {client} -> member {member}");
+            match kind {
+                0 => {
+                    let delay = fault_rng.millis(20, 250);
+                    faults.note("delay", format!("{at}: {delay:?} latency"));
+                    proxy.delay(delay);
+                    tokio::time::sleep(fault_rng.millis(500, 2500)).await;
+                    proxy.delay(Duration::ZERO);
+                }
+                1 => {
+                    faults.note(
+                        "late requests",
+                        format!("{at}: requests held, delivered late"),
+                    );
+                    proxy.hold_requests();
+                    tokio::time::sleep(fault_rng.millis(100, 800)).await;
+                    proxy.sever();
+                    tokio::time::sleep(fault_rng.millis(0, 600)).await;
+                    proxy.deliver_held();
+                    proxy.heal();
+                }
+                2 => {
+                    faults.note("lost answers", format!("{at}: answers lost"));
+                    proxy.hold_answers();
+                    tokio::time::sleep(fault_rng.millis(100, 500)).await;
+                    proxy.sever();
+                    proxy.heal();
+                }
+                3 => {
+                    faults.note("cut", format!("{at}: cut"));
+                    proxy.cut();
+                    tokio::time::sleep(fault_rng.millis(300, 2500)).await;
+                    proxy.heal();
+                }
+                4 => {
+                    faults.note("pause", format!("{at}: paused"));
+                    proxy.pause();
+                    tokio::time::sleep(fault_rng.millis(200, 1500)).await;
+                    proxy.resume();
+                }
+                5 => kill_member(&targets, &mut fault_rng, &faults, &down).await,
+                6 => {
+                    let name = &targets.names[fault_rng.index(targets.names.len())];
+                    let prefix = format!("{}/{name}/", targets.namespace);
+                    let mut admin = targets.admin.clone();
+                    let deleted = admin
+                        .delete(prefix.as_str(), Some(DeleteOptions::new().with_prefix()))
+                        .await
+                        .map_or(0, |r| r.deleted());
+                    faults.note(
+                        "prefix delete",
+                        format!("operator: del --prefix {prefix} ({deleted} keys)"),
+                    );
+                }
+                7 => {
+                    if let Some((key, _)) = pick_key(&targets, &mut fault_rng).await {
+                        let mut admin = targets.admin.clone();
+                        let _ = admin.delete(key.as_str(), None).await;
+                        faults.note("key delete", format!("operator: del {key}"));
+                    }
+                }
+                8 => {
+                    let recorded = *targets.recorded.borrow();
+                    let mut admin = targets.admin.clone();
+                    let current = admin
+                        .get("soak-compaction-probe", None)
+                        .await
+                        .ok()
+                        .and_then(|r| r.header().map(|h| h.revision()))
+                        .unwrap_or(0);
+                    let at = current.min(recorded + 1);
+                    if at > 1 && admin.compact(at, None).await.is_ok() {
+                        faults.note("compaction", format!("compact at revision {at}"));
+                    }
+                }
+                _ => {
+                    if let Some((key, lease)) = pick_key(&targets, &mut fault_rng).await {
+                        if lease != 0 {
+                            let mut admin = targets.admin.clone();
+                            let _ = admin.lease_revoke(lease).await;
+                            faults.note(
+                                "lease revoke",
+                                format!("operator: revoke lease {lease:x} (of {key})"),
+                            );
+                        }
+                    }
+                }
+            }
+            lock(&busy).remove(&path);
+        });
+    }
+    while running.join_next().await.is_some() {}
+    heal_all(&targets).await;
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+async fn kill_member(targets: &Targets, rng: &mut Rng, faults: &Faults, down: &Mutex<bool>) {
+    {
+        let mut down = lock(down);
+        if *down {
+            return;
+        }
+        *down = true;
+    }
+    let mut cluster = targets.cluster.lock().await;
+    let member = if rng.chance(50) {
+        cluster.leader().await.unwrap_or(0)
+    } else {
+        rng.index(cluster.len())
+    };
+    if cluster.kill(member).is_ok() {
+        faults.note("member kill", format!("member {member} killed"));
+        drop(cluster);
+        tokio::time::sleep(rng.millis(500, 2500)).await;
+        let mut cluster = targets.cluster.lock().await;
+        if let Err(err) = cluster.restart(member).await {
+            tracing::warn!(%err, member, "soak: restarting a member failed");
+        }
+    }
+    *lock(down) = false;
+}
+
+/// A live key under the namespace, with its lease.
+async fn pick_key(targets: &Targets, rng: &mut Rng) -> Option<(String, i64)> {
+    let mut admin = targets.admin.clone();
+    let read = admin
+        .get(
+            format!("{}/", targets.namespace),
+            Some(GetOptions::new().with_prefix()),
+        )
+        .await
+        .ok()?;
+    let kvs = read.kvs();
+    if kvs.is_empty() {
+        return None;
+    }
+    let kv = &kvs[rng.index(kvs.len())];
+    Some((String::from_utf8_lossy(kv.key()).into_owned(), kv.lease()))
+}
+
+/// Every path open again, latency gone, what was held delivered; every member running.
+pub(crate) async fn heal_all(targets: &Targets) {
+    for proxies in targets.proxies.iter() {
+        for proxy in proxies {
+            proxy.deliver_held();
+            proxy.delay(Duration::ZERO);
+            proxy.heal();
+        }
+    }
+    let mut cluster = targets.cluster.lock().await;
+    for member in 0..cluster.len() {
+        if cluster.pid(member).is_none() {
+            if let Err(err) = cluster.restart(member).await {
+                tracing::warn!(%err, member, "soak: restarting a member failed");
+            }
+        }
+    }
+}

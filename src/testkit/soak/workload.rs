@@ -1,0 +1,268 @@
+//! The soak's clients: each an [`EtcdLocker`] whose every member is behind a fault proxy
+//! of its own, running several tasks that take locks, semaphore permits, read and write
+//! locks and leadership on a few shared names, hold them (a few milliseconds, or longer
+//! than their lease, sampling `is_held()` and listening to `lost()`), and release or drop
+//! them. Everything a task is told is recorded for the checker.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::checker::{Event, Grant, Outcome};
+use super::rng::Rng;
+use crate::etcd::{EtcdGuard, EtcdLocker, Leadership};
+use crate::{LockBackend, LockError, LockGuard, LockOptions, ReleaseOutcome};
+
+/// What the clients did, in counts.
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    pub(crate) attempts: AtomicU64,
+    pub(crate) grants: AtomicU64,
+    pub(crate) busy: AtomicU64,
+    pub(crate) timeouts: AtomicU64,
+    pub(crate) errors: AtomicU64,
+    pub(crate) released: AtomicU64,
+    pub(crate) not_held: AtomicU64,
+    pub(crate) dropped: AtomicU64,
+    pub(crate) losses: AtomicU64,
+}
+
+impl Tally {
+    fn add(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Where the clients' events go.
+#[derive(Debug, Default)]
+pub(crate) struct Journal {
+    events: Mutex<Vec<Event>>,
+    next_id: AtomicU64,
+}
+
+impl Journal {
+    fn push(&self, event: Event) {
+        self.events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(event);
+    }
+
+    fn id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn snapshot(&self) -> Vec<Event> {
+        self.events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// A primitive the workload takes.
+#[derive(Clone, Copy, Debug)]
+enum Primitive {
+    Lock,
+    Permit,
+    Read,
+    Write,
+    Leader,
+}
+
+/// A grant of any primitive.
+enum Held {
+    Guard(EtcdGuard),
+    Leader(Leadership),
+}
+
+impl Held {
+    fn guard(&self) -> &EtcdGuard {
+        match self {
+            Self::Guard(guard) => guard,
+            Self::Leader(leadership) => leadership.guard(),
+        }
+    }
+
+    async fn release(self) -> Result<ReleaseOutcome, LockError> {
+        match self {
+            Self::Guard(guard) => guard.release().await,
+            Self::Leader(leadership) => leadership.resign().await,
+        }
+    }
+}
+
+/// One task of client `client`: acquisitions until `stop` turns true.
+pub(crate) async fn task(
+    client: usize,
+    locker: EtcdLocker,
+    names: Arc<Vec<String>>,
+    mut rng: Rng,
+    stop: watch::Receiver<bool>,
+    journal: Arc<Journal>,
+    tally: Arc<Tally>,
+) {
+    while !*stop.borrow() {
+        let name = &names[rng.index(names.len())];
+        let primitive = [
+            Primitive::Lock,
+            Primitive::Permit,
+            Primitive::Read,
+            Primitive::Write,
+            Primitive::Leader,
+        ][rng.weighted(&[40, 15, 15, 15, 15])];
+        let ttl = Duration::from_secs(if rng.chance(60) { 2 } else { 3 });
+        let wait = [
+            Duration::from_millis(300),
+            Duration::from_secs(1),
+            Duration::from_secs(8),
+        ][rng.weighted(&[40, 40, 20])];
+        let options = LockOptions::new()
+            .with_ttl(ttl)
+            .with_wait_timeout(wait)
+            .with_renewal(!rng.chance(5));
+        let try_only = rng.chance(20);
+        Tally::add(&tally.attempts);
+        let acquired = acquire(
+            &locker, name, primitive, try_only, &options, client, &journal,
+        )
+        .await;
+        let held = match acquired {
+            Ok(Some(held)) => held,
+            Ok(None) => {
+                Tally::add(&tally.busy);
+                continue;
+            }
+            Err(err) if err.is_wait_timeout() => {
+                Tally::add(&tally.timeouts);
+                continue;
+            }
+            Err(err) => {
+                tracing::debug!(%err, "soak acquisition failed");
+                Tally::add(&tally.errors);
+                // A failing member or path: do not spin.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        Tally::add(&tally.grants);
+        let id = journal.id();
+        let guard = held.guard();
+        journal.push(Event::Grant(Grant {
+            id,
+            client,
+            key: guard.key().to_owned(),
+            token: guard.token().as_revision(),
+            admitted: guard.admitted_revision(),
+            ttl,
+            at: Instant::now(),
+        }));
+        let hold = match rng.weighted(&[70, 25, 5]) {
+            0 => rng.millis(0, 20),
+            1 => rng.millis(50, 500),
+            // Longer than the lease: renewal must carry it (or a lock without renewal
+            // must learn its lease ran out).
+            _ => ttl.mul_f64(1.5) + rng.millis(0, 1000),
+        };
+        hold_for(id, guard, hold, &journal, &tally).await;
+        let started = Instant::now();
+        if rng.chance(85) {
+            let outcome = match held.release().await {
+                Ok(ReleaseOutcome::Released) => {
+                    Tally::add(&tally.released);
+                    Outcome::Released
+                }
+                Ok(_) => {
+                    Tally::add(&tally.not_held);
+                    Outcome::NotHeld
+                }
+                Err(_) => Outcome::Failed,
+            };
+            journal.push(Event::Released {
+                id,
+                started,
+                outcome,
+            });
+        } else {
+            Tally::add(&tally.dropped);
+            drop(held);
+            journal.push(Event::Released {
+                id,
+                started,
+                outcome: Outcome::Dropped,
+            });
+        }
+    }
+}
+
+async fn acquire(
+    locker: &EtcdLocker,
+    name: &str,
+    primitive: Primitive,
+    try_only: bool,
+    options: &LockOptions,
+    client: usize,
+    journal: &Journal,
+) -> Result<Option<Held>, LockError> {
+    let guard = |g: EtcdGuard| Held::Guard(g);
+    match primitive {
+        Primitive::Lock if try_only => Ok(locker.try_lock(name, options).await?.map(guard)),
+        Primitive::Lock => Ok(Some(guard(locker.lock(name, options).await?))),
+        Primitive::Permit => {
+            let semaphore = locker.semaphore(name, 2)?;
+            if try_only {
+                Ok(semaphore.try_acquire(options).await?.map(guard))
+            } else {
+                Ok(Some(guard(semaphore.acquire(options).await?)))
+            }
+        }
+        Primitive::Read | Primitive::Write => {
+            let rw = locker.rwlock(name)?;
+            let reading = matches!(primitive, Primitive::Read);
+            match (reading, try_only) {
+                (true, true) => Ok(rw.try_read(options).await?.map(guard)),
+                (true, false) => Ok(Some(guard(rw.read(options).await?))),
+                (false, true) => Ok(rw.try_write(options).await?.map(guard)),
+                (false, false) => Ok(Some(guard(rw.write(options).await?))),
+            }
+        }
+        Primitive::Leader => {
+            let election = locker.election(name)?;
+            let value = format!("client-{client}-{}", journal.id());
+            Ok(Some(Held::Leader(election.campaign(value, options).await?)))
+        }
+    }
+}
+
+/// Holds for `hold`, sampling `is_held()` every 50 ms and listening to `lost()`.
+async fn hold_for(id: u64, guard: &EtcdGuard, hold: Duration, journal: &Journal, tally: &Tally) {
+    let until = Instant::now() + hold;
+    let lost = guard.lost();
+    tokio::pin!(lost);
+    loop {
+        journal.push(Event::Held {
+            id,
+            at: Instant::now(),
+            held: guard.is_held(),
+        });
+        let now = Instant::now();
+        if now >= until {
+            return;
+        }
+        let step = (until - now).min(Duration::from_millis(50));
+        tokio::select! {
+            () = tokio::time::sleep(step) => {}
+            reason = &mut lost => {
+                Tally::add(&tally.losses);
+                journal.push(Event::Lost { id, at: Instant::now(), reason });
+                journal.push(Event::Held { id, at: Instant::now(), held: guard.is_held() });
+                // Held on to (as a careless client would) until its time is up.
+                tokio::time::sleep_until(until).await;
+                return;
+            }
+        }
+    }
+}
