@@ -200,7 +200,7 @@ pub(crate) struct Holding {
     since: Instant,
     holders: Arc<AtomicUsize>,
     /// Set once this hold has left its lease's count: counted as lost on its own
-    /// ([`HoldingLoss`]), or ended.
+    /// (`HoldingLoss`), or ended.
     left: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -219,7 +219,8 @@ impl Holding {
 
     /// A handle that counts this one hold as lost (its key deleted while its lease
     /// lives), taking it out of its lease's count so that a later loss of the lease does
-    /// not count it again.
+    /// not count it again. Only etcd can lose one hold while its lease lives.
+    #[cfg(feature = "etcd")]
     pub(crate) fn loss(&self) -> HoldingLoss {
         HoldingLoss {
             backend: self.backend,
@@ -241,7 +242,8 @@ impl Drop for Holding {
     }
 }
 
-/// Counts one hold as lost on its own; see [`Holding::loss`].
+/// Counts one hold as lost on its own; see `Holding::loss`.
+#[cfg(feature = "etcd")]
 #[derive(Clone, Debug)]
 pub(crate) struct HoldingLoss {
     backend: Backend,
@@ -249,6 +251,7 @@ pub(crate) struct HoldingLoss {
     left: Arc<std::sync::atomic::AtomicBool>,
 }
 
+#[cfg(feature = "etcd")]
 impl HoldingLoss {
     /// Counts the loss, once, unless the hold has ended or was counted already.
     pub(crate) fn count(&self, reason: LossReason) {

@@ -114,19 +114,40 @@ const NEVER_SENT: [&str; 4] = [
     "etcdserver: no leader",
 ];
 
+/// etcd's answers that refuse a request before it enters Raft, or that Raft refused on
+/// every member alike (`etcdserver/api/v3rpc/rpctypes/error.go`; `v3_server.go`
+/// `processInternalRaftRequestOnce`, `apply.go`, `apply_auth.go`).
+const REFUSED: [&str; 8] = [
+    "etcdserver: too many requests",
+    "etcdserver: request is too large",
+    "etcdserver: too many operations in txn request",
+    "etcdserver: duplicate key given in txn request",
+    "etcdserver: requested lease not found",
+    "etcdserver: invalid auth token",
+    "etcdserver: revision of auth store is old",
+    "raft proposal dropped",
+];
+
 /// Whether a request that failed with `err` may have been applied, or may still be
-/// applied later: no answer at all, a connection that broke with the request sent, or
-/// etcd's own "request timed out" (the proposal is in Raft, `v3_server.go`
-/// `processInternalRaftRequestOnce`). Only failures that prove the request never entered
-/// Raft are not ([`NEVER_SENT`], and refusals of the request itself). When in doubt: yes.
+/// applied later: no answer at all, a connection that broke with the request sent, a
+/// stream reset, etcd's own "request timed out" (the proposal is in Raft, `v3_server.go`
+/// `processInternalRaftRequestOnce`), or anything not known to prove otherwise. Only
+/// failures that prove the request never entered Raft, or was refused by it, are not:
+/// [`NEVER_SENT`], [`REFUSED`], refused permissions and bad input. When in doubt: yes.
 pub(crate) fn may_have_applied(err: &LockError) -> bool {
     match err {
-        LockError::Timeout { .. } => true,
-        LockError::Unavailable { source, .. } => {
+        LockError::PermissionDenied { .. }
+        | LockError::InvalidConfig { .. }
+        | LockError::InvalidName { .. }
+        | LockError::InvalidOption { .. } => false,
+        LockError::Unavailable { source, .. } | LockError::Backend { source, .. } => {
             let text = source.to_string();
-            !NEVER_SENT.iter().any(|sign| text.contains(sign))
+            !NEVER_SENT
+                .iter()
+                .chain(REFUSED.iter())
+                .any(|sign| text.contains(sign))
         }
-        _ => false,
+        _ => true,
     }
 }
 

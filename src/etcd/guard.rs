@@ -221,9 +221,10 @@ impl LockGuard for EtcdGuard {
             Ok(deleted) => {
                 detached.key.give_back();
                 detached.close_own_session().await;
-                // Nothing found to delete after an attempt without an answer: that attempt
-                // deleted it, unless the lock was known lost before.
-                let released = deleted.removed || (deleted.ambiguous && !lost_before);
+                // Known lost before the release: not held, whatever the delete found (a key
+                // under its name now is not the one it held). Otherwise, nothing found to
+                // delete after an attempt without an answer: that attempt deleted it.
+                let released = !lost_before && (deleted.removed || deleted.ambiguous);
                 let (outcome, counted) = if released {
                     (ReleaseOutcome::Released, Release::Released)
                 } else {

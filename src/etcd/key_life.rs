@@ -23,7 +23,8 @@
 //!   once its last guard goes, which deletes any such key (a put carrying a revoked lease
 //!   fails whole when it is finally applied: `apply.go` `checkRequestPut`). The key's
 //!   name is never given back, so no later acquisition can mistake the late key for its
-//!   own.
+//!   own, and until the lease goes the session sweeps that name (`late_joins.rs`): a late
+//!   key is deleted within about a second, not left until the session's last guard.
 //! - **A join never adopts a key it did not create**: when a retried join finds its key
 //!   already there, that key must hold this acquisition's value (its kind), or the
 //!   acquisition fails and the session is retired.
@@ -265,6 +266,10 @@ impl QueueKey {
             match self.delete().await {
                 Ok(deleted) => {
                     self.give_back();
+                    if self.join_unknown {
+                        // The join may still land after this delete: sweep its name.
+                        super::late_joins::sweep(&self.session.inner, &self.name, &self.key);
+                    }
                     return Some(deleted);
                 }
                 // Not allowed to delete it means not allowed to have written it either.

@@ -45,6 +45,8 @@ struct LockerInner {
     hub: Arc<WatchHub>,
     // Renewed sessions by TTL in whole seconds.
     sessions: Mutex<HashMap<u64, Session>>,
+    // Retired sessions that may still carry guards: `close` closes them too.
+    retired: Mutex<Vec<std::sync::Weak<super::session::SessionInner>>>,
     // Serialises session creation so concurrent first locks share one lease.
     opening: tokio::sync::Mutex<()>,
 }
@@ -124,6 +126,7 @@ impl EtcdLocker {
                 client,
                 config: Arc::new(config),
                 sessions: Mutex::new(HashMap::new()),
+                retired: Mutex::new(Vec::new()),
                 opening: tokio::sync::Mutex::new(()),
             }),
         })
@@ -165,7 +168,14 @@ impl EtcdLocker {
                     .get(&seconds)
                     .is_some_and(|s| s.lease_id() == lease_id)
                 {
-                    sessions.remove(&seconds);
+                    if let Some(retired) = sessions.remove(&seconds) {
+                        let mut kept = inner
+                            .retired
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner);
+                        kept.retain(|s| s.strong_count() > 0);
+                        kept.push(Arc::downgrade(&retired.inner));
+                    }
                 }
             }
         });
@@ -199,10 +209,24 @@ impl EtcdLocker {
         EtcdRwLock::new(self.clone(), name)
     }
 
-    /// Closes every session: their leases are revoked, which frees every lock they hold,
-    /// and their guards report [`LossReason::Closed`](crate::LossReason::Closed).
+    /// Closes every session, retired ones included: their leases are revoked, which frees
+    /// every lock they hold, and their guards report
+    /// [`LossReason::Closed`](crate::LossReason::Closed).
     pub async fn close(&self) -> Result<(), LockError> {
-        let sessions: Vec<Session> = self.sessions().drain().map(|(_, s)| s).collect();
+        let mut sessions: Vec<Session> = self.sessions().drain().map(|(_, s)| s).collect();
+        let retired = std::mem::take(
+            &mut *self
+                .inner
+                .retired
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        sessions.extend(
+            retired
+                .iter()
+                .filter_map(std::sync::Weak::upgrade)
+                .map(|inner| Session { inner }),
+        );
         let mut result = Ok(());
         for session in sessions {
             if let Err(err) = session.close().await {

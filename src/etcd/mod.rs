@@ -23,6 +23,7 @@ mod inspect;
 mod key_life;
 mod keys;
 mod kind;
+mod late_joins;
 mod locker;
 mod queue;
 mod rwlock;

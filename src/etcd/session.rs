@@ -51,6 +51,8 @@ pub(crate) struct SessionInner {
     /// Told once when the session is retired (the locker forgets it then, so that nothing
     /// keeps it alive but its guards).
     on_retire: Option<RetireHook>,
+    /// Names whose join may still land, swept while the session lives (`late_joins.rs`).
+    pub(crate) late_joins: super::late_joins::LateJoins,
     control: mpsc::UnboundedSender<Control>,
     // Dropped with the last handle: tells the keep-alive task to revoke and stop.
     _stop: oneshot::Sender<()>,
@@ -142,6 +144,7 @@ impl Session {
                 hub,
                 retired: std::sync::atomic::AtomicBool::new(false),
                 on_retire,
+                late_joins: super::late_joins::LateJoins::default(),
                 control,
                 _stop: stop_tx,
             }),

@@ -248,8 +248,9 @@ impl Drop for Subscription {
     }
 }
 
-/// The result of a read that checks the held keys of one prefix.
-type Checked = (Vec<u8>, Result<(i64, Vec<(Vec<u8>, i64)>), String>);
+/// The result of a read that checks the held keys of one prefix (an error: why, and
+/// whether it was a refusal).
+type Checked = (Vec<u8>, Result<(i64, Vec<(Vec<u8>, i64)>), (String, bool)>);
 
 struct HubTask {
     client: Client,
@@ -321,16 +322,28 @@ impl HubTask {
     /// Carries out `actions`, and whatever they lead to.
     async fn perform(&mut self, actions: Vec<Action>) {
         let mut queue = std::collections::VecDeque::from(actions);
+        // Once a stream could not be opened in this batch, the other watches fail at once
+        // instead of each waiting out the open timeout in turn.
+        let mut unreachable: Option<String> = None;
         while let Some(action) = queue.pop_front() {
             let more = match action {
-                Action::Open { prefix, id, start } => self.open(prefix, id, start).await,
-                Action::Cancel { id } => {
-                    if let Some((sender, _)) = &mut self.stream {
-                        if sender.cancel(id).await.is_err() {
-                            self.stream = None;
-                        }
+                Action::Open { prefix, id, start } => match &unreachable {
+                    Some(why) => self.failed_open(id, why),
+                    None => {
+                        let (more, failed) = self.open(prefix, id, start).await;
+                        unreachable = failed;
+                        more
                     }
-                    Vec::new()
+                },
+                Action::Cancel { id } => {
+                    let failed = match &mut self.stream {
+                        Some((sender, _)) => sender.cancel(id).await.err(),
+                        None => None,
+                    };
+                    match failed {
+                        Some(err) => self.stream_lost(&err.to_string()),
+                        None => Vec::new(),
+                    }
                 }
                 Action::Verify { prefix } => {
                     self.check(prefix, Duration::ZERO);
@@ -343,8 +356,36 @@ impl HubTask {
         }
     }
 
-    /// Sends a watch request, opening the stream first if there is none.
-    async fn open(&mut self, prefix: Vec<u8>, id: i64, start: i64) -> Vec<Action> {
+    /// The stream is gone (a request could not be sent on it): every watch on it is asked
+    /// for again on a new one. Returns what that takes.
+    fn stream_lost(&mut self, why: &str) -> Vec<Action> {
+        tracing::debug!(why, "watch stream lost");
+        self.stream = None;
+        let mut more = Vec::new();
+        if let Some(shared) = self.shared.upgrade() {
+            shared.state().stream_broken(&mut more);
+        }
+        more
+    }
+
+    /// Watch `id` could not be asked for: its followers are told (see
+    /// `HubState::open_failed`).
+    fn failed_open(&mut self, id: i64, why: &str) -> Vec<Action> {
+        let mut more = Vec::new();
+        if let Some(shared) = self.shared.upgrade() {
+            shared.state().open_failed(id, why, &mut more);
+        }
+        more
+    }
+
+    /// Sends a watch request, opening the stream first if there is none. Returns what that
+    /// leads to, and why no stream could be opened (if so).
+    async fn open(
+        &mut self,
+        prefix: Vec<u8>,
+        id: i64,
+        start: i64,
+    ) -> (Vec<Action>, Option<String>) {
         // Asked for again meanwhile (the stream broke): only the newest request counts,
         // or the server would keep a watch nobody reads.
         let current = self
@@ -352,7 +393,7 @@ impl HubTask {
             .upgrade()
             .is_some_and(|shared| shared.state().is_current(&prefix, id));
         if !current {
-            return Vec::new();
+            return (Vec::new(), None);
         }
         let mut options = WatchOptions::new()
             .with_watch_id(id)
@@ -362,10 +403,12 @@ impl HubTask {
             options = options.with_start_revision(start);
         }
         let sent = match &mut self.stream {
-            Some((sender, _)) => sender
-                .watch(prefix, Some(options))
-                .await
-                .map_err(|e| e.to_string()),
+            // A request that cannot be sent means the stream is gone, for every watch on
+            // it: all of them are asked for again (this one too).
+            Some((sender, _)) => match sender.watch(prefix, Some(options)).await {
+                Ok(()) => Ok(()),
+                Err(err) => return (self.stream_lost(&err.to_string()), None),
+            },
             // Bounded: a hub stuck on an unreachable member would stall every wait.
             None => {
                 match tokio::time::timeout(OPEN_TIMEOUT, self.client.watch(prefix, Some(options)))
@@ -380,15 +423,14 @@ impl HubTask {
                 }
             }
         };
-        let mut more = Vec::new();
-        if let Err(why) = sent {
-            tracing::debug!(%why, "could not open a lock watch");
-            self.stream = None;
-            if let Some(shared) = self.shared.upgrade() {
-                shared.state().open_failed(id, &why, &mut more);
+        match sent {
+            Ok(()) => (Vec::new(), None),
+            Err(why) => {
+                tracing::debug!(%why, "could not open the watch stream");
+                self.stream = None;
+                (self.failed_open(id, &why), Some(why))
             }
         }
-        more
     }
 
     async fn dispatch(&mut self, response: &WatchResponse) {
@@ -449,7 +491,7 @@ impl HubTask {
                         .collect();
                     (revision, live)
                 })
-                .map_err(|err| err.to_string());
+                .map_err(|err| (err.to_string(), err.is_permission_denied()));
             (prefix, result)
         });
     }
@@ -461,9 +503,16 @@ impl HubTask {
                     shared.state().verified(&prefix, revision, &live);
                 }
             }
-            Err(why) => {
-                tracing::debug!(%why, "could not check held keys; retrying");
-                self.check(prefix, RETRY);
+            // Again while keys are still held there; a refusal will not change.
+            Err((why, denied)) => {
+                let followed = self
+                    .shared
+                    .upgrade()
+                    .is_some_and(|shared| shared.state().holds_keys(&prefix));
+                if followed && !denied {
+                    tracing::debug!(%why, "could not check held keys; retrying");
+                    self.check(prefix, RETRY);
+                }
             }
         }
     }

@@ -181,9 +181,10 @@ impl KeyEntry {
     fn check(&mut self) -> Option<bool> {
         match self.token {
             Some(token) if self.gone_at > token && self.loss.mark() => {
-                match (&self.on_lost, self.held) {
-                    (Some(Callback(on_lost)), true) => on_lost(self.loss.clone()),
-                    _ => self.loss.decide(),
+                // A key not held yet is decided when (if) it becomes held, so that the
+                // lease is checked and the loss counted then.
+                if let (Some(Callback(on_lost)), true) = (&self.on_lost, self.held) {
+                    on_lost(self.loss.clone());
                 }
                 Some(self.held)
             }
@@ -509,6 +510,11 @@ impl HubState {
         entry.on_lost = on_lost.map(Callback);
         entry.verified_through = entry.verified_through.max(verified_through);
         if entry.loss.is_lost() {
+            // Lost before it was held: decided (and counted) as a held lock's loss.
+            match &entry.on_lost {
+                Some(Callback(on_lost)) => on_lost(entry.loss.clone()),
+                None => entry.loss.decide(),
+            }
             return true;
         }
         if entry.has_gap(phase) {
@@ -805,6 +811,13 @@ impl HubState {
         }
     }
 
+    /// Whether keys held under `prefix` are followed.
+    pub(crate) fn holds_keys(&self, prefix: &[u8]) -> bool {
+        self.locks
+            .get(prefix)
+            .is_some_and(|w| w.keys.values().any(|e| e.held))
+    }
+
     /// Whether some watch failed and waits to be asked again.
     pub(crate) fn has_failing(&self) -> bool {
         self.locks.values().any(|w| w.phase == Phase::Failing)
@@ -860,8 +873,9 @@ impl HubState {
             .collect();
         for prefix in due {
             if let Some(watch) = self.locks.remove(&prefix) {
+                // Its id stays in `pending` until answered: a refusal comes back as -1 and
+                // must take its own place in line, not the next watch's.
                 self.by_id.remove(&watch.id);
-                self.pending.retain(|p| *p != watch.id);
                 actions.push(Action::Cancel { id: watch.id });
             }
         }

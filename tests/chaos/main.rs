@@ -8,6 +8,7 @@ mod naive_release;
 mod over_tls;
 mod partition;
 mod redis_failover;
+mod soak;
 mod unfenced_updates;
 
 use std::process::Command;

@@ -6,6 +6,7 @@ mod locks;
 mod run;
 mod run_cut_off;
 mod run_dies_with_fencelock;
+mod run_key_deleted;
 mod run_leftovers;
 mod run_member_down;
 mod run_metrics;

@@ -27,11 +27,11 @@ async fn drop_a_join<T>(
         Err(err) => assert!(err.is_wait_timeout(), "{err}"),
         Ok(_) => panic!("the join got through"),
     }
-    // The cleanup's delete goes through b, confirmed before the join is delivered.
-    let before = crate::support::unary_handled(cluster).await;
+    // The cleanup's delete goes through b, handled before the join is delivered.
+    let before = crate::support::handled(cluster, "DeleteRange").await;
     paths.b.heal();
     within(Duration::from_secs(10), "the cleanup's delete", async {
-        while crate::support::unary_handled(cluster).await <= before {
+        while crate::support::handled(cluster, "DeleteRange").await <= before {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
@@ -97,4 +97,34 @@ async fn a_late_reader_key_is_never_taken_over_by_a_writer() {
         "a reader was admitted beside the writer (the writer holds a reader's key)"
     );
     crate::support::released(writing.release().await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_join_is_swept_away_while_its_session_still_holds_other_locks() {
+    let cluster = etcd().await;
+    let ns = namespace("late-join-held");
+    let prefix = format!("{ns}/x/");
+    let paths = TwoPaths::start(&cluster).await;
+    let client = paths.locker(&ns, Duration::from_secs(1)).await;
+    let other = locker(&cluster, &ns).await;
+    let mut etcd_client = cluster.client().await.expect("client");
+    let options = LockOptions::new().with_ttl(Duration::from_secs(30));
+    // The session holds another lock for the whole test: retiring it cannot revoke its
+    // lease (and the late key with it) until that lock goes.
+    let elsewhere = client.lock("elsewhere", &options).await.expect("lock");
+
+    let short = options.clone().with_wait_timeout(Duration::from_millis(50));
+    drop_a_join(&cluster, &paths, client.lock("x", &short)).await;
+    crate::support::deliver_late(&cluster, &paths.a).await;
+
+    let wait = options.clone().with_wait_timeout(Duration::from_secs(5));
+    let granted = other.lock("x", &wait).await;
+    let left = keys(&mut etcd_client, &prefix).await;
+    let granted = granted.unwrap_or_else(|err| {
+        panic!("the late join's key blocks the lock ({err}); keys: {left:?}")
+    });
+    assert_eq!(left, vec![granted.key().to_owned()]);
+    assert!(elsewhere.is_held(), "the session's other lock is untouched");
+    crate::support::released(granted.release().await);
+    crate::support::released(elsewhere.release().await);
 }

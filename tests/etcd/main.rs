@@ -7,6 +7,7 @@ mod support;
 
 mod auth;
 mod cancel_safety;
+mod close;
 mod compaction_while_waiting;
 mod conformance;
 mod contended_cells;
@@ -38,3 +39,4 @@ mod try_lock;
 mod ttl_from_grant;
 mod unreachable;
 mod watch_refused;
+mod watch_stream_lost;

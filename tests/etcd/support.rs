@@ -195,6 +195,13 @@ pub async fn unary_handled(cluster: &EtcdCluster) -> f64 {
     )
 }
 
+/// Requests of `method` (`"DeleteRange"`, `"Txn"`, ...) the member has finished handling.
+pub async fn handled(cluster: &EtcdCluster, method: &str) -> f64 {
+    let metrics = cluster.metrics(0).await.expect("metrics");
+    let method = format!("grpc_method=\"{method}\"");
+    fencelock::testkit::metric_sum(&metrics, "grpc_server_handled_total", &[&method])
+}
+
 /// Delivers the one request `proxy` kept ([`FaultProxy::hold_one_request`]) and waits
 /// until the member has handled it (one more unary request than before): the late
 /// request has been applied, or refused, when this returns.

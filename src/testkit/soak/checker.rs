@@ -13,6 +13,9 @@
 //! - **holding**: `is_held()` never says true longer than [`HeldBound`] after the key
 //!   was deleted, and a lost guard's `lost()` names a key deletion only if there was one;
 //! - **release**: a release reported `Released` left no key behind;
+//! - **deletion**: a held key deleted before its release began was deleted by the
+//!   operator (the nemesis) or with its lease (no put used the lease afterwards), never
+//!   by a request nobody accounts for (a late delete of another acquisition);
 //! - **progress**: a key admitted by the history is granted (or gone) within
 //!   [`STALL_BOUND`]: a waiter that stays in line although the keys ahead left is a lost
 //!   wakeup, and a key nobody holds or waits on (a late join) blocks the lock;
@@ -113,6 +116,7 @@ struct Life {
     created: i64,
     created_seen: Instant,
     value: Vec<u8>,
+    lease: i64,
     deleted: Option<(i64, Instant)>,
 }
 
@@ -160,14 +164,35 @@ pub(crate) struct Verdict {
     pub(crate) violations: Vec<String>,
 }
 
+/// What the operator (the nemesis) did that may delete keys.
+#[derive(Debug, Default)]
+pub(crate) struct Operator {
+    /// The revisions of its deletes and revokes.
+    pub(crate) revisions: std::collections::BTreeSet<i64>,
+    /// When its requests that got no answer were in flight.
+    pub(crate) unanswered: Vec<(Instant, Instant)>,
+}
+
+impl Operator {
+    /// Whether the operator may have made the deletion at `revision`, seen at `seen`.
+    fn explains(&self, revision: i64, seen: Instant) -> bool {
+        self.revisions.contains(&revision)
+            || self
+                .unanswered
+                .iter()
+                .any(|(sent, ended)| seen >= *sent && seen <= *ended + Duration::from_secs(5))
+    }
+}
+
 /// Checks `events` against `history`; `left` are the keys found after the run settled,
-/// `ended` when the workload stopped.
+/// `ended` when the workload stopped, `operator` what the nemesis deleted.
 pub(crate) fn check(
     history: &[Observed],
     events: &[Event],
     left: &[String],
     ended: Instant,
     namespace: &str,
+    operator: &Operator,
 ) -> Verdict {
     let lives = lives(history, namespace);
     let by_key: HashMap<&[u8], Vec<usize>> = lives.iter().enumerate().fold(
@@ -284,7 +309,8 @@ pub(crate) fn check(
                 let Some(life) = life_of(grant) else { continue };
                 *counts.entry("holding").or_default() += 1;
                 // The recorder may hear of a deletion a little after the client does.
-                let heard_late = |seen: Instant| seen > *at + Duration::from_secs(2);
+                // (3 s of silence before the recorder opens another watch, and its reopen.)
+                let heard_late = |seen: Instant| seen > *at + Duration::from_secs(5);
                 if life.deleted.is_none_or(|(_, seen)| heard_late(seen)) {
                     verdict.violations.push(format!(
                         "holding: client {} was told its key {} (token {}) was deleted, before \
@@ -328,6 +354,47 @@ pub(crate) fn check(
                 }
             }
             _ => {}
+        }
+    }
+
+    // Deletion: a held key that went before its release began went with its lease or by
+    // the operator's hand; anything else is a request of someone else's.
+    let mut last_put: HashMap<i64, i64> = HashMap::new();
+    for event in history {
+        if let Some(put) = &event.put {
+            let last = last_put.entry(put.lease).or_default();
+            *last = (*last).max(event.revision);
+        }
+    }
+    for event in events {
+        let Event::Released { id, started, .. } = event else {
+            continue;
+        };
+        let Some(grant) = grants.get(id) else {
+            continue;
+        };
+        let Some(life) = life_of(grant) else { continue };
+        let Some((revision, seen)) = life.deleted else {
+            continue;
+        };
+        *counts.entry("deletion").or_default() += 1;
+        // Seen before the release began: certainly not the release's own delete.
+        if seen >= *started || operator.explains(revision, seen) {
+            continue;
+        }
+        let lease_ended = last_put
+            .get(&life.lease)
+            .is_none_or(|last| *last < revision);
+        if !lease_ended {
+            verdict.violations.push(format!(
+                "deletion: client {}'s key {} (token {}) was deleted at revision {revision}, \
+                 {:?} before its release began, by neither the operator nor its lease's end\n{}",
+                grant.client,
+                grant.key,
+                grant.token,
+                started.duration_since(seen),
+                dump(&life.prefix, revision)
+            ));
         }
     }
 
@@ -405,6 +472,7 @@ fn lives(history: &[Observed], namespace: &str) -> Vec<Life> {
                     created: put.create_revision,
                     created_seen: event.seen,
                     value: put.value.clone(),
+                    lease: put.lease,
                     deleted: None,
                 });
             }
@@ -554,7 +622,22 @@ mod tests {
         }
 
         fn check(&self, ended_ms: u64) -> Verdict {
-            check(&self.history, &self.events, &[], self.at(ended_ms), NS)
+            check(
+                &self.history,
+                &self.events,
+                &[],
+                self.at(ended_ms),
+                NS,
+                &Default::default(),
+            )
+        }
+
+        fn released(&mut self, id: u64, ms: u64) {
+            self.events.push(Event::Released {
+                id,
+                started: self.at(ms),
+                outcome: Outcome::Released,
+            });
         }
     }
 
@@ -670,8 +753,40 @@ mod tests {
     #[test]
     fn keys_left_after_the_run_are_reported() {
         let s = Story::new();
-        let verdict = check(&s.history, &s.events, &["soak/x/a-0".into()], s.at(0), NS);
+        let verdict = check(
+            &s.history,
+            &s.events,
+            &["soak/x/a-0".into()],
+            s.at(0),
+            NS,
+            &Default::default(),
+        );
         assert_eq!(kinds(&verdict), ["leftovers"]);
+    }
+
+    #[test]
+    fn a_held_key_deleted_by_nobody_accountable_is_caught() {
+        // A late delete of another acquisition removes a's key; b is rightly granted at
+        // that revision, and a is told in time: only the deletion itself gives it away.
+        let mut s = Story::new();
+        s.put(2, "soak/x/a-0", "", 0);
+        s.grant(1, "soak/x/a-0", 2, 2, 1);
+        s.put(3, "soak/x/b-0", "", 2);
+        s.delete(5, "soak/x/a-0", 10);
+        s.grant(2, "soak/x/b-0", 3, 5, 11);
+        // The lease of a's key lives on: a later key of the same lease.
+        s.put(6, "soak/y/a-1", "", 20);
+        s.released(1, 300);
+        s.delete(7, "soak/x/b-0", 400);
+        s.released(2, 390);
+        assert_eq!(kinds(&s.check(1000)), ["deletion"]);
+        // By the operator's hand: no violation.
+        let operator = Operator {
+            revisions: [5].into_iter().collect(),
+            unanswered: Vec::new(),
+        };
+        let verdict = check(&s.history, &s.events, &[], s.at(1000), NS, &operator);
+        assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
     }
 
     #[test]

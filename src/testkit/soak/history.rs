@@ -36,7 +36,13 @@ impl Record {
 }
 
 /// Records every change under `namespace/` into `record` until `stop` turns true;
-/// `progress` tells the highest revision seen.
+/// `progress` tells the highest revision up to which every change has been seen.
+///
+/// A watch that stops delivering without an error (its member restarting, a stream that
+/// hangs) would leave the record silently incomplete, and the checker would then see keys
+/// alive that are gone: so the recorder asks for a progress notification every second
+/// (etcd answers once every event up to the store's revision has been sent) and opens a
+/// new watch, from the revision after the last it saw, when none comes within 3 s.
 pub(crate) async fn record(
     client: Client,
     namespace: String,
@@ -44,6 +50,8 @@ pub(crate) async fn record(
     progress: watch::Sender<i64>,
     mut stop: watch::Receiver<bool>,
 ) {
+    const OPEN: Duration = Duration::from_secs(3);
+    const SILENCE: Duration = Duration::from_secs(3);
     let prefix = format!("{namespace}/");
     let mut next = 1;
     loop {
@@ -56,19 +64,29 @@ pub(crate) async fn record(
             .with_progress_notify();
         let mut watcher = client.watch_client();
         let opened = tokio::select! {
-            opened = watcher.watch(prefix.as_str(), Some(options)) => opened,
+            opened = tokio::time::timeout(OPEN, watcher.watch(prefix.as_str(), Some(options))) => opened,
             _ = stop.changed() => return,
         };
-        let Ok(mut stream) = opened else {
+        let Ok(Ok(mut stream)) = opened else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
+        let mut heard = Instant::now();
+        let mut ask = tokio::time::interval(Duration::from_secs(1));
         loop {
             let message = tokio::select! {
                 message = stream.message() => message,
+                _ = ask.tick() => {
+                    if heard.elapsed() > SILENCE || stream.request_progress().await.is_err() {
+                        tracing::debug!("soak recorder: watch silent; opening another");
+                        break;
+                    }
+                    continue;
+                }
                 _ = stop.changed() => return,
             };
             let Ok(Some(response)) = message else { break };
+            heard = Instant::now();
             if response.canceled() {
                 tracing::warn!(
                     compact = response.compact_revision(),
@@ -76,7 +94,6 @@ pub(crate) async fn record(
                 );
                 break;
             }
-            let seen = Instant::now();
             let observed: Vec<Observed> = response
                 .events()
                 .iter()
@@ -91,13 +108,21 @@ pub(crate) async fn record(
                         revision: kv.mod_revision(),
                         key: kv.key().to_vec(),
                         put,
-                        seen,
+                        seen: heard,
                     })
                 })
                 .collect();
             if let Some(last) = observed.last() {
                 next = last.revision + 1;
                 progress.send_replace(last.revision);
+            } else if !response.created() {
+                // A progress notification: every event up to its revision has been sent.
+                if let Some(revision) = response.header().map(|h| h.revision()) {
+                    if revision >= next {
+                        next = revision + 1;
+                        progress.send_replace(revision);
+                    }
+                }
             }
             record.push(observed);
         }

@@ -311,8 +311,11 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
 
     // A marker after everything: once the recorder sees it, it has seen all before it.
     let marker = format!("{namespace}/~end");
-    let _ = reader.put(marker.as_str(), "", None).await;
-    let marked = tokio::time::timeout(Duration::from_secs(10), async {
+    let marked = tokio::time::timeout(Duration::from_secs(20), async {
+        // (A member just restarted may refuse the first attempts.)
+        while reader.put(marker.as_str(), "", None).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         while !record.snapshot().iter().any(|e| e.key == marker.as_bytes()) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -326,7 +329,17 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
 
     let history = record.snapshot();
     let events = journal.snapshot();
-    let verdict = checker::check(&history, &events, &left, ended, &namespace);
+    let verdict = checker::check(
+        &history,
+        &events,
+        &left,
+        ended,
+        &namespace,
+        &checker::Operator {
+            revisions: faults.operator_revisions(),
+            unanswered: faults.unanswered(),
+        },
+    );
     violations.extend(verdict.violations);
 
     let operations = [

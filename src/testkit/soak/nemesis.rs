@@ -23,6 +23,10 @@ use crate::testkit::{EtcdCluster, FaultProxy};
 pub(crate) struct Faults {
     counts: Mutex<BTreeMap<&'static str, u64>>,
     log: Mutex<Vec<(Instant, String)>>,
+    /// The revisions of the operator's deletes and revokes: the deletions they explain.
+    operator: Mutex<std::collections::BTreeSet<i64>>,
+    /// When operator requests that got no answer were in flight: they may have deleted.
+    unanswered: Mutex<Vec<(Instant, Instant)>>,
 }
 
 impl Faults {
@@ -37,6 +41,40 @@ impl Faults {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push((Instant::now(), what));
+    }
+
+    /// Records an operator request sent at `sent`: its revision, or, without an answer,
+    /// the time it may have been applied in.
+    fn operator_at(&self, sent: Instant, header: Option<&etcd_client::ResponseHeader>) {
+        match header {
+            Some(header) => {
+                self.operator
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(header.revision());
+            }
+            None => self
+                .unanswered
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((sent, Instant::now())),
+        }
+    }
+
+    /// When operator requests without an answer were in flight.
+    pub(crate) fn unanswered(&self) -> Vec<(Instant, Instant)> {
+        self.unanswered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The revisions of the operator's deletes and revokes.
+    pub(crate) fn operator_revisions(&self) -> std::collections::BTreeSet<i64> {
+        self.operator
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Faults injected, by kind.
@@ -146,19 +184,25 @@ pub(crate) async fn run(targets: Targets, mut rng: Rng, until: Instant, faults: 
                     let name = &targets.names[fault_rng.index(targets.names.len())];
                     let prefix = format!("{}/{name}/", targets.namespace);
                     let mut admin = targets.admin.clone();
-                    let deleted = admin
+                    let sent = Instant::now();
+                    let answer = admin
                         .delete(prefix.as_str(), Some(DeleteOptions::new().with_prefix()))
-                        .await
-                        .map_or(0, |r| r.deleted());
+                        .await;
+                    faults.operator_at(sent, answer.as_ref().ok().and_then(|r| r.header()));
+                    let deleted = answer.map_or(0, |r| r.deleted());
                     faults.note(
                         "prefix delete",
                         format!("operator: del --prefix {prefix} ({deleted} keys)"),
                     );
                 }
                 7 => {
-                    if let Some((key, _)) = pick_key(&targets, &mut fault_rng).await {
+                    // Mostly a lock's holder (the oldest key of its queue).
+                    let head = fault_rng.chance(70);
+                    if let Some((key, _)) = pick_key(&targets, &mut fault_rng, head).await {
                         let mut admin = targets.admin.clone();
-                        let _ = admin.delete(key.as_str(), None).await;
+                        let sent = Instant::now();
+                        let answer = admin.delete(key.as_str(), None).await;
+                        faults.operator_at(sent, answer.as_ref().ok().and_then(|r| r.header()));
                         faults.note("key delete", format!("operator: del {key}"));
                     }
                 }
@@ -177,10 +221,12 @@ pub(crate) async fn run(targets: Targets, mut rng: Rng, until: Instant, faults: 
                     }
                 }
                 _ => {
-                    if let Some((key, lease)) = pick_key(&targets, &mut fault_rng).await {
+                    if let Some((key, lease)) = pick_key(&targets, &mut fault_rng, false).await {
                         if lease != 0 {
                             let mut admin = targets.admin.clone();
-                            let _ = admin.lease_revoke(lease).await;
+                            let sent = Instant::now();
+                            let answer = admin.lease_revoke(lease).await;
+                            faults.operator_at(sent, answer.as_ref().ok().and_then(|r| r.header()));
                             faults.note(
                                 "lease revoke",
                                 format!("operator: revoke lease {lease:x} (of {key})"),
@@ -226,16 +272,26 @@ async fn kill_member(targets: &Targets, rng: &mut Rng, faults: &Faults, down: &M
     *lock(down) = false;
 }
 
-/// A live key under the namespace, with its lease.
-async fn pick_key(targets: &Targets, rng: &mut Rng) -> Option<(String, i64)> {
+/// A live key under the namespace, with its lease: any, or (`head`) the oldest key of a
+/// random lock, its holder.
+async fn pick_key(targets: &Targets, rng: &mut Rng, head: bool) -> Option<(String, i64)> {
     let mut admin = targets.admin.clone();
-    let read = admin
-        .get(
-            format!("{}/", targets.namespace),
-            Some(GetOptions::new().with_prefix()),
-        )
-        .await
-        .ok()?;
+    let prefix = if head {
+        let name = &targets.names[rng.index(targets.names.len())];
+        format!("{}/{name}/", targets.namespace)
+    } else {
+        format!("{}/", targets.namespace)
+    };
+    let mut options = GetOptions::new().with_prefix();
+    if head {
+        options = options
+            .with_sort(
+                etcd_client::SortTarget::Create,
+                etcd_client::SortOrder::Ascend,
+            )
+            .with_limit(1);
+    }
+    let read = admin.get(prefix, Some(options)).await.ok()?;
     let kvs = read.kvs();
     if kvs.is_empty() {
         return None;

@@ -163,9 +163,10 @@ pub(crate) async fn task(
         let hold = match rng.weighted(&[70, 25, 5]) {
             0 => rng.millis(0, 20),
             1 => rng.millis(50, 500),
-            // Longer than the lease: renewal must carry it (or a lock without renewal
-            // must learn its lease ran out).
-            _ => ttl.mul_f64(1.5) + rng.millis(0, 1000),
+            // Well past the lease: renewal must carry it (or a lock without renewal must
+            // learn its lease ran out), and a holder whose key is deleted meanwhile has
+            // time to show whether it noticed (the holding check's bound is a TTL).
+            _ => ttl.mul_f64(2.5) + rng.millis(0, 2000),
         };
         hold_for(id, guard, hold, &journal, &tally).await;
         let started = Instant::now();

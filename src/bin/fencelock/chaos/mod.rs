@@ -69,6 +69,9 @@ pub struct ChaosArgs {
     /// The soak's clients, each with its own connection and proxies.
     #[arg(long, default_value_t = 4, requires = "soak")]
     pub soak_clients: usize,
+    /// The etcd binary the soak's cluster runs (default: `etcd` on `PATH`).
+    #[arg(long, env = "FENCELOCK_ETCD_BIN", value_name = "PATH")]
+    pub etcd_bin: Option<PathBuf>,
 }
 
 /// The soak: runs it, prints its summary (and writes it as JSON with `--json`).
@@ -81,9 +84,12 @@ async fn soak(args: &ChaosArgs, duration: Duration) -> BoxResult<bool> {
     eprintln!(
         "soak: seed {seed}, {duration:?} (again: fencelock chaos --soak {duration:?} --seed {seed})"
     );
-    let config = fencelock::testkit::soak::SoakConfig::new(seed)
+    let mut config = fencelock::testkit::soak::SoakConfig::new(seed)
         .with_duration(duration)
         .with_clients(args.soak_clients);
+    if let Some(binary) = &args.etcd_bin {
+        config = config.with_etcd_binary(binary);
+    }
     let report = fencelock::testkit::soak::soak(config).await?;
     print!("{}", report.summary());
     if let Some(path) = &args.json {
