@@ -30,6 +30,7 @@ mod rwlock;
 mod semaphore;
 mod session;
 mod slots;
+mod small_map;
 mod watch_hub;
 mod watch_state;
 

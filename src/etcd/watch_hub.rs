@@ -269,9 +269,9 @@ impl HubTask {
             let Some(shared) = self.shared.upgrade() else {
                 return;
             };
-            let (sweep, failing, due) = {
+            let (failing, due) = {
                 let mut state = shared.state();
-                (state.next_sweep(), state.has_failing(), state.next_due())
+                (state.has_failing(), state.next_timer())
             };
             drop(shared);
             self.next_retry = match (failing, self.next_retry) {
@@ -279,7 +279,7 @@ impl HubTask {
                 (true, None) => Some(Instant::now() + RETRY),
                 (true, due) => due,
             };
-            let wake = [sweep, self.next_retry, due].into_iter().flatten().min();
+            let wake = [self.next_retry, due].into_iter().flatten().min();
             tokio::select! {
                 // Actions first: a watch asked for must be sent before later answers are
                 // awaited.
@@ -307,8 +307,7 @@ impl HubTask {
                     }
                     if let Some(shared) = self.shared.upgrade() {
                         let mut state = shared.state();
-                        state.sweep(now, &mut more);
-                        state.open_due(now, &mut more);
+                        state.run_timers(now, &mut more);
                         if retry {
                             state.retry_failing(&mut more);
                         }
