@@ -248,6 +248,17 @@ impl QueueKey {
         Ok(Deleted { removed, ambiguous })
     }
 
+    /// The key's delete is confirmed: its name is given back, unless some request about
+    /// it got no answer; if its join may still land (a first attempt without an answer,
+    /// whatever a retry found), the session sweeps that name while it lives, or a late
+    /// key would block the lock under a lease other guards keep renewing.
+    pub(super) fn deleted(&self) {
+        self.give_back();
+        if self.join_unknown {
+            super::late_joins::sweep(&self.session.inner, &self.name, &self.key);
+        }
+    }
+
     /// The key is confirmed gone (or was never made): its name may serve the next
     /// acquisition, unless some request about it got no answer.
     pub(super) fn give_back(&self) {
@@ -265,11 +276,7 @@ impl QueueKey {
         while inner.is_alive() {
             match self.delete().await {
                 Ok(deleted) => {
-                    self.give_back();
-                    if self.join_unknown {
-                        // The join may still land after this delete: sweep its name.
-                        super::late_joins::sweep(&self.session.inner, &self.name, &self.key);
-                    }
+                    self.deleted();
                     return Some(deleted);
                 }
                 // Not allowed to delete it means not allowed to have written it either.

@@ -128,3 +128,45 @@ async fn a_late_join_is_swept_away_while_its_session_still_holds_other_locks() {
     crate::support::released(granted.release().await);
     crate::support::released(elsewhere.release().await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_first_join_of_a_lock_granted_on_a_retry_and_released_is_swept_away() {
+    let cluster = etcd().await;
+    let ns = namespace("late-join-granted");
+    let prefix = format!("{ns}/x/");
+    let paths = TwoPaths::start(&cluster).await;
+    let client = paths.locker(&ns, Duration::from_secs(1)).await;
+    let other = locker(&cluster, &ns).await;
+    let mut etcd_client = cluster.client().await.expect("client");
+    let options = LockOptions::new().with_ttl(Duration::from_secs(30));
+    // The session holds another lock for the whole test, so its lease lives on.
+    let elsewhere = client.lock("elsewhere", &options).await.expect("lock");
+
+    // The first attempt of the join is kept on a (the connection through a breaks); the
+    // retry goes through b and is granted.
+    paths.b.heal();
+    paths.hold_next_request_on_a();
+    let granted = within(
+        Duration::from_secs(10),
+        "the retried join",
+        client.lock("x", &options),
+    )
+    .await
+    .expect("granted on the retry");
+    assert_eq!(paths.a.held_requests(), 1, "the first attempt is kept");
+    crate::support::released(granted.release().await);
+
+    // The first attempt lands now, after the release, under the live lease.
+    crate::support::deliver_late(&cluster, &paths.a).await;
+
+    let wait = options.clone().with_wait_timeout(Duration::from_secs(5));
+    let next = other.lock("x", &wait).await;
+    let left = keys(&mut etcd_client, &prefix).await;
+    let next = next.unwrap_or_else(|err| {
+        panic!("the late first join's key blocks the lock ({err}); keys: {left:?}")
+    });
+    assert_eq!(left, vec![next.key().to_owned()]);
+    assert!(elsewhere.is_held(), "the session's other lock is untouched");
+    crate::support::released(next.release().await);
+    crate::support::released(elsewhere.release().await);
+}
