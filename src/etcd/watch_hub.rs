@@ -198,9 +198,15 @@ impl TrackedKey {
 
 impl Drop for TrackedKey {
     fn drop(&mut self) {
-        self.shared
-            .state()
-            .untrack(&self.prefix, &self.key, self.follower, Instant::now());
+        let mut actions = Vec::new();
+        self.shared.state().untrack(
+            &self.prefix,
+            &self.key,
+            self.follower,
+            Instant::now(),
+            &mut actions,
+        );
+        self.shared.perform(actions);
     }
 }
 
@@ -242,9 +248,11 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
+        let mut actions = Vec::new();
         self.shared
             .state()
-            .unsubscribe(&self.prefix, self.follower, Instant::now());
+            .unsubscribe(&self.prefix, self.follower, Instant::now(), &mut actions);
+        self.shared.perform(actions);
     }
 }
 

@@ -391,13 +391,19 @@ impl HubState {
     }
 
     /// Removes waiter `follower`.
-    pub(crate) fn unsubscribe(&mut self, prefix: &[u8], follower: u64, now: Instant) {
+    pub(crate) fn unsubscribe(
+        &mut self,
+        prefix: &[u8],
+        follower: u64,
+        now: Instant,
+        actions: &mut Vec<Action>,
+    ) {
         if let Some(watch) = self.locks.get_mut(prefix) {
             watch.waiters.remove(&follower);
             watch.settle(now);
         }
         self.forget_if_unused(prefix);
-        self.schedule(prefix);
+        self.schedule_waking(prefix, actions);
     }
 
     /// A deferred watch nobody follows any more is forgotten at once: the server never
@@ -449,6 +455,20 @@ impl HubState {
         if watch.queued.is_none_or(|queued| queued > due) {
             watch.queued = Some(due);
             self.timers.push(Reverse((due, prefix.to_vec())));
+        }
+    }
+
+    /// [`schedule`](Self::schedule), and wakes the task if it would sleep past the new
+    /// time (it may sleep with no deadline at all): an idle watch is closed on time even
+    /// when nothing else happens.
+    fn schedule_waking(&mut self, prefix: &[u8], actions: &mut Vec<Action>) {
+        self.schedule(prefix);
+        let Some(due) = self.locks.get(prefix).and_then(|w| w.queued) else {
+            return;
+        };
+        if self.planned_wake.is_none_or(|planned| planned > due) {
+            self.planned_wake = Some(due);
+            actions.push(Action::Wake);
         }
     }
 
@@ -644,7 +664,14 @@ impl HubState {
     }
 
     /// Stops following `key` (its guard ended, or its acquisition gave up).
-    pub(crate) fn untrack(&mut self, prefix: &[u8], key: &[u8], follower: u64, now: Instant) {
+    pub(crate) fn untrack(
+        &mut self,
+        prefix: &[u8],
+        key: &[u8],
+        follower: u64,
+        now: Instant,
+        actions: &mut Vec<Action>,
+    ) {
         if let Some(watch) = self.locks.get_mut(prefix) {
             if watch.keys.get(key).is_some_and(|e| e.id == follower) {
                 watch.keys.remove(key);
@@ -652,7 +679,7 @@ impl HubState {
             watch.settle(now);
         }
         self.forget_if_unused(prefix);
-        self.schedule(prefix);
+        self.schedule_waking(prefix, actions);
     }
 
     fn entry(&mut self, prefix: &[u8], key: &[u8], follower: u64) -> Option<&mut KeyEntry> {
@@ -1066,8 +1093,12 @@ mod tests {
         let now = Instant::now();
         let mut state = HubState::default();
         let held = state.hold(P, b"ns/x/k-0", 41, None, now, &mut Vec::new());
-        state.untrack(P, b"ns/x/k-0", held.follower, now);
         let mut actions = Vec::new();
+        state.untrack(P, b"ns/x/k-0", held.follower, now, &mut actions);
+        assert!(
+            actions.is_empty(),
+            "a forgotten deferral needs no wake: {actions:?}"
+        );
         state.run_timers(now + DEFER, &mut actions);
         assert!(actions.is_empty(), "{actions:?}");
         assert_eq!(state.watched(), 0);
@@ -1187,8 +1218,12 @@ mod tests {
         let mut state = HubState::default();
         let (follower, _rx, id) = open_now(&mut state, now);
         created(&mut state, id, 10);
-        state.unsubscribe(P, follower, now);
         let mut actions = Vec::new();
+        state.unsubscribe(P, follower, now, &mut actions);
+        // The task may sleep with no deadline: it is woken to plan the close.
+        assert_eq!(actions, vec![Action::Wake]);
+        assert_eq!(state.next_timer(), Some(now + LINGER));
+        actions.clear();
         state.run_timers(now + LINGER / 2, &mut actions);
         assert!(actions.is_empty());
         state.run_timers(now + LINGER, &mut actions);
@@ -1202,14 +1237,14 @@ mod tests {
         let mut state = HubState::default();
         let (follower, _rx, id) = open_now(&mut state, now);
         created(&mut state, id, 10);
-        state.unsubscribe(P, follower, now);
+        state.unsubscribe(P, follower, now, &mut Vec::new());
         // Used again before it was due to close, and left again a second later.
         let (tx, _rx2) = mpsc::unbounded_channel();
         let mut actions = Vec::new();
         let later = now + Duration::from_secs(1);
         let again = state.subscribe(P, tx, later, &mut actions);
         assert!(actions.is_empty(), "the open watch serves: {actions:?}");
-        state.unsubscribe(P, again, later);
+        state.unsubscribe(P, again, later, &mut Vec::new());
         state.run_timers(now + LINGER, &mut actions);
         assert!(actions.is_empty(), "closed too early: {actions:?}");
         assert_eq!(state.next_timer(), Some(later + LINGER));
