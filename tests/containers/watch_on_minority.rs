@@ -17,6 +17,15 @@ async fn watchers(cluster: &ContainerEtcdCluster, i: usize) -> f64 {
     metric_sum(&metrics, "etcd_debugging_mvcc_watcher_total", &[])
 }
 
+/// How many watchers the three members serve in all.
+async fn all_watchers(cluster: &ContainerEtcdCluster) -> f64 {
+    let mut total = 0.0;
+    for i in 0..3 {
+        total += watchers(cluster, i).await;
+    }
+    total
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_watching_a_leaderless_member_gets_the_lock() {
     let cluster = ContainerEtcdCluster::start(3).await.expect("cluster");
@@ -25,7 +34,17 @@ async fn a_waiter_watching_a_leaderless_member_gets_the_lock() {
     let healthy: Vec<usize> = (0..3).filter(|i| *i != minority).collect();
     let holder = locker_via(&cluster, &healthy).await;
     let options = LockOptions::new().with_ttl(Duration::from_secs(5));
+    let watching_before = all_watchers(&cluster).await;
     let held = holder.lock("queue", &options).await.expect("lock");
+    // The holder follows its own key on a watch of its own, asked for once the grant has
+    // held 100 ms: wait for it, or it could be taken for a waiter's below.
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while all_watchers(&cluster).await <= watching_before {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the holder's watch opens");
 
     // A waiter that can use the member about to lose its peers and one healthy member;
     // start waiters until one's watch lands on the former (the client balances requests
