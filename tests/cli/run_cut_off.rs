@@ -103,3 +103,39 @@ async fn a_command_that_completed_keeps_its_status_when_etcd_is_unreachable_afte
         "the failed release is reported: {stderr}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_exits_0_on_fencelocks_sigterm_is_not_reported_as_success() {
+    let etcd = EtcdCluster::single().await.expect("etcd");
+    let proxy = FaultProxy::start(address(&etcd.endpoint(0)))
+        .await
+        .expect("proxy");
+    let mut fencelock = fencelock_run(&[proxy.http_url()], "cli-cut-term")
+        .args(["--lock", "job", "--ttl", "2s", "--grace", "500ms", "--"])
+        // Handles SIGTERM by exiting 0, as many jobs do.
+        .args([
+            "sh",
+            "-c",
+            "trap 'echo terminated; exit 0' TERM; echo running; while :; do sleep 0.05; done",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut lines = BufReader::new(fencelock.stdout.take().expect("stdout")).lines();
+    assert_eq!(next_line(&mut lines).await, "running");
+    // Renewals stop being confirmed: fencelock sends SIGTERM before the lease deadline.
+    proxy.cut();
+    assert_eq!(next_line(&mut lines).await, "terminated");
+    let output = tokio::time::timeout(Duration::from_secs(20), fencelock.wait_with_output())
+        .await
+        .expect("fencelock exits")
+        .expect("output");
+    proxy.heal();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(143),
+        "a command fencelock interrupted is never reported as success: {stderr}"
+    );
+}

@@ -15,6 +15,10 @@ use super::{CHECK, EXIT_INTERNAL, GROUP_POLL};
 pub(super) enum Ending {
     /// The command (and its group) finished with the lock held.
     Completed(Exit),
+    /// The command finished with the lock held, after fencelock had sent it SIGTERM
+    /// because renewals stopped being confirmed: its own status unless that is success
+    /// (a job that handles SIGTERM and exits 0 was still interrupted).
+    Interrupted(Exit),
     /// The lock was lost (or could no longer be vouched for) while it ran: the group was
     /// killed.
     Lost,
@@ -115,6 +119,8 @@ impl<G: LockGuard> Held<'_, G> {
         }
         Ok(if enforcer.killed {
             Ending::Lost
+        } else if enforcer.terminated {
+            Ending::Interrupted(exit)
         } else {
             Ending::Completed(exit)
         })
@@ -124,8 +130,11 @@ impl<G: LockGuard> Held<'_, G> {
 /// The lease deadline, enforced on the command's group.
 struct Enforcer<'a, G> {
     held: &'a Held<'a, G>,
-    /// SIGTERM went out because renewals stopped being confirmed.
+    /// SIGTERM went out because renewals stopped being confirmed (and they have not been
+    /// confirmed again since).
     warned: bool,
+    /// That SIGTERM ever went out.
+    terminated: bool,
     /// SIGKILL went out: the lock is (about to be) gone.
     killed: bool,
     /// When processes left behind by the command get SIGKILL.
@@ -137,6 +146,7 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
         Self {
             held,
             warned: false,
+            terminated: false,
             killed: false,
             leftovers_until: None,
         }
@@ -172,6 +182,7 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
         if remaining <= term_at {
             if !self.warned {
                 self.warned = true;
+                self.terminated = true;
                 eprintln!(
                     "fencelock run: renewals of the lock are not being confirmed; SIGTERM now, \
                      SIGKILL in {:?} unless they resume",

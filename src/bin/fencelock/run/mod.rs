@@ -27,7 +27,9 @@
 //!
 //! Exit status: the command's own when it ran to completion with the lock held (128 +
 //! signal if a signal ended it); 75 when the lock could not be taken within `--wait`; 76
-//! when the lock was lost while the command ran (even if releasing it then failed); 126
+//! when the lock was lost while the command ran (even if releasing it then failed); 143
+//! when the command exited 0 after fencelock had sent it SIGTERM (renewals were not being
+//! confirmed), since an interrupted job is no success; 126
 //! when the command cannot be run, 127 when it does not exist (the lock is released at
 //! once, or never taken); 2 for invalid arguments; 70 when fencelock itself failed.
 
@@ -101,6 +103,9 @@ pub const EXIT_INTERNAL: u8 = 70;
 pub const EXIT_WAIT_TIMEOUT: u8 = 75;
 /// The lock was lost while the command ran.
 pub const EXIT_LOCK_LOST: u8 = 76;
+/// The command exited 0 after fencelock had sent it SIGTERM because renewals stopped
+/// being confirmed: 128 + SIGTERM, what a shell reports for a command SIGTERM ended.
+pub const EXIT_INTERRUPTED: u8 = 143;
 
 /// Which lock service holds the lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -237,6 +242,10 @@ impl Task<'_> {
         };
         match held.run_command(self.program, self.rest, self.lock).await {
             Ending::Completed(exit) => (false, exit.shell_status()),
+            Ending::Interrupted(exit) => match exit.shell_status() {
+                0 => (false, EXIT_INTERRUPTED),
+                status => (false, status),
+            },
             Ending::Lost => (true, EXIT_LOCK_LOST),
             Ending::NotStarted(code) => (false, code),
         }
