@@ -31,14 +31,14 @@
 //!   watch event per release cost etcd a third more CPU per lock cycle.
 
 use std::cmp::Reverse;
-
-use super::small_map::SmallMap;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::{Notify, mpsc};
 use tokio::time::{Duration, Instant};
+
+use super::small_map::SmallMap;
 
 /// How long a lock watch stays open after its last follower left: successive waits and
 /// grants on one lock (a busy queue) find it open and synced.
