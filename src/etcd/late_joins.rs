@@ -34,6 +34,9 @@ impl LateJoins {
 pub(crate) fn sweep(session: &Arc<SessionInner>, name: &str, key: &str) {
     let first = {
         let mut keys = session.late_joins.keys();
+        if keys.iter().any(|(_, swept)| swept == key) {
+            return;
+        }
         keys.push((name.to_owned(), key.to_owned()));
         keys.len() == 1
     };

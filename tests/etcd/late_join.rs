@@ -38,51 +38,83 @@ async fn drop_a_join<T>(
     .await;
 }
 
+/// A client that reaches its member over two paths (the fault's), another client, an
+/// etcd client to look at the keys, and 30 s locks.
+struct Fixture {
+    cluster: fencelock::testkit::EtcdCluster,
+    prefix: String,
+    paths: TwoPaths,
+    client: fencelock::etcd::EtcdLocker,
+    other: fencelock::etcd::EtcdLocker,
+    etcd_client: etcd_client::Client,
+    options: LockOptions,
+}
+
+impl Fixture {
+    async fn start(test: &str) -> Self {
+        let cluster = etcd().await;
+        let ns = namespace(test);
+        let paths = TwoPaths::start(&cluster).await;
+        let client = paths.locker(&ns, Duration::from_secs(1)).await;
+        let other = locker(&cluster, &ns).await;
+        let etcd_client = cluster.client().await.expect("client");
+        Self {
+            prefix: format!("{ns}/x/"),
+            cluster,
+            paths,
+            client,
+            other,
+            etcd_client,
+            options: LockOptions::new().with_ttl(Duration::from_secs(30)),
+        }
+    }
+
+    /// Another client gets "x" within 5 s, and its key is the only one left under "x":
+    /// nothing of the late join blocks the lock.
+    async fn another_client_gets_x(&mut self, what: &str) -> fencelock::etcd::EtcdGuard {
+        let wait = self
+            .options
+            .clone()
+            .with_wait_timeout(Duration::from_secs(5));
+        let granted = self.other.lock("x", &wait).await;
+        let left = keys(&mut self.etcd_client, &self.prefix).await;
+        let granted =
+            granted.unwrap_or_else(|err| panic!("{what} blocks the lock ({err}); keys: {left:?}"));
+        assert_eq!(left, vec![granted.key().to_owned()]);
+        granted
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_join_applied_after_its_call_was_dropped_does_not_block_the_lock() {
-    let cluster = etcd().await;
-    let ns = namespace("late-join");
-    let prefix = format!("{ns}/x/");
-    let paths = TwoPaths::start(&cluster).await;
-    let client = paths.locker(&ns, Duration::from_secs(1)).await;
-    let other = locker(&cluster, &ns).await;
-    let mut etcd_client = cluster.client().await.expect("client");
-    let options = LockOptions::new().with_ttl(Duration::from_secs(30));
+    let mut f = Fixture::start("late-join").await;
     // The session exists before the fault: only the join is kept.
-    client.session(options.ttl()).await.expect("session");
+    f.client.session(f.options.ttl()).await.expect("session");
 
-    let short = options.clone().with_wait_timeout(Duration::from_millis(50));
-    drop_a_join(&cluster, &paths, client.lock("x", &short)).await;
+    let short = f
+        .options
+        .clone()
+        .with_wait_timeout(Duration::from_millis(50));
+    drop_a_join(&f.cluster, &f.paths, f.client.lock("x", &short)).await;
 
     // The join reaches etcd now, after the client's cleanup.
-    crate::support::deliver_late(&cluster, &paths.a).await;
+    crate::support::deliver_late(&f.cluster, &f.paths.a).await;
 
     // Within a few seconds nothing is left of it, and another client gets the lock.
-    let wait = options.clone().with_wait_timeout(Duration::from_secs(5));
-    let granted = other.lock("x", &wait).await;
-    let left = keys(&mut etcd_client, &prefix).await;
-    let granted = granted.unwrap_or_else(|err| {
-        panic!("the late join's key blocks the lock ({err}); keys: {left:?}")
-    });
-    assert_eq!(left, vec![granted.key().to_owned()]);
+    let granted = f.another_client_gets_x("the late join's key").await;
     crate::support::released(granted.release().await);
-    drop(client);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_reader_key_is_never_taken_over_by_a_writer() {
-    let cluster = etcd().await;
-    let ns = namespace("late-reader");
-    let paths = TwoPaths::start(&cluster).await;
-    let client = paths.locker(&ns, Duration::from_secs(1)).await;
-    let reader = locker(&cluster, &ns).await;
-    let options = LockOptions::new().with_ttl(Duration::from_secs(30));
-    client.session(options.ttl()).await.expect("session");
-    let rw = client.rwlock("x").expect("rwlock");
+    let f = Fixture::start("late-reader").await;
+    let options = f.options.clone();
+    f.client.session(options.ttl()).await.expect("session");
+    let rw = f.client.rwlock("x").expect("rwlock");
 
     let short = options.clone().with_wait_timeout(Duration::from_millis(50));
-    drop_a_join(&cluster, &paths, rw.read(&short)).await;
-    crate::support::deliver_late(&cluster, &paths.a).await;
+    drop_a_join(&f.cluster, &f.paths, rw.read(&short)).await;
+    crate::support::deliver_late(&f.cluster, &f.paths.a).await;
 
     // The same client now writes: it must wait its turn behind the late reader key (until
     // that key's session is gone), never hold the write lock *as* that reader key.
@@ -90,7 +122,7 @@ async fn a_late_reader_key_is_never_taken_over_by_a_writer() {
     let writing = within(Duration::from_secs(15), "the write lock", rw.write(&wait))
         .await
         .expect("write lock");
-    let readers = reader.rwlock("x").expect("rwlock");
+    let readers = f.other.rwlock("x").expect("rwlock");
     let beside = readers.try_read(&options).await.expect("try_read");
     assert!(
         beside.is_none(),
@@ -101,29 +133,19 @@ async fn a_late_reader_key_is_never_taken_over_by_a_writer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_join_is_swept_away_while_its_session_still_holds_other_locks() {
-    let cluster = etcd().await;
-    let ns = namespace("late-join-held");
-    let prefix = format!("{ns}/x/");
-    let paths = TwoPaths::start(&cluster).await;
-    let client = paths.locker(&ns, Duration::from_secs(1)).await;
-    let other = locker(&cluster, &ns).await;
-    let mut etcd_client = cluster.client().await.expect("client");
-    let options = LockOptions::new().with_ttl(Duration::from_secs(30));
+    let mut f = Fixture::start("late-join-held").await;
     // The session holds another lock for the whole test: retiring it cannot revoke its
     // lease (and the late key with it) until that lock goes.
-    let elsewhere = client.lock("elsewhere", &options).await.expect("lock");
+    let elsewhere = f.client.lock("elsewhere", &f.options).await.expect("lock");
 
-    let short = options.clone().with_wait_timeout(Duration::from_millis(50));
-    drop_a_join(&cluster, &paths, client.lock("x", &short)).await;
-    crate::support::deliver_late(&cluster, &paths.a).await;
+    let short = f
+        .options
+        .clone()
+        .with_wait_timeout(Duration::from_millis(50));
+    drop_a_join(&f.cluster, &f.paths, f.client.lock("x", &short)).await;
+    crate::support::deliver_late(&f.cluster, &f.paths.a).await;
 
-    let wait = options.clone().with_wait_timeout(Duration::from_secs(5));
-    let granted = other.lock("x", &wait).await;
-    let left = keys(&mut etcd_client, &prefix).await;
-    let granted = granted.unwrap_or_else(|err| {
-        panic!("the late join's key blocks the lock ({err}); keys: {left:?}")
-    });
-    assert_eq!(left, vec![granted.key().to_owned()]);
+    let granted = f.another_client_gets_x("the late join's key").await;
     assert!(elsewhere.is_held(), "the session's other lock is untouched");
     crate::support::released(granted.release().await);
     crate::support::released(elsewhere.release().await);
@@ -131,41 +153,28 @@ async fn a_late_join_is_swept_away_while_its_session_still_holds_other_locks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_first_join_of_a_lock_granted_on_a_retry_and_released_is_swept_away() {
-    let cluster = etcd().await;
-    let ns = namespace("late-join-granted");
-    let prefix = format!("{ns}/x/");
-    let paths = TwoPaths::start(&cluster).await;
-    let client = paths.locker(&ns, Duration::from_secs(1)).await;
-    let other = locker(&cluster, &ns).await;
-    let mut etcd_client = cluster.client().await.expect("client");
-    let options = LockOptions::new().with_ttl(Duration::from_secs(30));
+    let mut f = Fixture::start("late-join-granted").await;
     // The session holds another lock for the whole test, so its lease lives on.
-    let elsewhere = client.lock("elsewhere", &options).await.expect("lock");
+    let elsewhere = f.client.lock("elsewhere", &f.options).await.expect("lock");
 
     // The first attempt of the join is kept on a (the connection through a breaks); the
     // retry goes through b and is granted.
-    paths.b.heal();
-    paths.hold_next_request_on_a();
+    f.paths.b.heal();
+    f.paths.hold_next_request_on_a();
     let granted = within(
         Duration::from_secs(10),
         "the retried join",
-        client.lock("x", &options),
+        f.client.lock("x", &f.options),
     )
     .await
     .expect("granted on the retry");
-    assert_eq!(paths.a.held_requests(), 1, "the first attempt is kept");
+    assert_eq!(f.paths.a.held_requests(), 1, "the first attempt is kept");
     crate::support::released(granted.release().await);
 
     // The first attempt lands now, after the release, under the live lease.
-    crate::support::deliver_late(&cluster, &paths.a).await;
+    crate::support::deliver_late(&f.cluster, &f.paths.a).await;
 
-    let wait = options.clone().with_wait_timeout(Duration::from_secs(5));
-    let next = other.lock("x", &wait).await;
-    let left = keys(&mut etcd_client, &prefix).await;
-    let next = next.unwrap_or_else(|err| {
-        panic!("the late first join's key blocks the lock ({err}); keys: {left:?}")
-    });
-    assert_eq!(left, vec![next.key().to_owned()]);
+    let next = f.another_client_gets_x("the late first join's key").await;
     assert!(elsewhere.is_held(), "the session's other lock is untouched");
     crate::support::released(next.release().await);
     crate::support::released(elsewhere.release().await);

@@ -112,19 +112,22 @@ pub(crate) async fn record(
                     })
                 })
                 .collect();
-            if let Some(last) = observed.last() {
-                next = last.revision + 1;
-                progress.send_replace(last.revision);
-            } else if !response.created() {
+            // Recorded before the progress is told: whoever waits for a revision then
+            // finds it in the record.
+            let seen_through = match observed.last() {
+                Some(last) => Some(last.revision),
                 // A progress notification: every event up to its revision has been sent.
-                if let Some(revision) = response.header().map(|h| h.revision()) {
-                    if revision >= next {
-                        next = revision + 1;
-                        progress.send_replace(revision);
-                    }
-                }
-            }
+                None if !response.created() => response
+                    .header()
+                    .map(|h| h.revision())
+                    .filter(|revision| *revision >= next),
+                None => None,
+            };
             record.push(observed);
+            if let Some(revision) = seen_through {
+                next = revision + 1;
+                progress.send_replace(revision);
+            }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -262,7 +262,7 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
         admin: admin.clone(),
         namespace: namespace.clone(),
         names: names.clone(),
-        recorded,
+        recorded: recorded.clone(),
     };
     let cluster = targets.cluster.clone();
     let proxies = targets.proxies.clone();
@@ -311,14 +311,16 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
 
     // A marker after everything: once the recorder sees it, it has seen all before it.
     let marker = format!("{namespace}/~end");
+    let mut recorded = recorded;
     let marked = tokio::time::timeout(Duration::from_secs(20), async {
         // (A member just restarted may refuse the first attempts.)
-        while reader.put(marker.as_str(), "", None).await.is_err() {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        while !record.snapshot().iter().any(|e| e.key == marker.as_bytes()) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let revision = loop {
+            match reader.put(marker.as_str(), "", None).await {
+                Ok(put) => break put.header().map_or(0, |h| h.revision()),
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        };
+        let _ = recorded.wait_for(|seen| *seen >= revision).await;
     })
     .await;
     if marked.is_err() {
