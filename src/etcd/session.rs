@@ -125,6 +125,7 @@ impl Session {
             notifier: notifier.clone(),
             loss: loss.clone(),
             clock: clock.clone(),
+            failures: 0,
         };
         let span = tracing::info_span!("etcd session", lease_id = format_args!("{lease_id:x}"));
         tokio::spawn(task.run(stop_rx, control_rx).instrument(span));
@@ -315,24 +316,53 @@ struct KeepAlive {
     notifier: Arc<LossNotifier>,
     loss: LossWatch,
     clock: Arc<LeaseClock>,
+    /// Renewal attempts that failed or went unanswered since the last confirmed one.
+    failures: u32,
 }
 
 /// A keep-alive stream and the send time of its one outstanding request, if any.
 struct Stream {
     keeper: LeaseKeeper,
     responses: LeaseKeepAliveStream,
-    outstanding: Option<ClockInstant>,
+    /// When the unanswered keep-alive was sent: on the lease's clock, and for the timers.
+    outstanding: Option<(ClockInstant, Instant)>,
+    /// The connection of its own the stream was opened on after a failure, kept open for
+    /// as long as the stream is used.
+    _own: Option<Client>,
+}
+
+/// How long a keep-alive (or the opening of a stream) may go unanswered before it is given
+/// up and another attempt made: a third of the renewal interval, between 250 ms and 1 s.
+/// A healthy member answers a keep-alive in milliseconds (the leader renews the lease in
+/// memory, without a Raft round: etcd's `LeaseRenew`); one that does not answer within
+/// this is stalled (paused, overloaded, cut off from its leader but not yet aware of it),
+/// and waiting for it longer, as until the next tick, spends the time before `fencelock
+/// run` must SIGTERM its command (issue 21: one lost keep-alive killed a healthy job).
+fn answer_wait(interval: Duration) -> Duration {
+    (interval / 3).clamp(Duration::from_millis(250), Duration::from_secs(1))
+}
+
+/// The pause before the next attempt after `failures` failed or unanswered ones in a row:
+/// 100 ms, doubling, never more than `cap` (well inside a renewal interval), so that
+/// several attempts fit before a lease with one missed renewal runs short.
+fn backoff(failures: u32, cap: Duration) -> Duration {
+    let doubled =
+        Duration::from_millis(100).saturating_mul(1 << failures.saturating_sub(1).min(10));
+    doubled.min(cap)
 }
 
 impl KeepAlive {
     /// Renews every TTL/3 until the session is dropped or closed, the lease is lost, or
-    /// renewal is stopped (then the lease runs out its TTL).
+    /// renewal is stopped (then the lease runs out its TTL). A keep-alive that fails or
+    /// gets no answer within [`answer_wait`] is retried at once on a fresh stream, then
+    /// with a short backoff, each retry on connections of its own to every member.
     async fn run(
         mut self,
         mut stop: oneshot::Receiver<()>,
         mut control: mpsc::UnboundedReceiver<Control>,
     ) {
         let interval = self.ttl / 3;
+        let answer_wait = answer_wait(interval);
         let mut stream: Option<Stream> = None;
         let mut next_send = Instant::now() + interval;
         let loss = self.loss.clone();
@@ -348,7 +378,7 @@ impl KeepAlive {
                 }
                 Some(Control::StopRenewing { confirm, done }) = control.recv() => {
                     if confirm {
-                        if let Err(why) = self.reopen().await {
+                        if let Err(why) = self.reopen(answer_wait).await {
                             // The lease keeps the deadline of its last confirmed renewal.
                             tracing::debug!(?why, "last renewal before stopping failed");
                         }
@@ -358,9 +388,11 @@ impl KeepAlive {
                     return self.expire(stop).await;
                 }
                 reply = next_reply(&mut stream) => match reply {
-                    Reply::Renewed(sent) => {
+                    Reply::Renewed(sent, sent_at) => {
                         crate::metrics::renewals(Backend::Etcd, 1, 0);
                         self.clock.extend_to(sent + self.ttl);
+                        self.failures = 0;
+                        next_send = sent_at + interval;
                     }
                     Reply::Gone => {
                         tracing::warn!("server reports the lease is gone");
@@ -370,33 +402,39 @@ impl KeepAlive {
                         crate::metrics::renewals(Backend::Etcd, 0, 1);
                         tracing::debug!(%why, "keep-alive stream broke; reopening");
                         stream = None;
-                        next_send = Instant::now() + retry_delay(interval);
+                        self.failures += 1;
+                        next_send = Instant::now() + backoff(self.failures, answer_wait);
                     }
                 },
                 _ = tokio::time::sleep_until(next_send) => {
-                    next_send = Instant::now() + interval;
                     match &mut stream {
-                        // An answer overdue by a whole interval: the member is stuck or cut
-                        // off. Reopen, which may reach another member.
+                        // Unanswered for `answer_wait`: the member is stalled or cut off.
+                        // Give up on it and reopen, which goes to another member.
                         Some(s) if s.outstanding.is_some() => {
                             crate::metrics::renewals(Backend::Etcd, 0, 1);
+                            tracing::debug!(?answer_wait, "keep-alive unanswered; reopening");
+                            self.failures += 1;
                             stream = None;
                         }
                         Some(s) => {
-                            let sent = self.clock.now();
+                            let sent = (self.clock.now(), Instant::now());
                             if s.keeper.keep_alive().await.is_ok() {
                                 s.outstanding = Some(sent);
+                                next_send = sent.1 + answer_wait;
                             } else {
+                                self.failures += 1;
                                 stream = None;
                             }
                         }
                         None => {}
                     }
                     if stream.is_none() {
-                        match self.reopen().await {
+                        match self.reopen(answer_wait).await {
                             Ok(s) => {
                                 crate::metrics::renewals(Backend::Etcd, 1, 0);
+                                self.failures = 0;
                                 stream = Some(s);
+                                next_send = Instant::now() + interval;
                             }
                             Err(Reopen::Gone) => {
                                 tracing::warn!("server reports the lease is gone");
@@ -404,8 +442,9 @@ impl KeepAlive {
                             }
                             Err(Reopen::Failed(why)) => {
                                 crate::metrics::renewals(Backend::Etcd, 0, 1);
-                                tracing::debug!(%why, "could not reopen keep-alive stream");
-                                next_send = Instant::now() + retry_delay(interval);
+                                tracing::debug!(%why, failures = self.failures, "could not reopen keep-alive stream");
+                                self.failures += 1;
+                                next_send = Instant::now() + backoff(self.failures, answer_wait);
                             }
                         }
                     }
@@ -428,25 +467,61 @@ impl KeepAlive {
     }
 
     /// Opens a keep-alive stream; opening sends one keep-alive and waits for its answer,
-    /// but never past the lease's deadline, so that the loss is reported on time.
-    async fn reopen(&mut self) -> Result<Stream, Reopen> {
+    /// never longer than `answer_wait` and never past the lease's deadline, so that the
+    /// loss is reported on time.
+    ///
+    /// After a failure it opens the stream on connections of its own to every member at
+    /// once and keeps the first that answers, not on the shared client: that client's
+    /// balancer picks a member at random for every call (tonic's `p2c` with a constant
+    /// load), so it can send retry after retry to the member that stalled, and its
+    /// connection to a member may be a dead one that HTTP/2 keep-alive pings will only
+    /// find out about seconds later.
+    async fn reopen(&mut self, answer_wait: Duration) -> Result<Stream, Reopen> {
         let sent = self.clock.now();
-        let limit = self.timeout.min(self.clock.remaining());
-        let opened = tokio::time::timeout(limit, self.client.lease_keep_alive(self.lease_id)).await;
-        match opened {
-            Ok(Ok((keeper, responses))) => {
+        let limit = self.timeout.min(self.clock.remaining()).min(answer_wait);
+        let opening = async {
+            if self.failures == 0 {
+                let mut client = self.client.clone();
+                let (keeper, responses) = client
+                    .lease_keep_alive(self.lease_id)
+                    .await
+                    .map_err(Reopen::from)?;
+                return Ok((None, keeper, responses));
+            }
+            // A set of tasks, aborted when dropped: the slower attempts end with the first
+            // answer, or with the time limit.
+            let mut attempts = tokio::task::JoinSet::new();
+            for member in 0..self.config.endpoints.len() {
+                let (config, lease_id) = (self.config.clone(), self.lease_id);
+                attempts.spawn(async move {
+                    let mut client = own_connection(&config, member).await?;
+                    let (keeper, responses) = client.lease_keep_alive(lease_id).await?;
+                    Ok::<_, etcd_client::Error>((Some(client), keeper, responses))
+                });
+            }
+            let mut failed = Reopen::Failed("no endpoints".into());
+            while let Some(attempt) = attempts.join_next().await {
+                let Ok(attempt) = attempt else { continue };
+                match attempt.map_err(Reopen::from) {
+                    Ok(opened) => return Ok(opened),
+                    Err(Reopen::Gone) => return Err(Reopen::Gone),
+                    Err(err) => failed = err,
+                }
+            }
+            Err(failed)
+        };
+        match tokio::time::timeout(limit, opening).await {
+            Ok(Ok((own, keeper, responses))) => {
                 self.clock.extend_to(sent + self.ttl);
                 Ok(Stream {
                     keeper,
                     responses,
                     outstanding: None,
+                    _own: own,
                 })
             }
-            Ok(Err(etcd_client::Error::LeaseKeepAliveError(msg))) if msg.contains("not found") => {
-                Err(Reopen::Gone)
-            }
-            Ok(Err(err)) => Err(Reopen::Failed(err.to_string())),
-            Err(_) => Err(Reopen::Failed("timed out".into())),
+            Ok(Err(err)) => Err(err),
+            Err(_) => Err(Reopen::Failed(format!("no answer within {limit:?}"))),
         }
     }
 
@@ -460,8 +535,21 @@ impl KeepAlive {
     }
 }
 
+/// A client of its own to the member at index `member` of the configured endpoints, with
+/// the configured credentials and TLS.
+async fn own_connection(config: &EtcdConfig, member: usize) -> Result<Client, etcd_client::Error> {
+    let tls = config
+        .loaded_tls()
+        .map_err(|err| etcd_client::Error::InvalidArgs(err.to_string()))?;
+    let endpoint = config
+        .endpoints
+        .get(member)
+        .ok_or_else(|| etcd_client::Error::InvalidArgs("no endpoints".into()))?;
+    Client::connect([endpoint], Some(config.connect_options(tls.as_ref()))).await
+}
+
 enum Reply {
-    Renewed(ClockInstant),
+    Renewed(ClockInstant, Instant),
     Gone,
     Broken(String),
 }
@@ -470,6 +558,15 @@ enum Reply {
 enum Reopen {
     Gone,
     Failed(String),
+}
+
+impl From<etcd_client::Error> for Reopen {
+    fn from(err: etcd_client::Error) -> Self {
+        match err {
+            etcd_client::Error::LeaseKeepAliveError(msg) if msg.contains("not found") => Self::Gone,
+            err => Self::Failed(err.to_string()),
+        }
+    }
 }
 
 /// The next answer on the stream, if a request is outstanding; otherwise never resolves.
@@ -483,7 +580,7 @@ async fn next_reply(stream: &mut Option<Stream>) -> Reply {
     match s.responses.message().await {
         Ok(Some(resp)) if resp.ttl() > 0 => {
             s.outstanding = None;
-            Reply::Renewed(sent)
+            Reply::Renewed(sent.0, sent.1)
         }
         Ok(Some(_)) => Reply::Gone,
         Ok(None) => Reply::Broken("stream ended".into()),
@@ -491,7 +588,31 @@ async fn next_reply(stream: &mut Option<Stream>) -> Reply {
     }
 }
 
-/// Retry soon after a failure, but not in a tight loop.
-fn retry_delay(interval: Duration) -> Duration {
-    interval.min(Duration::from_millis(200))
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unanswered_keep_alive_is_given_up_within_a_third_of_the_interval_bounded() {
+        assert_eq!(
+            answer_wait(Duration::from_secs(10) / 3),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            answer_wait(Duration::from_secs(1)),
+            Duration::from_secs(1) / 3
+        );
+        assert_eq!(
+            answer_wait(Duration::from_millis(333)),
+            Duration::from_millis(250)
+        );
+    }
+
+    #[test]
+    fn retries_back_off_from_100_ms_doubling_up_to_the_cap() {
+        let cap = Duration::from_secs(1);
+        let delays: Vec<u128> = (1..=6).map(|n| backoff(n, cap).as_millis()).collect();
+        assert_eq!(delays, [100, 200, 400, 800, 1000, 1000]);
+        assert_eq!(backoff(u32::MAX, cap), cap);
+    }
 }

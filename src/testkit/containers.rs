@@ -111,7 +111,31 @@ impl ContainerEtcdCluster {
             members: started,
         };
         cluster.wait_for_leader().await?;
+        // A majority agreeing on a leader says nothing of the last member: until it has
+        // caught up, its published port resets connections (docker's proxy finds nothing
+        // listening behind it), and a test that reads its metrics fails (CI, f4e5b94).
+        cluster.wait_for_every_member().await?;
         Ok(cluster)
+    }
+
+    /// Waits (up to 60 s) until every member answers a status request and knows a leader.
+    async fn wait_for_every_member(&self) -> Result<(), TestkitError> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        for i in 0..self.members.len() {
+            loop {
+                let probe = status_leader(&self.endpoint(i));
+                match tokio::time::timeout(Duration::from_millis(500), probe).await {
+                    Ok(Ok((_, leader))) if leader != 0 => break,
+                    _ if Instant::now() >= deadline => {
+                        return Err(TestkitError::Cluster(format!(
+                            "member {i} does not serve with a leader"
+                        )));
+                    }
+                    _ => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The client URL of member `i` (its published port on 127.0.0.1).

@@ -64,14 +64,13 @@ impl Job {
         unsafe {
             command.pre_exec(move || {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(io::Error::last_os_error());
+                    return Err(io::Error::from_raw_os_error(OWN_FAILURE_PDEATHSIG));
                 }
                 // The parent may have died before the line above took effect.
                 if libc::getppid() != parent {
-                    return Err(io::Error::other(
-                        "fencelock exited while starting the command",
-                    ));
+                    return Err(io::Error::from_raw_os_error(OWN_FAILURE_PARENT_GONE));
                 }
+                inherit_signals();
                 announce_group(watchdog)
             });
         }
@@ -130,7 +129,7 @@ impl Job {
         if sent != 0 {
             let err = io::Error::last_os_error();
             if err.raw_os_error() != Some(libc::ESRCH) {
-                eprintln!("fencelock run: cannot signal the command's process group: {err}");
+                super::diag::diag!("cannot signal the command's process group: {err}");
             }
         }
     }
@@ -139,6 +138,15 @@ impl Job {
     /// finished, they only wait to be reaped).
     pub fn running_members(&self) -> Vec<libc::pid_t> {
         group_members(self.pid)
+    }
+
+    /// Waits until no process of the group runs (after a SIGKILL to it: a process that
+    /// cannot die, in uninterruptible sleep, keeps this waiting, and the lock held).
+    pub async fn wait_group_gone(&self) {
+        while !self.running_members().is_empty() {
+            tokio::time::sleep(super::GROUP_POLL).await;
+            self.signal_group(libc::SIGKILL);
+        }
     }
 
     /// Reaps the command's main process, once the group is no longer needed.
@@ -162,6 +170,44 @@ impl Drop for Job {
             self.signal_group(libc::SIGKILL);
             self.reap();
         }
+    }
+}
+
+/// Signal dispositions the command gets, whatever fencelock inherited (ignored signals
+/// survive `exec`; handled ones are reset by it):
+///
+/// - SIGTERM and SIGCHLD at their defaults: the supervision's SIGTERM must reach the
+///   command, and a command whose parent ignored SIGCHLD cannot wait for its own children.
+/// - SIGTTIN and SIGTTOU ignored: the command runs in a process group of its own, in the
+///   terminal's background, and the terminal would stop it for reading from it (or for
+///   writing, with `stty tostop`): stopped for good, with fencelock renewing its lock.
+///   Ignored, a read from the terminal fails (`EIO`) and a write goes through.
+///
+/// Only async-signal-safe calls: this runs between fork and exec.
+fn inherit_signals() {
+    // SAFETY: signal(2) is async-signal-safe; no handler is installed, only dispositions.
+    unsafe {
+        libc::signal(libc::SIGTERM, libc::SIG_DFL);
+        libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+        libc::signal(libc::SIGTTIN, libc::SIG_IGN);
+        libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+    }
+}
+
+/// The error numbers the command's start reports for fencelock's own failures between
+/// fork and exec (a `pre_exec` error reaches the parent only as an error number): ones
+/// `execvp` never returns, so that they cannot be taken for the command's.
+const OWN_FAILURE_WATCHDOG_GONE: i32 = libc::EPIPE;
+const OWN_FAILURE_PARENT_GONE: i32 = libc::ESRCH;
+const OWN_FAILURE_PDEATHSIG: i32 = libc::ENOTRECOVERABLE;
+
+/// What went wrong, if `err` is one of fencelock's own failures before exec.
+pub fn own_start_failure(err: &io::Error) -> Option<&'static str> {
+    match err.raw_os_error()? {
+        OWN_FAILURE_WATCHDOG_GONE => Some("the watchdog is gone"),
+        OWN_FAILURE_PARENT_GONE => Some("fencelock exited while starting the command"),
+        OWN_FAILURE_PDEATHSIG => Some("the kernel refused to tie the command to fencelock's life"),
+        _ => None,
     }
 }
 
@@ -203,7 +249,7 @@ fn announce_group(watchdog: RawFd) -> io::Result<()> {
         written
     };
     if usize::try_from(written).ok() != Some(len) {
-        return Err(io::Error::other("the watchdog is gone"));
+        return Err(io::Error::from_raw_os_error(OWN_FAILURE_WATCHDOG_GONE));
     }
     Ok(())
 }
@@ -264,9 +310,12 @@ fn group_members(group: libc::pid_t) -> Vec<libc::pid_t> {
 }
 
 /// Maps an error starting the command to the status a shell uses: 127 when the program
-/// does not exist, 126 when it exists but cannot be run.
+/// does not exist, 126 when it exists but cannot be run; 70 when the failure is
+/// fencelock's own (between fork and exec, [`own_start_failure`]).
 pub fn start_failure_status(err: &io::Error) -> u8 {
-    if err.kind() == io::ErrorKind::NotFound {
+    if own_start_failure(err).is_some() {
+        super::EXIT_INTERNAL
+    } else if err.kind() == io::ErrorKind::NotFound {
         127
     } else {
         126
@@ -297,4 +346,21 @@ pub fn check_program(program: &str) -> io::Result<()> {
         }
     }
     Err(denied.unwrap_or_else(|| io::Error::from(io::ErrorKind::NotFound)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fencelocks_own_failures_before_exec_are_70_and_the_commands_are_126_or_127() {
+        let own = io::Error::from_raw_os_error(OWN_FAILURE_WATCHDOG_GONE);
+        assert_eq!(start_failure_status(&own), 70);
+        let parent_gone = io::Error::from_raw_os_error(OWN_FAILURE_PARENT_GONE);
+        assert_eq!(start_failure_status(&parent_gone), 70);
+        let denied = io::Error::from_raw_os_error(libc::EACCES);
+        assert_eq!(start_failure_status(&denied), 126);
+        let missing = io::Error::from_raw_os_error(libc::ENOENT);
+        assert_eq!(start_failure_status(&missing), 127);
+    }
 }

@@ -8,6 +8,7 @@ use fencelock::LockGuard;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::child::{Exit, Job, start_failure_status};
+use super::diag::diag;
 use super::watchdog::Watchdog;
 use super::{CHECK, EXIT_INTERNAL, GROUP_POLL};
 
@@ -24,6 +25,9 @@ pub(super) enum Ending {
     Lost,
     /// It could not be started; exit with this status.
     NotStarted(u8),
+    /// fencelock lost track of it (waiting for it failed): the whole group was killed and
+    /// is gone; exit with [`EXIT_INTERNAL`].
+    Failed,
 }
 
 /// A held lock and the rules for the command under it.
@@ -39,10 +43,19 @@ impl<G: LockGuard> Held<'_, G> {
     /// Starts the command under the watchdog and supervises it until its whole group is
     /// gone.
     pub(super) async fn run_command(&self, program: &str, rest: &[String], lock: &str) -> Ending {
+        // Before the command starts: a Ctrl-Z or a SIGTERM that comes the moment it runs
+        // is caught (and forwarded), never acted on by fencelock itself.
+        let mut signals = match Forwarded::new() {
+            Ok(signals) => signals,
+            Err(err) => {
+                diag!("cannot catch signals: {err}");
+                return Ending::NotStarted(EXIT_INTERNAL);
+            }
+        };
         let watchdog = match Watchdog::start() {
             Ok(watchdog) => watchdog,
             Err(err) => {
-                eprintln!("fencelock run: cannot start the watchdog: {err}");
+                diag!("cannot start the watchdog: {err}");
                 return Ending::NotStarted(EXIT_INTERNAL);
             }
         };
@@ -53,23 +66,31 @@ impl<G: LockGuard> Held<'_, G> {
             .env("FENCELOCK_KEY", self.key)
             .env("FENCELOCK_LOCK", lock);
         let Some(pipe) = watchdog.pipe_fd() else {
-            eprintln!("fencelock run: the watchdog's pipe is closed");
+            diag!("the watchdog's pipe is closed");
             return Ending::NotStarted(EXIT_INTERNAL);
         };
         let mut job = match Job::start(command, pipe) {
             Ok(job) => job,
             Err(err) => {
-                eprintln!("fencelock run: cannot start {program:?}: {err}");
+                let status = start_failure_status(&err);
+                if status == EXIT_INTERNAL {
+                    diag!("could not set up the supervision of {program:?} before it ran: {err}");
+                } else {
+                    diag!("cannot start {program:?}: {err}");
+                }
                 watchdog.finish();
-                return Ending::NotStarted(start_failure_status(&err));
+                return Ending::NotStarted(status);
             }
         };
-        let ending = match self.supervise(&mut job).await {
+        let ending = match self.supervise(&mut job, &mut signals).await {
             Ok(ending) => ending,
             Err(err) => {
-                eprintln!("fencelock run: supervising the command failed: {err}");
-                // Dropping the job kills whatever is left of the group.
-                Ending::NotStarted(EXIT_INTERNAL)
+                // The group first, the words after: nothing of the command may outlive
+                // what follows (the release of the lock).
+                job.signal_group(libc::SIGKILL);
+                job.wait_group_gone().await;
+                diag!("supervising the command failed ({err}); killed its process group");
+                Ending::Failed
             }
         };
         job.reap();
@@ -79,8 +100,7 @@ impl<G: LockGuard> Held<'_, G> {
 
     /// Waits for the command, forwarding signals, and enforces the lease deadline, first
     /// on the command, then on whatever it left behind in its group.
-    async fn supervise(&self, job: &mut Job) -> std::io::Result<Ending> {
-        let mut signals = Forwarded::new()?;
+    async fn supervise(&self, job: &mut Job, signals: &mut Forwarded) -> std::io::Result<Ending> {
         let mut enforcer = Enforcer::new(self);
         let exit = loop {
             let next = enforcer.enforce(job);
@@ -88,8 +108,8 @@ impl<G: LockGuard> Held<'_, G> {
                 biased;
                 exit = job.exited() => break exit?,
                 reason = self.guard.lost(), if !enforcer.killed => {
-                    eprintln!("fencelock run: lock lost ({reason}); killing the command");
                     enforcer.kill(job);
+                    diag!("lock lost ({reason}); killed the command");
                 }
                 () = tokio::time::sleep(next) => {}
                 signal = signals.next() => job.signal_group(signal),
@@ -97,12 +117,12 @@ impl<G: LockGuard> Held<'_, G> {
         };
         let left = job.running_members();
         if !left.is_empty() && !enforcer.killed {
-            eprintln!(
-                "fencelock run: the command left {} process(es) running in its group; \
-                 terminating them before the lock is released",
+            job.signal_group(libc::SIGTERM);
+            diag!(
+                "the command left {} process(es) running in its group; terminating them \
+                 before the lock is released",
                 left.len()
             );
-            job.signal_group(libc::SIGTERM);
             enforcer.leftovers_until = Some(tokio::time::Instant::now() + self.grace);
         }
         while !job.running_members().is_empty() {
@@ -110,8 +130,8 @@ impl<G: LockGuard> Held<'_, G> {
             tokio::select! {
                 biased;
                 reason = self.guard.lost(), if !enforcer.killed => {
-                    eprintln!("fencelock run: lock lost ({reason}); killing what is left of the command");
                     enforcer.kill(job);
+                    diag!("lock lost ({reason}); killed what is left of the command");
                 }
                 () = tokio::time::sleep(next) => {}
                 signal = signals.next() => job.signal_group(signal),
@@ -167,10 +187,8 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
         } = *self.held;
         let remaining = guard.lease_remaining().unwrap_or(Duration::MAX);
         if remaining <= margin {
-            eprintln!(
-                "fencelock run: no renewal confirmed before the lease deadline; killing the command"
-            );
             self.kill(job);
+            diag!("no renewal confirmed before the lease deadline; killed the command");
             return GROUP_POLL;
         }
         if let Some(until) = self.leftovers_until {
@@ -183,16 +201,16 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
             if !self.warned {
                 self.warned = true;
                 self.terminated = true;
-                eprintln!(
-                    "fencelock run: renewals of the lock are not being confirmed; SIGTERM now, \
-                     SIGKILL in {:?} unless they resume",
+                job.signal_group(libc::SIGTERM);
+                diag!(
+                    "renewals of the lock are not being confirmed; sent SIGTERM, SIGKILL in \
+                     {:?} unless they resume",
                     remaining - margin
                 );
-                job.signal_group(libc::SIGTERM);
             }
         } else if self.warned {
             self.warned = false;
-            eprintln!("fencelock run: renewals confirmed again; the command keeps the lock");
+            diag!("renewals confirmed again; the command keeps the lock");
         }
         let until_next = if remaining > term_at {
             remaining - term_at
@@ -208,11 +226,16 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
     }
 }
 
-/// SIGINT, SIGTERM and SIGHUP received by fencelock, for the command's group.
+/// SIGINT, SIGTERM and SIGHUP received by fencelock, for the command's group; and the
+/// terminal's stop signal, refused.
 struct Forwarded {
     interrupt: Signal,
     terminate: Signal,
     hangup: Signal,
+    /// SIGTSTP (Ctrl-Z): a stopped fencelock renews nothing while the command, in a group
+    /// of its own that the terminal does not stop, runs on past the lease. Caught, so
+    /// that fencelock refuses to be stopped while the command runs.
+    stop: Signal,
 }
 
 impl Forwarded {
@@ -221,15 +244,26 @@ impl Forwarded {
             interrupt: signal(SignalKind::interrupt())?,
             terminate: signal(SignalKind::terminate())?,
             hangup: signal(SignalKind::hangup())?,
+            stop: signal(SignalKind::from_raw(libc::SIGTSTP))?,
         })
     }
 
     /// The next signal to forward.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a signal that arrives meanwhile is kept for the next call.
     async fn next(&mut self) -> i32 {
-        tokio::select! {
-            _ = self.interrupt.recv() => libc::SIGINT,
-            _ = self.terminate.recv() => libc::SIGTERM,
-            _ = self.hangup.recv() => libc::SIGHUP,
+        loop {
+            tokio::select! {
+                _ = self.interrupt.recv() => return libc::SIGINT,
+                _ = self.terminate.recv() => return libc::SIGTERM,
+                _ = self.hangup.recv() => return libc::SIGHUP,
+                _ = self.stop.recv() => diag!(
+                    "not stopping while the command holds the lock (a stopped fencelock \
+                     renews nothing); Ctrl-C interrupts the command"
+                ),
+            }
         }
     }
 }

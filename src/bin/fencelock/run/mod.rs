@@ -34,6 +34,7 @@
 //! once, or never taken); 2 for invalid arguments; 70 when fencelock itself failed.
 
 mod child;
+mod diag;
 mod held;
 mod watchdog;
 
@@ -47,6 +48,7 @@ use fencelock::{LockBackend, LockError, LockGuard, LockOptions, ReleaseOutcome};
 
 use crate::bench::parse_duration;
 use child::{check_program, start_failure_status};
+use diag::diag;
 use held::{Ending, Held};
 
 pub use watchdog::run as watchdog;
@@ -73,7 +75,11 @@ pub struct RunArgs {
     wait: Option<Duration>,
     /// Time between SIGTERM and SIGKILL when renewals stop being confirmed (SIGKILL comes
     /// no later than the lease deadline), and for processes the command leaves behind.
-    /// Default: a third of --ttl, at most 5s; at most half of --ttl.
+    /// Default: a quarter of --ttl, at most 5s; at most half of --ttl. Renewals go out
+    /// every third of --ttl; one that fails or gets no answer within a ninth of --ttl
+    /// (250ms to 1s) is retried at once, then after 100ms, 200ms, ... (at most that ninth):
+    /// with the defaults at least three renewal attempts fail before SIGTERM, however
+    /// long each hangs.
     #[arg(long, value_parser = parse_duration, allow_hyphen_values = true)]
     grace: Option<Duration>,
     /// Which lock service holds the lock. Only etcd's token never repeats: Redis's can
@@ -134,13 +140,34 @@ pub(super) const CHECK: Duration = Duration::from_millis(100);
 pub(super) const GROUP_POLL: Duration = Duration::from_millis(20);
 
 pub async fn run(args: RunArgs) -> ExitCode {
-    ExitCode::from(match run_inner(args).await {
+    let code = match run_inner(args).await {
         Ok(code) => code,
         Err(Failure { message, code }) => {
-            eprintln!("fencelock run: {message}");
+            diag!("{message}");
             code
         }
-    })
+    };
+    // The lock is released by now: a stderr nobody reads costs only this long.
+    diag::flush(Duration::from_secs(1));
+    ExitCode::from(code)
+}
+
+/// Undoes a SIGCHLD disposition inherited from the parent (ignored, or `SA_NOCLDWAIT`: a
+/// Python daemon or a supervisor that ignores it passes that on through `exec`). With it
+/// the kernel reaps the command the moment it exits: its status is lost and its pid, the
+/// group id every later signal goes to, can be reused by an unrelated process.
+fn reset_sigchld() -> std::io::Result<()> {
+    // SAFETY: an all-zero sigaction is a valid value; SIG_DFL with no flags is the
+    // disposition a process starts with when nobody changed it.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = libc::SIG_DFL;
+        libc::sigemptyset(&mut action.sa_mask);
+        if libc::sigaction(libc::SIGCHLD, &action, std::ptr::null_mut()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// A reason to stop, with the exit status it gets.
@@ -178,6 +205,7 @@ impl Failure {
 
 async fn run_inner(args: RunArgs) -> Result<u8, Failure> {
     let grace = grace(&args)?;
+    reset_sigchld().map_err(|err| Failure::internal(format!("cannot reset SIGCHLD: {err}")))?;
     let (program, rest) = args
         .command
         .split_first()
@@ -231,9 +259,9 @@ struct Task<'a> {
 }
 
 impl Task<'_> {
-    /// Runs the command under `guard` until its whole group is gone; returns whether the
-    /// lock was lost, and the exit status so far.
-    async fn run_under<G: LockGuard>(&self, guard: &G, key: &str, ttl: Duration) -> (bool, u8) {
+    /// Runs the command under `guard` until its whole group is gone; returns what became
+    /// of it and the exit status so far.
+    async fn run_under<G: LockGuard>(&self, guard: &G, key: &str, ttl: Duration) -> (Ran, u8) {
         let held = Held {
             guard,
             key,
@@ -241,14 +269,84 @@ impl Task<'_> {
             margin: kill_margin(ttl),
         };
         match held.run_command(self.program, self.rest, self.lock).await {
-            Ending::Completed(exit) => (false, exit.shell_status()),
+            Ending::Completed(exit) => (Ran::Held, exit.shell_status()),
             Ending::Interrupted(exit) => match exit.shell_status() {
-                0 => (false, EXIT_INTERRUPTED),
-                status => (false, status),
+                0 => (Ran::Held, EXIT_INTERRUPTED),
+                status => (Ran::Held, status),
             },
-            Ending::Lost => (true, EXIT_LOCK_LOST),
-            Ending::NotStarted(code) => (false, code),
+            Ending::Failed => (Ran::Held, EXIT_INTERNAL),
+            Ending::Lost => (Ran::Lost, EXIT_LOCK_LOST),
+            Ending::NotStarted(code) => (Ran::Never, code),
         }
+    }
+
+    /// How much of the lease must be left at the grant for the command to start: the
+    /// kill margin and the grace, plus what starting takes (the watchdog and the fork).
+    fn needed_at_start(&self, ttl: Duration) -> Duration {
+        kill_margin(ttl) + self.grace + START_ALLOWANCE
+    }
+}
+
+/// What starting takes at most, in the lease's time: a lock granted with less than this
+/// beyond margin and grace is given back instead of run.
+const START_ALLOWANCE: Duration = Duration::from_millis(50);
+
+/// What became of the command under the lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ran {
+    /// It ran (and its group is gone) with the lock held, as far as fencelock knows.
+    Held,
+    /// The lock was lost while it ran; its group was killed.
+    Lost,
+    /// It never started: a lock found lost at the release is no news about it.
+    Never,
+}
+
+/// Takes the lock with `acquire` until a grant leaves more than `needed` of its lease
+/// (retrying within `--wait`): a grant whose answer came late (a TTL shorter than a
+/// request's round trip, a slow Redlock round) must never start the command on a lease
+/// that is already over or about to be.
+async fn take_in_time<G, F, Fut>(
+    mut acquire: F,
+    options: &LockOptions,
+    needed: Duration,
+) -> Result<G, Failure>
+where
+    G: LockGuard,
+    F: FnMut(LockOptions) -> Fut,
+    Fut: Future<Output = Result<G, LockError>>,
+{
+    let deadline = options
+        .wait_timeout()
+        .map(|wait| tokio::time::Instant::now() + wait);
+    loop {
+        let mut attempt = options.clone();
+        if let Some(deadline) = deadline {
+            attempt = attempt
+                .with_wait_timeout(deadline.saturating_duration_since(tokio::time::Instant::now()));
+        }
+        let guard = taken(acquire(attempt).await)?;
+        let left = guard.lease_remaining().unwrap_or(Duration::MAX);
+        if left > needed {
+            return Ok(guard);
+        }
+        diag!(
+            "the lock was granted with only {left:?} of its lease left (its answer came \
+             late); giving it back without starting the command"
+        );
+        if let Err(err) = guard.release().await {
+            diag!("giving the lock back failed ({err}); it expires with its lease");
+        }
+        if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+            return Err(Failure {
+                message: format!(
+                    "no grant left {needed:?} of the lease to start the command within --wait"
+                ),
+                code: EXIT_WAIT_TIMEOUT,
+            });
+        }
+        // Not at once: what made the answer late is likely still there.
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -271,27 +369,50 @@ async fn on_etcd(args: &RunArgs, options: &LockOptions, task: Task<'_>) -> Resul
     let locks = EtcdLocker::connect(config)
         .await
         .map_err(Failure::from_lock_error)?;
-    let guard = taken(match args.permits {
-        Some(permits) => match locks.semaphore(&args.lock, permits) {
-            Ok(semaphore) => semaphore.acquire(options).await,
-            Err(err) => Err(err),
+    let semaphore = match args.permits {
+        Some(permits) => Some(
+            locks
+                .semaphore(&args.lock, permits)
+                .map_err(Failure::from_lock_error)?,
+        ),
+        None => None,
+    };
+    // etcd leases are whole seconds: the TTL the server grants is the rounded-up one.
+    let ttl = Duration::from_secs(
+        args.ttl
+            .as_millis()
+            .div_ceil(1000)
+            .try_into()
+            .unwrap_or(u64::MAX),
+    );
+    let guard = take_in_time(
+        |options| {
+            let (locks, semaphore) = (&locks, &semaphore);
+            async move {
+                match semaphore {
+                    Some(semaphore) => semaphore.acquire(&options).await,
+                    None => locks.lock(&args.lock, &options).await,
+                }
+            }
         },
-        None => locks.lock(&args.lock, options).await,
-    })?;
+        options,
+        task.needed_at_start(ttl),
+    )
+    .await?;
     let ttl = guard.session().ttl();
-    let (lost, code) = task.run_under(&guard, guard.key(), ttl).await;
+    let (ran, code) = task.run_under(&guard, guard.key(), ttl).await;
     // The group is gone (or was never started): now, and only now, the lock may go.
     let cleanup = async {
-        let code = if lost {
+        let code = if ran == Ran::Lost {
             // Nothing to release; revoking frees the lock sooner if the server still has
             // it.
             drop(guard);
             code
         } else {
-            release(guard, code).await
+            release(guard, ran, code).await
         };
         if let Err(err) = locks.close().await {
-            eprintln!("fencelock run: could not revoke the lease ({err}); it expires by itself");
+            diag!("could not revoke the lease ({err}); it expires by itself");
         }
         code
     };
@@ -303,13 +424,28 @@ async fn on_redis(args: &RunArgs, options: &LockOptions, task: Task<'_>) -> Resu
     let locks = RedisLocker::connect(config)
         .await
         .map_err(Failure::from_lock_error)?;
-    let guard = taken(match args.permits {
-        Some(permits) => match locks.semaphore(&args.lock, permits) {
-            Ok(semaphore) => semaphore.acquire(options).await,
-            Err(err) => Err(err),
+    let semaphore = match args.permits {
+        Some(permits) => Some(
+            locks
+                .semaphore(&args.lock, permits)
+                .map_err(Failure::from_lock_error)?,
+        ),
+        None => None,
+    };
+    let guard = take_in_time(
+        |options| {
+            let (locks, semaphore) = (&locks, &semaphore);
+            async move {
+                match semaphore {
+                    Some(semaphore) => semaphore.acquire(&options).await,
+                    None => locks.lock(&args.lock, &options).await,
+                }
+            }
         },
-        None => locks.lock(&args.lock, options).await,
-    })?;
+        options,
+        task.needed_at_start(args.ttl),
+    )
+    .await?;
     Ok(on_redis_guard(guard, args.ttl, task).await)
 }
 
@@ -328,20 +464,28 @@ async fn on_redlock(args: &RunArgs, options: &LockOptions, task: Task<'_>) -> Re
     let locks = RedlockLocker::connect(config)
         .await
         .map_err(Failure::from_lock_error)?;
-    let guard = taken(locks.lock(&args.lock, options).await)?;
+    let guard = take_in_time(
+        |options| {
+            let locks = &locks;
+            async move { locks.lock(&args.lock, &options).await }
+        },
+        options,
+        task.needed_at_start(args.ttl),
+    )
+    .await?;
     Ok(on_redis_guard(guard, args.ttl, task).await)
 }
 
 /// Runs the command under a Redis (or Redlock) lock, then releases it.
 async fn on_redis_guard(guard: RedisGuard, ttl: Duration, task: Task<'_>) -> u8 {
     let key = guard.key().to_owned();
-    let (lost, code) = task.run_under(&guard, &key, ttl).await;
-    if lost {
+    let (ran, code) = task.run_under(&guard, &key, ttl).await;
+    if ran == Ran::Lost {
         // Its key has expired or belongs to someone else: nothing to release.
         drop(guard);
         return code;
     }
-    within_ttl(ttl, release(guard, code), code).await
+    within_ttl(ttl, release(guard, ran, code), code).await
 }
 
 /// `cleanup`'s exit status, or `code` if it takes longer than `ttl`: by then the lock has
@@ -350,9 +494,9 @@ async fn within_ttl(ttl: Duration, cleanup: impl Future<Output = u8>, code: u8) 
     match tokio::time::timeout(ttl, cleanup).await {
         Ok(code) => code,
         Err(_) => {
-            eprintln!(
-                "fencelock run: warning: the lock service did not confirm the release within \
-                 {ttl:?}; the lock expires by itself"
+            diag!(
+                "warning: the lock service did not confirm the release within {ttl:?}; the \
+                 lock expires by itself"
             );
             code
         }
@@ -361,21 +505,23 @@ async fn within_ttl(ttl: Duration, cleanup: impl Future<Output = u8>, code: u8) 
 
 /// Releases the lock once the command's group is gone. A failure here never hides what
 /// happened to the command: `code` stands, unless the release finds that the lock had
-/// been lost (then 76), and the failure is reported on stderr.
-async fn release<G: LockGuard>(guard: G, code: u8) -> u8 {
+/// been lost while the command ran (then 76: never for a command that did not start),
+/// and the failure is reported on stderr.
+async fn release<G: LockGuard>(guard: G, ran: Ran, code: u8) -> u8 {
     match guard.release().await {
         Ok(ReleaseOutcome::Released) => code,
+        Ok(ReleaseOutcome::NotHeld) if ran == Ran::Never => {
+            diag!("the lock was found lost when it was given back; the command never ran");
+            code
+        }
         Ok(ReleaseOutcome::NotHeld) => {
-            eprintln!(
-                "fencelock run: the lock was found lost when the command ended; it may have \
-                 run without it"
-            );
+            diag!("the lock was found lost when the command ended; it may have run without it");
             EXIT_LOCK_LOST
         }
         Err(err) => {
-            eprintln!(
-                "fencelock run: warning: the command finished with the lock held, but \
-                 releasing it failed ({err}); it expires with its lease"
+            diag!(
+                "warning: the command finished with the lock held, but releasing it failed \
+                 ({err}); it expires with its lease"
             );
             code
         }
@@ -386,7 +532,9 @@ async fn release<G: LockGuard>(guard: G, code: u8) -> u8 {
 fn grace(args: &RunArgs) -> Result<Duration, Failure> {
     let ceiling = args.ttl / 2;
     match args.grace {
-        None => Ok((args.ttl / 3).min(Duration::from_secs(5))),
+        // A quarter: SIGTERM 0.74 TTL after the last confirmed renewal, which leaves the
+        // renewal due at a third of the TTL 0.4 TTL for its retries (issue 21).
+        None => Ok((args.ttl / 4).min(Duration::from_secs(5))),
         Some(grace) if grace <= ceiling => Ok(grace),
         Some(grace) => Err(Failure::usage(format!(
             "--grace {grace:?} is more than half of --ttl {:?}: SIGTERM would go out while \

@@ -67,10 +67,17 @@ impl Watchdog {
 
 /// The watchdog process itself (`fencelock run-watchdog`, started by `fencelock run`).
 pub fn run() -> ExitCode {
+    // Only fencelock's end (end of file on the pipe) may end the watchdog: a Ctrl-C, a
+    // hang-up, or a SIGTERM to every process of a session or a service (systemd's stop,
+    // `kill -- -<sid>`) must not leave the command's group unguarded while fencelock
+    // itself lives on.
     // SAFETY: setting signal dispositions to SIG_IGN before any other thread exists.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGHUP, libc::SIG_IGN);
+        libc::signal(libc::SIGTERM, libc::SIG_IGN);
+        libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+        libc::signal(libc::SIGTSTP, libc::SIG_IGN);
     }
     let mut group: Option<libc::pid_t> = None;
     let stdin = io::stdin();
@@ -94,7 +101,11 @@ pub fn run() -> ExitCode {
         unsafe {
             libc::kill(-pgid, libc::SIGKILL);
         }
-        eprintln!("fencelock run: fencelock died; killed the command's process group {pgid}");
+        // After the kill, and never a panic: stderr may be a closed pipe by now.
+        let _ = writeln!(
+            io::stderr(),
+            "fencelock run: fencelock died; killed the command's process group {pgid}"
+        );
     }
     ExitCode::SUCCESS
 }
