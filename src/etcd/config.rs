@@ -46,6 +46,7 @@ pub struct EtcdConfig {
     pub(crate) credentials: Option<(String, String)>,
     pub(crate) namespace: String,
     pub(crate) tls: Option<TlsConfig>,
+    pub(crate) max_batch: usize,
 }
 
 impl fmt::Debug for EtcdConfig {
@@ -56,6 +57,7 @@ impl fmt::Debug for EtcdConfig {
             .field("request_timeout", &self.request_timeout)
             .field("user", &self.credentials.as_ref().map(|(user, _)| user))
             .field("namespace", &self.namespace)
+            .field("max_batch", &self.max_batch)
             .field("tls", &self.tls)
             .finish()
     }
@@ -76,6 +78,7 @@ impl EtcdConfig {
             credentials: None,
             namespace: "fencelock".to_owned(),
             tls: None,
+            max_batch: super::batch::DEFAULT_MAX_BATCH,
         }
     }
 
@@ -100,6 +103,18 @@ impl EtcdConfig {
     /// keep-alives) are not cut by it.
     pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;
+        self
+    }
+
+    /// How many operations one etcd transaction of joins and releases of *different*
+    /// locks may carry (group commit: only requests that queue while another of the same
+    /// session is in flight are batched; a lone request goes out at once, alone). A join
+    /// counts 2 operations, a release 1. Default 128, etcd's default `--max-txn-ops`; a
+    /// server with a lower limit refuses the batch, its members go alone, and batches
+    /// shrink. 1 turns batching off. Locks taken in one batch share a fencing token value:
+    /// a token orders the grants of one lock, not grants across locks.
+    pub fn with_max_batch(mut self, max: usize) -> Self {
+        self.max_batch = max;
         self
     }
 
@@ -195,6 +210,11 @@ impl EtcdConfig {
         }
         if self.connect_timeout.is_zero() || self.request_timeout.is_zero() {
             return fail("timeouts must be above zero".into());
+        }
+        if self.max_batch == 0 {
+            return fail(
+                "max batch 0: at least 1 request per transaction (1 turns batching off)".into(),
+            );
         }
         let ns = &self.namespace;
         if ns.is_empty() || ns.starts_with('/') || ns.ends_with('/') || ns.contains("//") {

@@ -28,15 +28,19 @@
 //! - **A join never adopts a key it did not create**: when a retried join finds its key
 //!   already there, that key must hold this acquisition's value (its kind), or the
 //!   acquisition fails and the session is retired.
+//!
+//! Joins and deletes go out through the session's group commit (`batch.rs`): batched, a
+//! request is the same request, one member of one transaction that is applied whole or
+//! not at all, so every rule above holds per member (a batch without an answer leaves
+//! every member's fate unknown).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use etcd_client::{
-    Compare, CompareOp, GetOptions, GetResponse, PutOptions, Txn, TxnOp, TxnOpResponse,
-};
+use etcd_client::{GetOptions, GetResponse, TxnOpResponse};
 use tokio::time::Duration;
 
-use super::call::{Attempts, call_retrying_noting, malformed};
+use super::batch::{Answer, Request};
+use super::call::{Attempts, malformed};
 use super::keys;
 use super::session::{Session, SessionInner};
 use crate::{FencingToken, LockError};
@@ -151,33 +155,30 @@ impl QueueKey {
     /// place separately.
     pub(super) async fn create(&mut self, read: GetOptions) -> Result<Joined, LockError> {
         let inner = self.inner();
-        let put = PutOptions::new().with_lease(inner.lease_id());
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                self.key.as_str(),
-                CompareOp::Equal,
-                0,
-            )])
-            .and_then([
-                TxnOp::put(self.key.as_str(), self.value.clone(), Some(put)),
-                TxnOp::get(self.prefix.as_str(), Some(read.with_prefix())),
-            ])
-            .or_else([TxnOp::get(self.key.as_str(), None)]);
-        let Attempts { result, ambiguous } = call_retrying_noting(
-            "acquire",
-            Some(self.name.as_str()),
-            inner.config.request_timeout,
-            || {
-                let mut client = inner.kv.clone();
-                let txn = txn.clone();
-                async move { client.txn(txn).await }
-            },
-        )
-        .await;
+        let request = Request::Join {
+            name: self.name.clone(),
+            prefix: self.prefix.clone(),
+            key: self.key.clone(),
+            value: self.value.clone(),
+            lease: inner.lease_id(),
+            read,
+        };
+        let Attempts { result, ambiguous } = inner.batch.send(request).await;
         if ambiguous {
             self.mark_join_unknown();
         }
-        let joined = self.joined(result?);
+        let joined = match result? {
+            Answer::Join {
+                succeeded,
+                responses,
+                revision,
+            } => self.joined(succeeded, responses, revision),
+            Answer::Delete { .. } => Err(malformed(
+                "acquire",
+                Some(self.name.as_str()),
+                "a delete's answer for a join",
+            )),
+        };
         if joined.is_err() {
             // Answered, so applied, but not as this acquisition's key: whatever is there
             // must not be taken for it, nor its name reused.
@@ -186,12 +187,18 @@ impl QueueKey {
         joined
     }
 
-    /// What the join's answer says.
-    fn joined(&self, response: etcd_client::TxnResponse) -> Result<Joined, LockError> {
+    /// What the join's answer says: whether it put the key, the answers of its own
+    /// operations, and the store revision right after the transaction that carried it
+    /// (the token, if the key was put).
+    fn joined(
+        &self,
+        succeeded: bool,
+        responses: Vec<TxnOpResponse>,
+        revision: Option<i64>,
+    ) -> Result<Joined, LockError> {
         let name = Some(self.name.as_str());
-        let succeeded = response.succeeded();
-        let header = response.header().map(|h| h.revision());
-        let mut responses = response.op_responses().into_iter();
+        let header = revision;
+        let mut responses = responses.into_iter();
         if !succeeded {
             let existing = match responses.next() {
                 Some(TxnOpResponse::Get(mine)) => mine.kvs().first().cloned(),
@@ -231,20 +238,25 @@ impl QueueKey {
     /// delete this key; see [`Deleted`].
     pub(super) async fn delete(&self) -> Result<Deleted, LockError> {
         let inner = self.inner();
-        let Attempts { result, ambiguous } = call_retrying_noting(
-            "release",
-            Some(self.name.as_str()),
-            inner.config.request_timeout,
-            || {
-                let mut client = inner.kv.clone();
-                async move { client.delete(self.key.as_str(), None).await }
-            },
-        )
-        .await;
+        let request = Request::Delete {
+            name: self.name.clone(),
+            prefix: self.prefix.clone(),
+            key: self.key.clone(),
+        };
+        let Attempts { result, ambiguous } = inner.batch.send(request).await;
         if ambiguous {
             self.spend();
         }
-        let removed = result?.deleted() > 0;
+        let removed = match result? {
+            Answer::Delete { deleted } => deleted > 0,
+            Answer::Join { .. } => {
+                return Err(malformed(
+                    "release",
+                    Some(self.name.as_str()),
+                    "a join's answer for a delete",
+                ));
+            }
+        };
         Ok(Deleted { removed, ambiguous })
     }
 

@@ -15,6 +15,7 @@
 //! - An uncontended lock + release costs exactly two round trips, one Raft write each.
 
 mod acquire;
+mod batch;
 mod call;
 mod config;
 mod election;

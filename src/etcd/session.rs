@@ -53,6 +53,8 @@ pub(crate) struct SessionInner {
     on_retire: Option<RetireHook>,
     /// Names whose join may still land, swept while the session lives (`late_joins.rs`).
     pub(crate) late_joins: super::late_joins::LateJoins,
+    /// This session's joins and releases, batched while one is in flight (`batch.rs`).
+    pub(crate) batch: Arc<super::batch::Batcher>,
     control: mpsc::UnboundedSender<Control>,
     // Dropped with the last handle: tells the keep-alive task to revoke and stop.
     _stop: oneshot::Sender<()>,
@@ -131,6 +133,7 @@ impl Session {
         tokio::spawn(task.run(stop_rx, control_rx).instrument(span));
         tracing::debug!(lease_id, ?ttl, "session opened");
 
+        let batch = super::batch::Batcher::new(client.kv_client(), timeout, config.max_batch);
         Ok(Self {
             inner: Arc::new(SessionInner {
                 kv: client.kv_client(),
@@ -146,6 +149,7 @@ impl Session {
                 retired: std::sync::atomic::AtomicBool::new(false),
                 on_retire,
                 late_joins: super::late_joins::LateJoins::default(),
+                batch,
                 control,
                 _stop: stop_tx,
             }),

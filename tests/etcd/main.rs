@@ -14,6 +14,7 @@ mod contended_cells;
 mod cut_off_waiter;
 mod election;
 mod fifo_order;
+mod group_commit;
 mod guarded_txn;
 mod harness;
 mod inspect;

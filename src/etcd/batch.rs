@@ -1,0 +1,620 @@
+//! Group commit: the joins and releases of one session that queue up while one of its
+//! requests is in flight go out together, as one etcd transaction.
+//!
+//! No timer: a request that finds nothing in flight is sent at once, alone and exactly as
+//! it would be without batching (so an uncontended cycle costs what it did); only requests
+//! that arrive while one is in flight wait, and all that waited go out in the next
+//! transaction when it returns (natural batching, like a database's group commit). At most
+//! one request or batch of a session is in flight at a time.
+//!
+//! A batch is one flat transaction: `if create_revision(k) == 0` for every joining key `k`,
+//! then put each `k` and read its lock's prefix, and delete each releasing key; else read
+//! each joining key, and delete each releasing key. What each member keeps, and the server
+//! guarantees it rests on:
+//!
+//! - **Its token.** Every write of a transaction is applied at one main revision
+//!   (`apply.go` `applyTxn` under one `TxnWrite`), so a member that put its key has the
+//!   batch's header revision as create revision: strictly greater than any earlier
+//!   revision, never handed out again. Two *different* locks taken in one batch share it;
+//!   two requests about the **same** lock are never in one batch, so per lock tokens still
+//!   strictly increase and never repeat, and a lock's prefix read sees no other key of the
+//!   same batch.
+//! - **Its own outcome.** The compares fail only when some joining key exists already,
+//!   which happens only when an earlier attempt of this very batch (retried after no
+//!   answer) or of that member's request got through. Then nothing is put: members whose
+//!   key is there are answered from it (as a lone retried join is), and members whose key
+//!   is not are sent again alone, so one member's key decides nothing for another.
+//!   Releases are in both branches: they are applied whatever the compares say.
+//! - **Atomic fate.** A transaction is one Raft proposal, applied whole or not at all
+//!   (`v3_server.go` `Txn`: one `InternalRaftRequest`). So a batch whose answer is lost is
+//!   ambiguous for every member, exactly as a lone request would be: each member's caller
+//!   applies the rules of `key_life.rs` (a join without an answer retires its session, a
+//!   release without one spends its name).
+//! - **No member refused for another.** A request etcd refuses before Raft or that Raft
+//!   refuses alike on every member (a permission one lock lacks, too many operations for
+//!   the server's `--max-txn-ops`, too large) is refused whole without applying anything
+//!   (`v3rpc/key.go` `checkTxnRequest`, `apply_auth.go` `checkTxnAuth`); the members are
+//!   then sent again each alone, so each gets its own answer. A refusal for too many
+//!   operations also lowers the batch limit.
+//! - **No nested transactions.** etcd 3.4 and 3.5 up to their 2026 security releases do
+//!   not check permissions of operations nested in a transaction's transactions (etcd PRs
+//!   #21677, #21689: "RBAC authorization bypass issue for put requests nested in TXNs"):
+//!   a batch of nested transactions would let a least-privilege user write where it may
+//!   not, and would hide a refusal a member must hear of. Flat operations are checked.
+//! - **Withdrawal before sending.** A member whose caller went away before its batch was
+//!   formed is left out: it was never sent (its caller's cleanup still assumes the worst,
+//!   which is safe).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KvClient, PutOptions, Txn, TxnOp, TxnOpResponse,
+};
+use tokio::sync::oneshot;
+use tokio::task::JoinSet;
+use tokio::time::Duration;
+use tracing::Instrument;
+
+use super::call::{Attempts, call_retrying_noting, may_have_applied};
+use crate::{Backend, LockError};
+
+/// How many requests or batches of one session may be in flight at once before the next
+/// ones queue. One: two (tried) did not measurably help at 8 tasks and halve the batches.
+const IN_FLIGHT: usize = 1;
+
+/// The largest batch by default: etcd's default `--max-txn-ops`.
+pub const DEFAULT_MAX_BATCH: usize = 128;
+
+/// One request about one lock key.
+#[derive(Debug)]
+pub(super) enum Request {
+    /// Put `key` holding `value` under `lease` if it does not exist, and read the lock's
+    /// prefix with `read` in the same revision; if it exists, read it back.
+    Join {
+        name: String,
+        prefix: String,
+        key: String,
+        value: Vec<u8>,
+        lease: i64,
+        read: GetOptions,
+    },
+    /// Delete exactly `key`.
+    Delete {
+        name: String,
+        prefix: String,
+        key: String,
+    },
+}
+
+/// What etcd answered for one request.
+#[derive(Debug)]
+pub(super) enum Answer {
+    /// Whether the join put its key, the answers to its own operations (the put and the
+    /// prefix read, or the read of the existing key), and the store revision right after
+    /// the transaction that carried it (its key's create revision if it put the key).
+    Join {
+        succeeded: bool,
+        responses: Vec<TxnOpResponse>,
+        revision: Option<i64>,
+    },
+    /// How many keys the delete removed.
+    Delete { deleted: i64 },
+}
+
+/// One request's outcome: its answer or error, and whether some attempt of it got no
+/// answer (see [`Attempts`]).
+pub(super) type Sent = Attempts<Answer>;
+
+impl Request {
+    fn name(&self) -> &str {
+        match self {
+            Self::Join { name, .. } | Self::Delete { name, .. } => name,
+        }
+    }
+
+    fn prefix(&self) -> &str {
+        match self {
+            Self::Join { prefix, .. } | Self::Delete { prefix, .. } => prefix,
+        }
+    }
+
+    fn operation(&self) -> &'static str {
+        match self {
+            Self::Join { .. } => "acquire",
+            Self::Delete { .. } => "release",
+        }
+    }
+
+    /// The join's transaction; see `key_life.rs` for why it is guarded.
+    fn join_txn(key: &str, value: &[u8], lease: i64, prefix: &str, read: &GetOptions) -> Txn {
+        let put = PutOptions::new().with_lease(lease);
+        Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(key, value.to_vec(), Some(put)),
+                TxnOp::get(prefix, Some(read.clone().with_prefix())),
+            ])
+            .or_else([TxnOp::get(key, None)])
+    }
+
+    /// Operations this request adds to a batch's success branch: 2 for a join, 1 for a
+    /// release (what counts against the server's `--max-txn-ops`).
+    fn ops(&self) -> usize {
+        match self {
+            Self::Join { .. } => 2,
+            Self::Delete { .. } => 1,
+        }
+    }
+
+    /// Adds this request to a batch: its compare, its operations in the success branch and
+    /// in the failure branch.
+    fn add_to(
+        &self,
+        compares: &mut Vec<Compare>,
+        then: &mut Vec<TxnOp>,
+        otherwise: &mut Vec<TxnOp>,
+    ) {
+        match self {
+            Self::Join {
+                prefix,
+                key,
+                value,
+                lease,
+                read,
+                ..
+            } => {
+                compares.push(Compare::create_revision(key.as_str(), CompareOp::Equal, 0));
+                let put = PutOptions::new().with_lease(*lease);
+                then.push(TxnOp::put(key.as_str(), value.clone(), Some(put)));
+                then.push(TxnOp::get(
+                    prefix.as_str(),
+                    Some(read.clone().with_prefix()),
+                ));
+                otherwise.push(TxnOp::get(key.as_str(), None));
+            }
+            Self::Delete { key, .. } => {
+                then.push(TxnOp::delete(key.as_str(), None));
+                otherwise.push(TxnOp::delete(key.as_str(), None));
+            }
+        }
+    }
+
+    /// Sends the request on its own (retried as [`call_retrying_noting`] does).
+    async fn send_alone(&self, kv: &KvClient, timeout: Duration) -> Sent {
+        match self {
+            Self::Join {
+                name,
+                prefix,
+                key,
+                value,
+                lease,
+                read,
+            } => {
+                let txn = Self::join_txn(key, value, *lease, prefix, read);
+                let Attempts { result, ambiguous } =
+                    call_retrying_noting("acquire", Some(name), timeout, || {
+                        let mut kv = kv.clone();
+                        let txn = txn.clone();
+                        async move { kv.txn(txn).await }
+                    })
+                    .await;
+                let result = result.map(|txn| {
+                    let revision = txn.header().map(|h| h.revision());
+                    Answer::Join {
+                        succeeded: txn.succeeded(),
+                        responses: txn.op_responses(),
+                        revision,
+                    }
+                });
+                Attempts { result, ambiguous }
+            }
+            Self::Delete { name, key, .. } => {
+                let Attempts { result, ambiguous } =
+                    call_retrying_noting("release", Some(name), timeout, || {
+                        let mut kv = kv.clone();
+                        async move { kv.delete(key.as_str(), None).await }
+                    })
+                    .await;
+                let result = result.map(|response| Answer::Delete {
+                    deleted: response.deleted(),
+                });
+                Attempts { result, ambiguous }
+            }
+        }
+    }
+}
+
+/// A request waiting for the batch in flight to return.
+struct Queued {
+    request: Request,
+    reply: oneshot::Sender<Sent>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Requests or batches of this session in flight (at most [`IN_FLIGHT`]).
+    in_flight: usize,
+    queue: VecDeque<Queued>,
+}
+
+/// One session's group commit; see the module docs.
+pub(crate) struct Batcher {
+    kv: KvClient,
+    timeout: Duration,
+    /// The most members one batch may have (1: no batching).
+    limit: AtomicUsize,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for Batcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher")
+            .field("limit", &self.limit.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Batcher {
+    /// A batcher sending on `kv`, each request or batch bounded by `timeout`, batches of
+    /// at most `limit` members.
+    pub(crate) fn new(kv: KvClient, timeout: Duration, limit: usize) -> Arc<Self> {
+        Arc::new(Self {
+            kv,
+            timeout,
+            limit: AtomicUsize::new(limit.max(1)),
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // The state is a queue and a flag, consistent after every statement: a panic
+        // elsewhere while it was locked leaves nothing half-done.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Sends `request`: at once and alone if nothing of this session is in flight, else in
+    /// the next batch.
+    ///
+    /// # Cancel safety
+    /// Dropping the future before the request was sent withdraws it. Dropped after, the
+    /// request may still be applied, as any request whose answer nobody waited for: the
+    /// caller must treat it as sent without an answer.
+    pub(super) async fn send(self: &Arc<Self>, request: Request) -> Sent {
+        match self.route(request) {
+            Route::Alone(request) => request.send_alone(&self.kv, self.timeout).await,
+            Route::Lead(request) => {
+                // Whatever becomes of this future, what queues behind it goes out.
+                let turn = Turn(Some(self.clone()));
+                let sent = request.send_alone(&self.kv, self.timeout).await;
+                drop(turn);
+                sent
+            }
+            Route::Queued {
+                answer,
+                operation,
+                lock,
+            } => answer.await.unwrap_or_else(|_| Attempts {
+                result: Err(LockError::Backend {
+                    backend: Backend::Etcd,
+                    operation,
+                    lock: Some(lock),
+                    source: "the batch task stopped (runtime shutting down?)".into(),
+                }),
+                ambiguous: true,
+            }),
+        }
+    }
+
+    /// Decides how `request` goes out, queueing it if something is in flight.
+    fn route(&self, request: Request) -> Route {
+        if self.limit.load(Ordering::Relaxed) <= 1 {
+            return Route::Alone(request);
+        }
+        let mut state = self.state();
+        if state.in_flight < IN_FLIGHT {
+            state.in_flight += 1;
+            return Route::Lead(request);
+        }
+        let (operation, lock) = (request.operation(), request.name().to_owned());
+        let (reply, answer) = oneshot::channel();
+        state.queue.push_back(Queued { request, reply });
+        Route::Queued {
+            answer,
+            operation,
+            lock,
+        }
+    }
+
+    /// The request or batch in flight returned (or its sender went away): sends what
+    /// queued meanwhile, in a task of its own, until nothing is queued.
+    fn next(self: &Arc<Self>) {
+        let Some(batch) = self.take_batch() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let this = self.clone();
+                let span = tracing::debug_span!("etcd batch");
+                runtime.spawn(
+                    async move {
+                        // Stopped midway (the runtime shutting down), the task leaves the
+                        // batcher with one sender fewer, not busy with nobody to drive it.
+                        let driving = Driving(Some(this.clone()));
+                        let mut batch = batch;
+                        loop {
+                            this.send_batch(batch).await;
+                            match this.take_batch() {
+                                Some(next) => batch = next,
+                                None => break,
+                            }
+                        }
+                        driving.finished();
+                    }
+                    .instrument(span),
+                );
+            }
+            Err(_) => {
+                // No runtime to send from (shutting down): the waiting callers hear so.
+                drop(batch);
+                self.abandon();
+            }
+        }
+    }
+
+    /// Nothing will send what is queued: its callers hear so (their answer channels
+    /// close), and the next request finds the batcher idle.
+    fn abandon(&self) {
+        let mut state = self.state();
+        state.queue.clear();
+        state.in_flight = state.in_flight.saturating_sub(1);
+    }
+
+    /// The next batch: queued requests whose callers still wait, oldest first, at most
+    /// one per lock name, at most the limit of operations (a lone request may exceed it).
+    /// `None` (and one sender fewer in flight) when nothing
+    /// is queued.
+    fn take_batch(&self) -> Option<Vec<Queued>> {
+        let limit = self.limit.load(Ordering::Relaxed).max(1);
+        let mut state = self.state();
+        let mut batch: Vec<Queued> = Vec::new();
+        let mut ops = 0;
+        let mut left = VecDeque::new();
+        while let Some(queued) = state.queue.pop_front() {
+            if queued.reply.is_closed() {
+                // Its caller went away before it was sent: withdrawn.
+                continue;
+            }
+            let same_name = batch
+                .iter()
+                .any(|member| member.request.prefix() == queued.request.prefix());
+            let more = queued.request.ops();
+            if ops + more <= limit && !same_name {
+                ops += more;
+                batch.push(queued);
+            } else {
+                left.push_back(queued);
+            }
+        }
+        state.queue = left;
+        if batch.is_empty() {
+            if let Some(first) = state.queue.pop_front() {
+                // More operations than the limit on its own: it goes alone.
+                return Some(vec![first]);
+            }
+            state.in_flight = state.in_flight.saturating_sub(1);
+            None
+        } else {
+            Some(batch)
+        }
+    }
+
+    /// Sends one batch and answers each member.
+    async fn send_batch(&self, batch: Vec<Queued>) {
+        if batch.len() == 1 {
+            for member in batch {
+                let sent = member.request.send_alone(&self.kv, self.timeout).await;
+                let _ = member.reply.send(sent);
+            }
+            return;
+        }
+        let size = batch.len();
+        let ops: usize = batch.iter().map(|member| member.request.ops()).sum();
+        tracing::debug!(size, ops, "sending a batch");
+        let (mut compares, mut then, mut otherwise) = (Vec::new(), Vec::new(), Vec::new());
+        for member in &batch {
+            member
+                .request
+                .add_to(&mut compares, &mut then, &mut otherwise);
+        }
+        let txn = Txn::new().when(compares).and_then(then).or_else(otherwise);
+        let Attempts { result, ambiguous } =
+            call_retrying_noting("batch", None, self.timeout, || {
+                let mut kv = self.kv.clone();
+                let txn = txn.clone();
+                async move { kv.txn(txn).await }
+            })
+            .await;
+        match result {
+            Ok(response) => {
+                let revision = response.header().map(|h| h.revision());
+                let succeeded = response.succeeded();
+                let mut answers = response.op_responses().into_iter();
+                let mut again = Vec::new();
+                for member in batch {
+                    let result = match (&member.request, succeeded) {
+                        (Request::Join { .. }, true) => {
+                            let responses: Vec<_> = answers.by_ref().take(2).collect();
+                            match responses.as_slice() {
+                                [TxnOpResponse::Put(_), TxnOpResponse::Get(_)] => {
+                                    Ok(Answer::Join {
+                                        succeeded: true,
+                                        responses,
+                                        revision,
+                                    })
+                                }
+                                _ => Err(malformed_member(&member.request)),
+                            }
+                        }
+                        (Request::Join { .. }, false) => match answers.next() {
+                            Some(TxnOpResponse::Get(mine)) if mine.kvs().is_empty() => {
+                                // Another member's key was there, not this one's: nothing
+                                // was put; this one goes again, alone.
+                                again.push(member);
+                                continue;
+                            }
+                            Some(mine @ TxnOpResponse::Get(_)) => Ok(Answer::Join {
+                                succeeded: false,
+                                responses: vec![mine],
+                                revision,
+                            }),
+                            _ => Err(malformed_member(&member.request)),
+                        },
+                        (Request::Delete { .. }, _) => match answers.next() {
+                            Some(TxnOpResponse::Delete(deleted)) => Ok(Answer::Delete {
+                                deleted: deleted.deleted(),
+                            }),
+                            _ => Err(malformed_member(&member.request)),
+                        },
+                    };
+                    // Applied, whatever could be read of it: a member that cannot read its
+                    // answer must assume the worst of it.
+                    let ambiguous = ambiguous || result.is_err();
+                    let _ = member.reply.send(Attempts { result, ambiguous });
+                }
+                for member in again {
+                    let mut sent = member.request.send_alone(&self.kv, self.timeout).await;
+                    // An attempt of the batch without an answer was one of this member too.
+                    sent.ambiguous |= ambiguous;
+                    let _ = member.reply.send(sent);
+                }
+            }
+            Err(err) if !ambiguous && !may_have_applied(&err) => {
+                // Refused whole, nothing applied: each member on its own, so that one
+                // member's refusal is not another's.
+                if err.to_string().contains("too many operations") {
+                    let lower = (ops / 2).max(1);
+                    self.limit.fetch_min(lower, Ordering::Relaxed);
+                    tracing::warn!(lower, "etcd refused a batch as too large; batching less");
+                }
+                tracing::debug!(%err, size, "batch refused; sending its members alone");
+                let mut alone = JoinSet::new();
+                for member in batch {
+                    let kv = self.kv.clone();
+                    let timeout = self.timeout;
+                    alone.spawn(
+                        async move {
+                            let sent = member.request.send_alone(&kv, timeout).await;
+                            let _ = member.reply.send(sent);
+                        }
+                        .in_current_span(),
+                    );
+                }
+                while alone.join_next().await.is_some() {}
+            }
+            Err(err) => {
+                tracing::debug!(%err, size, "batch without an answer");
+                for member in batch {
+                    let result = Err(copy_error(&err, &member.request));
+                    let _ = member.reply.send(Attempts {
+                        result,
+                        ambiguous: true,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// How one request goes out.
+enum Route {
+    /// Batching is off.
+    Alone(Request),
+    /// Nothing was in flight: this request goes at once, and what queues behind it after.
+    Lead(Request),
+    /// Something is in flight: the answer comes from the next batch.
+    Queued {
+        answer: oneshot::Receiver<Sent>,
+        operation: &'static str,
+        lock: String,
+    },
+}
+
+/// Starts what queued once the request in flight returns, also if its sender's future is
+/// dropped mid-flight.
+struct Turn(Option<Arc<Batcher>>);
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if let Some(batcher) = self.0.take() {
+            batcher.next();
+        }
+    }
+}
+
+/// Held by the task that sends batches; see [`Batcher::abandon`].
+struct Driving(Option<Arc<Batcher>>);
+
+impl Driving {
+    fn finished(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Driving {
+    fn drop(&mut self) {
+        if let Some(batcher) = self.0.take() {
+            batcher.abandon();
+        }
+    }
+}
+
+fn malformed_member(request: &Request) -> LockError {
+    super::call::malformed(
+        request.operation(),
+        Some(request.name()),
+        "batch answer does not match its request",
+    )
+}
+
+/// The batch's error, for one member: the same kind and text (callers branch on both:
+/// [`may_have_applied`] reads the text), named after the member's operation and lock.
+fn copy_error(err: &LockError, request: &Request) -> LockError {
+    let operation = request.operation();
+    let lock = Some(request.name().to_owned());
+    match err {
+        LockError::Timeout { after, .. } => LockError::Timeout {
+            backend: Backend::Etcd,
+            operation,
+            lock,
+            after: *after,
+        },
+        LockError::Unavailable { source, .. } => LockError::Unavailable {
+            backend: Backend::Etcd,
+            operation,
+            lock,
+            source: source.to_string().into(),
+        },
+        LockError::PermissionDenied { message, .. } => LockError::PermissionDenied {
+            backend: Backend::Etcd,
+            operation,
+            lock,
+            message: message.clone(),
+        },
+        LockError::Backend { source, .. } => LockError::Backend {
+            backend: Backend::Etcd,
+            operation,
+            lock,
+            source: source.to_string().into(),
+        },
+        other => LockError::Backend {
+            backend: Backend::Etcd,
+            operation,
+            lock,
+            source: other.to_string().into(),
+        },
+    }
+}
