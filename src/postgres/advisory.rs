@@ -31,6 +31,9 @@ const MAX_IDLE: usize = 64;
 
 /// Advisory locks in PostgreSQL, one pooled connection per held lock.
 ///
+/// A [wait timeout](LockOptions::with_wait_timeout) bounds the whole `lock` call: taking
+/// a connection from the pool, or opening one, counts against it.
+///
 /// ```no_run
 /// use fencelock::postgres::PgAdvisoryLocker;
 /// use fencelock::{LockBackend, LockGuard, LockOptions};
@@ -209,7 +212,15 @@ type Reply = oneshot::Sender<Result<Option<PgAdvisoryGuard>, LockError>>;
 
 impl Acquisition {
     async fn run(self, wait: bool, mut reply: Reply) {
-        let conn = match self.inner.take().await {
+        // A waiting call's timeout bounds all of it: taking a connection from the pool,
+        // or opening one (connect, `pg_backend_pid()`), counts against it.
+        let taken = match self.deadline.filter(|_| wait) {
+            Some(deadline) => tokio::time::timeout_at(deadline, self.inner.take())
+                .await
+                .unwrap_or_else(|_elapsed| Err(self.timed_out())),
+            None => self.inner.take().await,
+        };
+        let conn = match taken {
             Ok(conn) => conn,
             Err(err) => {
                 let _ = reply.send(Err(err));
@@ -296,12 +307,16 @@ impl Acquisition {
                     drop(conn);
                 }
                 if matches!(given_up, Waited::TimedOut) {
-                    let _ = reply.send(Err(LockError::WaitTimeout {
-                        name: self.name.clone(),
-                        waited: self.wait_timeout.unwrap_or_default(),
-                    }));
+                    let _ = reply.send(Err(self.timed_out()));
                 }
             }
+        }
+    }
+
+    fn timed_out(&self) -> LockError {
+        LockError::WaitTimeout {
+            name: self.name.clone(),
+            waited: self.wait_timeout.unwrap_or_default(),
         }
     }
 

@@ -15,4 +15,5 @@ mod single_statement;
 mod stale_holder;
 mod stale_token;
 mod version_cas;
+mod wait_timeout_covers_connecting;
 mod wait_timeout_frees_at_once;
