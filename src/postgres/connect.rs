@@ -104,7 +104,8 @@ impl Connector {
         }
     }
 
-    /// Asks the server to cancel the query running on the connection of `token`.
+    /// Asks the server to cancel the query running on the connection of `token`, without
+    /// waiting for the server to deliver it (see `cancel.rs` for the wait).
     pub(crate) async fn cancel(&self, token: &CancelToken) {
         let _ = match self {
             Self::Plain => token.cancel_query(NoTls).await,

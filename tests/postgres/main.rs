@@ -5,6 +5,7 @@
 mod support;
 
 mod advisory_lock;
+mod cancel_then_reuse;
 mod concurrent_writers;
 mod conformance;
 mod idempotency;
