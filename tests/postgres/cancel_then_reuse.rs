@@ -93,3 +93,51 @@ async fn a_late_cancel_never_hits_the_next_lock() {
         backends.len()
     );
 }
+
+/// Over the server's Unix socket, too, a given-up wait's cancel is confirmed (the server
+/// closes the cancel connection) and the waiter's connection is reused for the next lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_over_the_unix_socket_is_confirmed() {
+    let db = Db::start().await;
+    let connect = || async {
+        let locks = PgAdvisoryLocker::connect(&db.server.socket_connection_string(&db.name))
+            .await
+            .expect("connect over the Unix socket");
+        locks.ensure_schema().await.expect("schema");
+        locks
+    };
+    let (holder, waiter) = (connect().await, connect().await);
+    let promptly = LockOptions::new().with_wait_timeout(Duration::from_secs(10));
+    let probe = waiter.lock("probe", &promptly).await.expect("probe");
+    let backend = probe.backend_pid();
+    assert_eq!(
+        probe.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+
+    let held = holder.lock("busy", &promptly).await.expect("lock");
+    let wait = Duration::from_millis(200);
+    let err = waiter
+        .lock("busy", &LockOptions::new().with_wait_timeout(wait))
+        .await
+        .expect_err("the lock is held");
+    assert!(err.is_wait_timeout(), "{err}");
+    let next = waiter
+        .lock("after-cancel", &promptly)
+        .await
+        .expect("lock after the cancel");
+    assert_eq!(
+        next.backend_pid(),
+        backend,
+        "the connection of the cancelled wait was not reused: the cancel over the Unix \
+         socket was not confirmed"
+    );
+    assert_eq!(
+        next.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(
+        held.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
