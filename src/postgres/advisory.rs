@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Config};
 
+use super::cancel::{self, Cancel, Target};
 use super::connect::{Connector, connect_timeout, map_error, parse, spawn_connection};
 use tracing::Instrument;
 
@@ -30,6 +31,14 @@ const KEY: &str = "hashtextextended($1, 0)";
 const MAX_IDLE: usize = 64;
 
 /// Advisory locks in PostgreSQL, one pooled connection per held lock.
+///
+/// A [wait timeout](LockOptions::with_wait_timeout) bounds the whole `lock` call: taking
+/// a connection from the pool, or opening one, counts against it. A wait that is given
+/// up (timed out, or its future dropped) cancels its statement as libpq does: it waits
+/// until the server has closed the cancel connection (over TLS when the locks use TLS),
+/// so the cancel cannot hit a later statement, and only then reuses the connection. A
+/// cancel that could not be confirmed (no answer within the `connect_timeout`, or a
+/// connection string naming several hosts) closes the connection instead.
 ///
 /// ```no_run
 /// use fencelock::postgres::PgAdvisoryLocker;
@@ -51,6 +60,8 @@ pub struct PgAdvisoryLocker {
 struct Inner {
     config: Config,
     connector: Connector,
+    /// Where cancel requests go (`None`: the string names several servers).
+    cancel_target: Option<Target>,
     connect_timeout: Duration,
     idle: Mutex<Vec<Conn>>,
 }
@@ -91,6 +102,7 @@ impl PgAdvisoryLocker {
         let connector = Connector::new(&mut config, tls)?;
         let inner = Arc::new(Inner {
             connect_timeout: connect_timeout(&config),
+            cancel_target: Target::of(&config),
             config,
             connector,
             idle: Mutex::default(),
@@ -209,7 +221,15 @@ type Reply = oneshot::Sender<Result<Option<PgAdvisoryGuard>, LockError>>;
 
 impl Acquisition {
     async fn run(self, wait: bool, mut reply: Reply) {
-        let conn = match self.inner.take().await {
+        // A waiting call's timeout bounds all of it: taking a connection from the pool,
+        // or opening one (connect, `pg_backend_pid()`), counts against it.
+        let taken = match self.deadline.filter(|_| wait) {
+            Some(deadline) => tokio::time::timeout_at(deadline, self.inner.take())
+                .await
+                .unwrap_or_else(|_elapsed| Err(self.timed_out())),
+            None => self.inner.take().await,
+        };
+        let conn = match taken {
             Ok(conn) => conn,
             Err(err) => {
                 let _ = reply.send(Err(err));
@@ -241,7 +261,7 @@ impl Acquisition {
         let sql =
             format!("SELECT nextval('{SEQUENCE}') FROM (SELECT pg_advisory_lock({KEY})) AS locked");
         let limit = self.inner.connect_timeout;
-        let (outcome, settled) = {
+        let (outcome, settled, cancelled) = {
             let cancel = conn.client.cancel_token();
             let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 1] =
                 [(&name, Type::TEXT)];
@@ -260,14 +280,28 @@ impl Acquisition {
             // it may have granted this query the lock before the cancel reached it, and a
             // session-level advisory lock outlives the cancelled statement. Wait for the
             // statement's end before anything else.
-            let settled = match outcome {
-                Waited::Answered(_) => true,
+            //
+            // The cancel is confirmed (the server closed the cancel connection) before
+            // anything else is sent: a cancel signal that reached the backend only after
+            // this statement ended would fail the connection's next statement instead.
+            let (settled, cancelled) = match outcome {
+                Waited::Answered(_) => (true, Cancel::Confirmed),
                 Waited::TimedOut | Waited::CallerGone => {
-                    self.inner.connector.cancel(&cancel).await;
-                    tokio::time::timeout(limit, &mut query).await.is_ok()
+                    // The statement's own end (57014, or the lock granted just before)
+                    // comes with the cancel's: both are awaited before the next statement.
+                    let (cancelled, ended) = tokio::join!(
+                        cancel::cancel(
+                            &self.inner.connector,
+                            self.inner.cancel_target.as_ref(),
+                            &cancel,
+                            limit,
+                        ),
+                        tokio::time::timeout(limit, &mut query),
+                    );
+                    (ended.is_ok(), cancelled)
                 }
             };
-            (outcome, settled)
+            (outcome, settled, cancelled)
         };
         match outcome {
             Waited::Answered(Ok(token)) => {
@@ -288,20 +322,25 @@ impl Acquisition {
                     )
                     .await
                     .is_ok_and(|done| done.is_ok());
-                if freed {
+                if freed && cancelled == Cancel::Confirmed {
                     self.inner.put_back(conn);
                 } else {
                     // No answer: closing the connection frees the lock once the server
-                    // sees it close.
+                    // sees it close. An unconfirmed cancel may still arrive: the
+                    // connection is not reused either.
                     drop(conn);
                 }
                 if matches!(given_up, Waited::TimedOut) {
-                    let _ = reply.send(Err(LockError::WaitTimeout {
-                        name: self.name.clone(),
-                        waited: self.wait_timeout.unwrap_or_default(),
-                    }));
+                    let _ = reply.send(Err(self.timed_out()));
                 }
             }
+        }
+    }
+
+    fn timed_out(&self) -> LockError {
+        LockError::WaitTimeout {
+            name: self.name.clone(),
+            waited: self.wait_timeout.unwrap_or_default(),
         }
     }
 

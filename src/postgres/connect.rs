@@ -104,7 +104,8 @@ impl Connector {
         }
     }
 
-    /// Asks the server to cancel the query running on the connection of `token`.
+    /// Asks the server to cancel the query running on the connection of `token`, without
+    /// waiting for the server to deliver it (see `cancel.rs` for the wait).
     pub(crate) async fn cancel(&self, token: &CancelToken) {
         let _ = match self {
             Self::Plain => token.cancel_query(NoTls).await,
@@ -239,11 +240,14 @@ pub(crate) fn map_error(
                 source: Box::new(err),
             }
         }
-        Some(_) => LockError::Backend {
+        Some(code) => LockError::Backend {
             backend,
             operation,
             lock,
-            source: Box::new(err),
+            source: Box::new(ServerSaid {
+                text: format!("{text} ({})", code.code()),
+                source: err,
+            }),
         },
         // No SQL state: the connection failed or closed.
         None => LockError::Unavailable {
@@ -253,6 +257,17 @@ pub(crate) fn map_error(
             source: Box::new(err),
         },
     }
+}
+
+/// A PostgreSQL error in the server's own words and its SQLSTATE, e.g. `ERROR: canceling
+/// statement due to user request (57014)` (tokio-postgres's own text is "db error"); the
+/// client's error is its source.
+#[derive(Debug, thiserror::Error)]
+#[error("{text}")]
+struct ServerSaid {
+    text: String,
+    #[source]
+    source: tokio_postgres::Error,
 }
 
 /// Keeps `conn` running; marks `notifier` when it ends (the connection closed).

@@ -13,6 +13,7 @@
 //! Schema is created only by the explicit `ensure_schema` calls, never by a write.
 
 mod advisory;
+mod cancel;
 mod connect;
 mod error;
 mod fence;

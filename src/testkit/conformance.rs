@@ -229,7 +229,10 @@ where
                 .unwrap_or_else(|_| panic!("try_lock: did not return within {PROMPTLY:?}"));
         match attempt {
             Ok(None) => {}
-            Ok(Some(_)) => panic!("try_lock: took {name:?} while another client held it"),
+            Ok(Some(guard)) => panic!(
+                "try_lock: took {name:?} (token {}) while another client held it",
+                guard.token()
+            ),
             Err(err) => panic!("try_lock: failed instead of returning None: {err}"),
         }
         assert!(
@@ -260,7 +263,10 @@ where
         match outcome {
             Err(err) if err.is_wait_timeout() => {}
             Err(err) => panic!("wait timeout: failed with another error: {err}"),
-            Ok(_) => panic!("wait timeout: took {name:?} while another client held it"),
+            Ok(guard) => panic!(
+                "wait timeout: took {name:?} (token {}) while another client held it",
+                guard.token()
+            ),
         }
         assert!(
             waited >= wait && waited < wait + PROMPTLY,
@@ -282,8 +288,13 @@ where
         let waiting = self.clients[1].lock(&name, &options);
         match tokio::time::timeout(Duration::from_millis(300), waiting).await {
             Err(_elapsed) => {}
-            Ok(Ok(_)) => panic!("dropped acquisition: took {name:?} while another client held it"),
-            Ok(Err(err)) => panic!("dropped acquisition: the wait failed instead: {err}"),
+            Ok(Ok(guard)) => panic!(
+                "dropped acquisition: took {name:?} (token {}) while another client held it",
+                guard.token()
+            ),
+            Ok(Err(err)) => panic!(
+                "dropped acquisition: the wait for {name:?} failed early instead of waiting: {err}"
+            ),
         }
         let _ = held.release().await;
         let next = self

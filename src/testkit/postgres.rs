@@ -160,6 +160,17 @@ impl PostgresServer {
         self.port
     }
 
+    /// A libpq-style connection string for `database` over the server's Unix socket, as
+    /// `postgres` (works whatever the TCP rules: TLS only, passwords).
+    #[must_use]
+    pub fn socket_connection_string(&self, database: &str) -> String {
+        format!(
+            "host={} port={} user=postgres dbname={database} connect_timeout=5",
+            self.dir.path().display(),
+            self.port
+        )
+    }
+
     /// A libpq-style connection string for `database`.
     #[must_use]
     pub fn connection_string(&self, database: &str) -> String {
@@ -177,12 +188,7 @@ impl PostgresServer {
     /// Connects to `database` as `postgres` over the Unix socket (works whatever the TCP
     /// rules: TLS only, passwords).
     pub async fn admin_connect(&self, database: &str) -> Result<Client, TestkitError> {
-        let socket = format!(
-            "host={} port={} user=postgres dbname={database} connect_timeout=5",
-            self.dir.path().display(),
-            self.port
-        );
-        connect_plain(&socket).await
+        connect_plain(&self.socket_connection_string(database)).await
     }
 
     /// Creates a fresh database and returns its name.

@@ -95,3 +95,23 @@ async fn a_killed_connection_frees_the_lock_and_reports_the_loss() {
         ReleaseOutcome::NotHeld
     );
 }
+
+/// A failure the server reports is shown in the server's words with its SQLSTATE, not as
+/// tokio-postgres's bare "db error": here, locking before `ensure_schema` created the
+/// token sequence.
+#[tokio::test]
+async fn a_server_error_says_what_the_server_said() {
+    let db = Db::start().await;
+    let locks = PgAdvisoryLocker::connect(&db.server.connection_string(&db.name))
+        .await
+        .expect("connect");
+    let err = locks
+        .lock("no-schema", &LockOptions::new())
+        .await
+        .expect_err("no token sequence yet");
+    let shown = err.to_string();
+    assert!(
+        shown.contains("fencelock_advisory_tokens") && shown.contains("(42P01)"),
+        "the error does not say what the server said: {shown}"
+    );
+}

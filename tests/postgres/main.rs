@@ -5,6 +5,7 @@
 mod support;
 
 mod advisory_lock;
+mod cancel_then_reuse;
 mod concurrent_writers;
 mod conformance;
 mod idempotency;
@@ -15,4 +16,5 @@ mod single_statement;
 mod stale_holder;
 mod stale_token;
 mod version_cas;
+mod wait_timeout_covers_connecting;
 mod wait_timeout_frees_at_once;

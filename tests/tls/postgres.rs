@@ -176,3 +176,63 @@ async fn client_certificates_bad_server_certificates_and_plaintext_servers() {
     .await;
     assert!(err.to_string().contains("does not accept TLS"), "{err}");
 }
+
+/// A wait that times out over TLS cancels its statement over TLS too (the cancel
+/// connection needs the same connector: the server takes only TLS here), sees the server
+/// close the cancel connection, and so reuses the waiter's connection for the next lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_wait_over_tls_cancels_and_reuses_its_connection() {
+    let pki = TestPki::generate().expect("pki");
+    let server = PostgresServer::start_tls(pki.server_tls(false))
+        .await
+        .expect("postgres with TLS");
+    let ca_only = pki.ca_only_tls();
+    let connect = || async {
+        let locks = PgAdvisoryLocker::connect_with_tls(&conn(&server, "postgres", ""), &ca_only)
+            .await
+            .expect("advisory locks over TLS");
+        locks.ensure_schema().await.expect("schema");
+        locks
+    };
+    let (holder, waiter) = (connect().await, connect().await);
+    let promptly = LockOptions::new().with_wait_timeout(std::time::Duration::from_secs(10));
+    let probe = waiter.lock("probe", &promptly).await.expect("probe");
+    let backend = probe.backend_pid();
+    assert_eq!(
+        probe.release().await.expect("release"),
+        fencelock::ReleaseOutcome::Released
+    );
+
+    let held = holder.lock("tls-wait", &promptly).await.expect("lock");
+    let wait = std::time::Duration::from_millis(200);
+    let started = tokio::time::Instant::now();
+    let err = waiter
+        .lock("tls-wait", &LockOptions::new().with_wait_timeout(wait))
+        .await
+        .expect_err("the lock is held");
+    let took = started.elapsed();
+    assert!(err.is_wait_timeout(), "{err}");
+    assert!(
+        took < wait + std::time::Duration::from_secs(2),
+        "the cancelled wait returned after {took:?}"
+    );
+
+    let next = waiter
+        .lock("after-cancel", &promptly)
+        .await
+        .expect("lock after the cancel");
+    assert_eq!(
+        next.backend_pid(),
+        backend,
+        "the connection of the cancelled wait was not reused: the cancel over TLS was not \
+         confirmed"
+    );
+    assert_eq!(
+        next.release().await.expect("release"),
+        fencelock::ReleaseOutcome::Released
+    );
+    assert_eq!(
+        held.release().await.expect("release"),
+        fencelock::ReleaseOutcome::Released
+    );
+}
