@@ -49,6 +49,10 @@ pub struct BenchArgs {
     /// resident memory each held lock costs.
     #[arg(long, default_value_t = 100_000)]
     pub renewal_locks: usize,
+    /// Different locks one process takes at once, then releases, in the etcd waves
+    /// workload (0 skips it).
+    #[arg(long, default_value_t = 1000)]
+    pub wave_locks: usize,
     /// How long the renewal workload holds them.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub renewal_duration: Duration,
@@ -222,6 +226,17 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
     if let Some(locks) = &etcd_three {
         runner.contended("etcd 3 members", locks.clone()).await?;
     }
+    let readable = targets
+        .etcd_metrics
+        .iter()
+        .all(|e| e.starts_with("http://"));
+    if let (true, true, true, Some(locks)) = (wants("etcd"), readable, args.wave_locks > 0, &etcd) {
+        let endpoints = targets.etcd_metrics.clone();
+        let count = move || workloads::etcd_writes(endpoints.clone());
+        runner
+            .waves("etcd", locks.clone(), args.wave_locks, count)
+            .await?;
+    }
     if let (Some(plain), Some(tls)) = (targets.etcd_config("bench")?, &targets.etcd_tls) {
         if wants("etcd") {
             runner.connects("etcd", plain).await?;
@@ -344,6 +359,9 @@ fn planned_cells(args: &BenchArgs) -> u64 {
     }
     if wants("redis") {
         cells += c;
+    }
+    if wants("etcd") && args.wave_locks > 0 {
+        cells += 1;
     }
     for backend in BACKENDS {
         if wants(backend) {

@@ -34,6 +34,10 @@ pub struct Cell {
     pub p90_us: u64,
     pub p99_us: u64,
     pub max_us: u64,
+    /// Write requests the server handled per operation, where the workload counted them
+    /// (etcd's own metrics).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub writes_per_operation: Option<f64>,
 }
 
 impl Cell {
@@ -61,6 +65,7 @@ impl Cell {
             p90_us: histogram.value_at_quantile(0.90),
             p99_us: histogram.value_at_quantile(0.99),
             max_us: histogram.max(),
+            writes_per_operation: None,
         }
     }
 }

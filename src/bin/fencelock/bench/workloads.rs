@@ -394,6 +394,61 @@ impl Runner<'_> {
         Ok(())
     }
 
+    /// One process takes `n` different locks at once, then releases them all, in waves
+    /// (a worker taking a lock per item of a batch of work): lock cycles per second, each
+    /// cycle timed from its wave's start to its release, and the write requests the
+    /// server handled per cycle (`count_writes`), which group commit brings below the two
+    /// of a lock taken alone.
+    pub async fn waves<B, C, CF>(
+        &mut self,
+        subject: &str,
+        locks: B,
+        n: usize,
+        count_writes: C,
+    ) -> BoxResult<()>
+    where
+        B: LockBackend + Clone + 'static,
+        C: Fn() -> CF,
+        CF: std::future::Future<Output = BoxResult<f64>>,
+    {
+        self.step(&format!("{subject}: waves of {n} locks"));
+        self.settle().await?;
+        let before = count_writes().await?;
+        let started = Instant::now();
+        let mut histogram = super::stats::histogram()?;
+        let mut cycles = 0u64;
+        while cycles == 0 || started.elapsed() < self.args.duration {
+            let began = Instant::now();
+            let mut taking = tokio::task::JoinSet::new();
+            for i in 0..n {
+                let (locks, name) = (locks.clone(), format!("bench-{}-wave-{i}", self.run));
+                taking.spawn(async move { locks.lock(&name, &LockOptions::new()).await });
+            }
+            let mut guards = Vec::with_capacity(n);
+            while let Some(taken) = taking.join_next().await {
+                guards.push(taken??);
+            }
+            let mut releasing = tokio::task::JoinSet::new();
+            for guard in guards {
+                releasing.spawn(async move {
+                    release(guard).await?;
+                    Ok::<_, Box<dyn std::error::Error + Send + Sync>>(began.elapsed())
+                });
+            }
+            while let Some(released) = releasing.join_next().await {
+                super::stats::record(&mut histogram, released??);
+                cycles += 1;
+            }
+        }
+        let writes = count_writes().await? - before;
+        let mut cell = Cell::new("waves", subject, n, &histogram, 0, started.elapsed());
+        #[allow(clippy::cast_precision_loss)]
+        let per_cycle = writes / cycles as f64;
+        cell.writes_per_operation = Some(per_cycle);
+        self.done(cell);
+        Ok(())
+    }
+
     /// Holds many locks on one client and counts what the servers receive to keep them.
     pub async fn renewal<B, C, CF>(
         &mut self,
@@ -467,6 +522,23 @@ impl Runner<'_> {
         }
         Ok(())
     }
+}
+
+/// Write requests (transactions, deletes, puts) etcd members handled, summed over the
+/// endpoints' plaintext metrics URLs.
+pub async fn etcd_writes(endpoints: Vec<String>) -> BoxResult<f64> {
+    let mut total = 0.0;
+    for endpoint in &endpoints {
+        if endpoint.starts_with("https://") {
+            return Err(format!("cannot read metrics over TLS from {endpoint}").into());
+        }
+        let metrics = fetch_metrics(endpoint).await?;
+        for method in ["Txn", "DeleteRange", "Put"] {
+            let method = format!("grpc_method=\"{method}\"");
+            total += metric_sum(&metrics, "grpc_server_handled_total", &[&method]);
+        }
+    }
+    Ok(total)
 }
 
 /// The etcd lock's acquire transaction, bare: put the key under the lease if it is new,
