@@ -46,7 +46,7 @@
 //!   which is safe).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use etcd_client::{
@@ -66,6 +66,21 @@ const IN_FLIGHT: usize = 1;
 
 /// The largest batch by default: etcd's default `--max-txn-ops`.
 pub const DEFAULT_MAX_BATCH: usize = 128;
+
+/// Batches of two or more members sent by this process, and their members: the fault soak
+/// reports them, so that a run that batched nothing cannot pass for one that covered
+/// batches.
+static BATCHES: AtomicU64 = AtomicU64::new(0);
+static BATCHED: AtomicU64 = AtomicU64::new(0);
+
+/// (batches of two or more sent by this process so far, requests they carried).
+#[cfg(feature = "testkit")]
+pub(crate) fn batched_so_far() -> (u64, u64) {
+    (
+        BATCHES.load(Ordering::Relaxed),
+        BATCHED.load(Ordering::Relaxed),
+    )
+}
 
 /// One request about one lock key.
 #[derive(Debug)]
@@ -424,6 +439,8 @@ impl Batcher {
         let size = batch.len();
         let ops: usize = batch.iter().map(|member| member.request.ops()).sum();
         tracing::debug!(size, ops, "sending a batch");
+        BATCHES.fetch_add(1, Ordering::Relaxed);
+        BATCHED.fetch_add(size as u64, Ordering::Relaxed);
         let (mut compares, mut then, mut otherwise) = (Vec::new(), Vec::new(), Vec::new());
         for member in &batch {
             member

@@ -16,6 +16,8 @@
 
 mod acquire;
 mod batch;
+#[cfg(feature = "testkit")]
+pub(crate) use batch::batched_so_far;
 mod call;
 mod config;
 mod election;

@@ -239,6 +239,7 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
     let until = started + config.duration;
     let journal = Arc::new(workload::Journal::default());
     let tally = Arc::new(workload::Tally::default());
+    let batched_before = crate::etcd::batched_so_far();
     let (stop_work, working) = watch::channel(false);
     let mut tasks = JoinSet::new();
     for (client, locker) in lockers.iter().enumerate() {
@@ -357,7 +358,15 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
     ]
     .into_iter()
     .map(|(name, counter)| (name.to_owned(), counter.load(Ordering::Relaxed)))
-    .collect();
+    .collect::<BTreeMap<String, u64>>();
+    // Joins and releases of different names that rode together in one transaction.
+    let batched_after = crate::etcd::batched_so_far();
+    let mut operations = operations;
+    operations.insert("batches".into(), batched_after.0 - batched_before.0);
+    operations.insert(
+        "batched requests".into(),
+        batched_after.1 - batched_before.1,
+    );
     let report = SoakReport {
         seed: config.seed,
         seconds: ended.duration_since(started).as_secs_f64(),
