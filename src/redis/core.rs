@@ -32,7 +32,13 @@ impl Core {
             .collect::<Result<_, _>>()?;
         let nodes: Arc<[Node]> = nodes.into();
         let quorum = nodes.len() / 2 + 1;
-        let renewer = Renewer::start(backend, nodes.clone(), quorum, config.clock_drift_factor);
+        let renewer = Renewer::start(
+            backend,
+            nodes.clone(),
+            quorum,
+            config.clock_drift_factor,
+            config.request_timeout,
+        );
         Ok(Self {
             backend,
             nodes,
