@@ -6,8 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::join_all;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::core::Core;
 use super::guard::RedisGuard;
@@ -21,6 +23,14 @@ use crate::{FencingToken, LockError, LockOptions};
 /// How often a waiter without release messages (Redlock) retries at most: the usual
 /// Redlock client behaviour of a short random delay between attempts.
 const RETRY_DELAY: Duration = Duration::from_millis(100);
+
+/// How long a Redlock attempt waits for one master's answer: the request timeout, but
+/// never more than a tenth of the TTL (the Redlock description asks for a timeout much
+/// shorter than the TTL, so that a master that does not answer costs little of the
+/// lock's validity).
+fn per_master_timeout(request_timeout: Duration, ttl: Duration) -> Duration {
+    request_timeout.min(ttl / 10)
+}
 
 /// Runs one acquisition. `wait`: queue up (`lock`) or not (`try_lock`).
 ///
@@ -176,52 +186,94 @@ impl Acquisition {
 
     /// One attempt: on a single server, one script call; with Redlock, one on every
     /// master at once, granted only with a majority within the lock's validity.
+    ///
+    /// Redlock decides as soon as the answers settle it (a majority granted, a majority
+    /// refused, or too many failed for a majority to grant), each master's answer
+    /// awaited at most [`per_master_timeout`]: a master that stops answering costs
+    /// neither time nor the lock (issue 21). What it may still apply later is undone in
+    /// the background when the attempt is refused, and is ours anyway when granted.
     async fn attempt(&self) -> Result<Attempt, LockError> {
         let ttl = self.options.ttl();
         let nodes = &self.core.nodes;
         if let [node] = &nodes[..] {
             return node.acquire(&self.keys, &self.owner, ttl, &self.name).await;
         }
+        let backend = self.core.backend;
+        let quorum = self.core.quorum;
+        let per_master = per_master_timeout(self.core.config.request_timeout, ttl);
         let sent = Instant::now();
-        let replies = join_all(
-            nodes
-                .iter()
-                .map(|n| n.acquire(&self.keys, &self.owner, ttl, &self.name)),
-        )
-        .await;
-        let granted: Vec<FencingToken> = replies
+        let mut pending: FuturesUnordered<_> = nodes
             .iter()
-            .filter_map(|r| match r {
-                Ok(Attempt::Granted(token, _)) => Some(*token),
-                _ => None,
+            .map(|node| {
+                let attempt = node.acquire(&self.keys, &self.owner, ttl, &self.name);
+                async move {
+                    tokio::time::timeout(per_master, attempt)
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(LockError::Timeout {
+                                backend,
+                                operation: "acquire",
+                                lock: Some(self.name.clone()),
+                                after: per_master,
+                            })
+                        })
+                }
+                .instrument(tracing::debug_span!("acquire", node = %node.address))
             })
             .collect();
+        let mut granted = Vec::new();
+        let mut refused = Vec::new();
+        let mut errors = Vec::new();
+        while let Some(reply) = pending.next().await {
+            match reply {
+                Ok(Attempt::Granted(token, _)) => granted.push(token),
+                Ok(Attempt::Held { remaining }) => refused.push(remaining),
+                Err(err) => errors.push(err),
+            }
+            if granted.len() >= quorum
+                || refused.len() >= quorum
+                || errors.len() > nodes.len() - quorum
+            {
+                break;
+            }
+        }
+        // Requests still unanswered are dropped; one already sent may still be applied,
+        // after this (on each connection, a later request queues behind it).
+        let unanswered = !pending.is_empty();
+        drop(pending);
         let validity = ttl
             .saturating_sub(sent.elapsed())
             .saturating_sub(self.core.renewer.drift(ttl));
-        if granted.len() >= self.core.quorum && !validity.is_zero() {
+        if granted.len() >= quorum && !validity.is_zero() {
             return Ok(Attempt::Granted(
                 granted.into_iter().max().unwrap_or(FencingToken::new(0)),
                 0,
             ));
         }
-        // No majority in time: undo the partial grants (compare-and-delete, so only ours).
-        if !granted.is_empty() {
-            if let Err(err) = self.core.release(&self.keys, &self.owner, &self.name).await {
-                tracing::debug!(%err, "undoing a partial Redlock grant failed; TTLs will");
-            }
+        // No majority in time: undo the partial grants, and whatever an unanswered or
+        // failed request may have set (compare-and-delete, so only ours), in the
+        // background: a stalled master must not hold up the next attempt.
+        if !granted.is_empty() || unanswered || !errors.is_empty() {
+            let (core, keys, owner, name) = (
+                self.core.clone(),
+                self.keys.clone(),
+                self.owner.clone(),
+                self.name.clone(),
+            );
+            tokio::spawn(async move {
+                if let Err(err) = core.release(&keys, &owner, &name).await {
+                    tracing::debug!(%err, "undoing a partial Redlock grant failed; TTLs will");
+                }
+            });
         }
-        let remaining = replies
+        let remaining = refused
             .iter()
-            .filter_map(|r| match r {
-                Ok(Attempt::Held { remaining }) => Some(*remaining),
-                _ => None,
-            })
+            .copied()
             .min()
             .unwrap_or(Duration::from_millis(50));
-        let answered = replies.iter().filter(|r| r.is_ok()).count();
-        if answered < self.core.quorum {
-            if let Some(err) = replies.into_iter().find_map(Result::err) {
+        let answered = granted.len() + refused.len();
+        if answered < quorum {
+            if let Some(err) = errors.into_iter().next() {
                 return Err(err);
             }
         }
@@ -253,5 +305,27 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_master_is_waited_for_at_most_a_tenth_of_the_ttl() {
+        let two = Duration::from_secs(2);
+        assert_eq!(
+            per_master_timeout(two, Duration::from_secs(10)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            per_master_timeout(two, Duration::from_secs(60)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            per_master_timeout(two, Duration::from_secs(2)),
+            Duration::from_millis(200)
+        );
     }
 }

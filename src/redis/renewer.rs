@@ -15,7 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use futures_util::future::join_all;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -301,21 +302,35 @@ async fn renew_all(shared: &Shared, wait: Duration) -> bool {
         .map(|(_, key, owner, ttl)| (key.as_str(), owner.as_str(), *ttl))
         .collect();
     let sent = Clock::BOOT.now();
-    let replies = join_all(shared.nodes.iter().map(|node| {
-        let renewal = node.renew(&items);
-        async move {
-            tokio::time::timeout(wait, renewal)
-                .await
-                .unwrap_or(Err(LockError::Timeout {
-                    backend: shared.backend,
-                    operation: "renew",
-                    lock: None,
-                    after: wait,
-                }))
+    // Decided as soon as every lock is: a master that stops answering must not hold up
+    // the others' answers (Redlock, issue 21). Requests left unanswered are dropped; one
+    // already sent may still be applied, which only extends a lock that is still ours.
+    let mut pending: FuturesUnordered<_> = shared
+        .nodes
+        .iter()
+        .map(|node| {
+            let renewal = node.renew(&items);
+            async move {
+                tokio::time::timeout(wait, renewal)
+                    .await
+                    .unwrap_or(Err(LockError::Timeout {
+                        backend: shared.backend,
+                        operation: "renew",
+                        lock: None,
+                        after: wait,
+                    }))
+            }
+            .instrument(tracing::debug_span!("renew", node = %node.address, locks = items.len()))
+        })
+        .collect();
+    let mut replies = Vec::with_capacity(shared.nodes.len());
+    while let Some(reply) = pending.next().await {
+        replies.push(reply);
+        if all_decided(&replies, batch.len(), shared.quorum, shared.nodes.len()) {
+            break;
         }
-        .instrument(tracing::debug_span!("renew", node = %node.address, locks = items.len()))
-    }))
-    .await;
+    }
+    drop(pending);
     let node_count = shared.nodes.len();
     let mut held = held(shared);
     let mut renewed = 0;
@@ -354,6 +369,27 @@ async fn renew_all(shared: &Shared, wait: Duration) -> bool {
         }
     }
     unconfirmed == 0
+}
+
+/// Whether the `replies` so far settle every one of `locks` locks: renewed by `quorum`
+/// nodes, or refused by so many that a quorum cannot renew it.
+fn all_decided(
+    replies: &[Result<Vec<bool>, LockError>],
+    locks: usize,
+    quorum: usize,
+    nodes: usize,
+) -> bool {
+    (0..locks).all(|i| {
+        let (mut yes, mut no) = (0, 0);
+        for reply in replies {
+            match reply.as_ref().map(|r| r.get(i).copied()) {
+                Ok(Some(true)) => yes += 1,
+                Ok(_) => no += 1,
+                Err(_) => {}
+            }
+        }
+        yes >= quorum || no > nodes - quorum
+    })
 }
 
 fn expire_due(shared: &Shared) {

@@ -11,6 +11,7 @@ mod inspect;
 mod invalid_input;
 mod loss_during_renewal;
 mod redlock;
+mod redlock_slow_master;
 mod release_not_owner;
 mod renewal_traffic;
 mod semaphore;
