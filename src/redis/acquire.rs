@@ -24,6 +24,14 @@ use crate::{FencingToken, LockError, LockOptions};
 /// Redlock client behaviour of a short random delay between attempts.
 const RETRY_DELAY: Duration = Duration::from_millis(100);
 
+/// The pause before the next attempt after `failures` failed requests in a row (a Redis
+/// restart, a dropped connection): 100 ms, doubling, at most 1 s.
+fn retry_backoff(failures: u32) -> Duration {
+    Duration::from_millis(100)
+        .saturating_mul(1 << failures.saturating_sub(1).min(10))
+        .min(Duration::from_secs(1))
+}
+
 /// How long a Redlock attempt waits for one master's answer: the request timeout, but
 /// never more than a tenth of the TTL (the Redlock description asks for a timeout much
 /// shorter than the TTL, so that a master that does not answer costs little of the
@@ -73,6 +81,9 @@ async fn acquire_uncounted(
         options: options.clone(),
         started: Instant::now(),
         armed: true,
+        uncertain: false,
+        failures: 0,
+        last_error: None,
     };
     // The wait timeout bounds every step: attempts, subscribing, sleeping. Cut short,
     // the acquisition's drop cleans up after an attempt that may be in flight.
@@ -84,12 +95,15 @@ async fn acquire_uncounted(
         Some((deadline, timeout)) => {
             match tokio::time::timeout_at(deadline, acquisition.run(wait)).await {
                 Ok(outcome) => outcome,
-                Err(_) => {
-                    return Err(LockError::WaitTimeout {
+                // Cut short in a request: the last request error if the one before
+                // failed too, else a wait timeout.
+                Err(_) => Err(acquisition
+                    .last_error
+                    .take()
+                    .unwrap_or(LockError::WaitTimeout {
                         name: name.to_owned(),
                         waited: timeout,
-                    });
-                }
+                    })),
             }
         }
         None => acquisition.run(wait).await,
@@ -111,6 +125,13 @@ struct Acquisition {
     started: Instant,
     /// Whether dropping this must clean up after a possibly applied attempt.
     armed: bool,
+    /// Whether a failed attempt may have set the lock with our owner value (undone
+    /// before the next attempt).
+    uncertain: bool,
+    /// Failed requests in a row, for the backoff.
+    failures: u32,
+    /// The last request error, while no later attempt got an answer.
+    last_error: Option<LockError>,
 }
 
 impl Drop for Acquisition {
@@ -150,10 +171,35 @@ impl Acquisition {
             if let Some(n) = notified.as_mut().as_pin_mut() {
                 n.enable();
             }
+            if self.uncertain {
+                // An earlier attempt failed and may have been applied: the lock may hold
+                // our owner value, and we would wait out our own TTL. Undo it first.
+                match self.undo().await {
+                    Ok(()) => self.uncertain = false,
+                    Err(err) => {
+                        self.retry_after(err, deadline).await?;
+                        continue;
+                    }
+                }
+            }
             let sent = Clock::BOOT.now();
-            let remaining = match self.attempt().await? {
-                Attempt::Granted(token, slot) => return Ok(Some(self.guard(token, slot, sent))),
-                Attempt::Held { remaining } => remaining,
+            let remaining = match self.attempt().await {
+                Ok(Attempt::Granted(token, slot)) => {
+                    return Ok(Some(self.guard(token, slot, sent)));
+                }
+                Ok(Attempt::Held { remaining }) => {
+                    self.failures = 0;
+                    self.last_error = None;
+                    remaining
+                }
+                // A waiting acquisition rides out a server restart or a dropped
+                // connection: it retries, with a backoff, within its wait timeout.
+                Err(err) if wait && err.is_unavailable() => {
+                    self.uncertain = true;
+                    self.retry_after(err, deadline).await?;
+                    continue;
+                }
+                Err(err) => return Err(err),
             };
             if !wait {
                 return Ok(None);
@@ -174,14 +220,50 @@ impl Acquisition {
             tokio::select! {
                 () = async { if let Some(n) = notified.as_mut().as_pin_mut() { n.await } else { std::future::pending().await } } => {}
                 () = tokio::time::sleep(sleep) => {}
-                () = sleep_until_opt(deadline) => {
-                    return Err(LockError::WaitTimeout {
-                        name: self.name.clone(),
-                        waited: self.options.wait_timeout().unwrap_or_default(),
-                    });
-                }
+                () = sleep_until_opt(deadline) => return Err(self.wait_ended()),
             }
         }
+    }
+
+    /// After a failed request: remembers `err` (what the wait ends with if it runs out
+    /// before an attempt gets an answer) and sleeps the backoff, or ends the wait if its
+    /// deadline comes first.
+    async fn retry_after(
+        &mut self,
+        err: LockError,
+        deadline: Option<Instant>,
+    ) -> Result<(), LockError> {
+        self.failures = self.failures.saturating_add(1);
+        let pause = jittered(retry_backoff(self.failures));
+        tracing::debug!(%err, ?pause, lock = %self.name, "acquire attempt failed; retrying within the wait");
+        self.last_error = Some(err);
+        tokio::select! {
+            () = tokio::time::sleep(pause) => Ok(()),
+            () = sleep_until_opt(deadline) => Err(self.wait_ended()),
+        }
+    }
+
+    /// The error a wait that ran out ends with: the last request error if the last
+    /// attempt got no answer (the server was unreachable, not the lock taken), else a
+    /// wait timeout.
+    fn wait_ended(&mut self) -> LockError {
+        self.last_error
+            .take()
+            .unwrap_or_else(|| LockError::WaitTimeout {
+                name: self.name.clone(),
+                waited: self.options.wait_timeout().unwrap_or_default(),
+            })
+    }
+
+    /// Compare-and-delete of every slot with our owner value: removes what an attempt
+    /// whose answer was lost may have set.
+    async fn undo(&self) -> Result<(), LockError> {
+        for slot in 0..self.keys.slots.len() {
+            self.core
+                .release(&self.keys.granted(slot), &self.owner, &self.name)
+                .await?;
+        }
+        Ok(())
     }
 
     /// One attempt: on a single server, one script call; with Redlock, one on every
@@ -311,6 +393,12 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failed_attempts_back_off_from_100_ms_doubling_up_to_1_s() {
+        let delays: Vec<u128> = (1..=6).map(|n| retry_backoff(n).as_millis()).collect();
+        assert_eq!(delays, [100, 200, 400, 800, 1000, 1000]);
+    }
 
     #[test]
     fn a_master_is_waited_for_at_most_a_tenth_of_the_ttl() {

@@ -147,10 +147,8 @@ impl Node {
                 (Ok(token), Ok(slot)) => Ok(Attempt::Granted(FencingToken::new(token), slot)),
                 _ => Err(malformed(self.backend, "acquire", lock)),
             },
-            // PTTL is -1 for a key without expiry (not ours to fix) and -2 if it vanished
-            // in between: retry soon in both cases.
             [0, pttl, _] => Ok(Attempt::Held {
-                remaining: Duration::from_millis(u64::try_from(*pttl).unwrap_or(0)),
+                remaining: remaining(*pttl),
             }),
             _ => Err(malformed(self.backend, "acquire", lock)),
         }
@@ -193,8 +191,6 @@ impl Node {
                 Err(_) => Err(malformed(self.backend, "acquire", lock)),
             };
         }
-        // PTTL is -1 for a key without expiry (not ours to fix) and -2 if it vanished in
-        // between: retry soon in both cases.
         let pttl: i64 = self
             .call(
                 "acquire",
@@ -203,7 +199,7 @@ impl Node {
             )
             .await?;
         Ok(Attempt::Held {
-            remaining: Duration::from_millis(u64::try_from(pttl).unwrap_or(0)),
+            remaining: remaining(pttl),
         })
     }
 
@@ -261,6 +257,17 @@ impl Node {
             other => other?,
         };
         Ok(replies.into_iter().flatten().map(|r| r == 1).collect())
+    }
+}
+
+/// How long a held lock has left, from its `PTTL`: -2 (it vanished in between) means
+/// retry at once; -1 (a key without expiry, written by someone else: not ours to fix)
+/// means it may never expire, so a waiter sleeps its longest (until a release message or
+/// its bound), never spinning every millisecond.
+fn remaining(pttl: i64) -> Duration {
+    match pttl {
+        -1 => Duration::MAX,
+        pttl => Duration::from_millis(u64::try_from(pttl).unwrap_or(0)),
     }
 }
 

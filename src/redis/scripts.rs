@@ -8,7 +8,7 @@ use redis::Script;
 /// `node.rs`), `KEYS[n+1]` the counter; `ARGV[1]` owner value, `ARGV[2]` TTL in ms. `SET NX PX` on the first free
 /// slot; only when it set, `INCR` the counter: returns `{1, token, slot}`. Otherwise
 /// returns `{0, shortest remaining ttl of the holders in ms}` so a waiter knows how long
-/// to sleep.
+/// to sleep (-1 if every slot is held by a key without expiry).
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -19,7 +19,10 @@ for i = 1, slots do
     return {1, redis.call('INCR', KEYS[slots + 1]), i - 1}
   end
   local pttl = redis.call('PTTL', KEYS[i])
-  if soonest < 0 or (pttl >= 0 and pttl < soonest) then
+  if pttl == -2 then
+    pttl = 0
+  end
+  if pttl >= 0 and (soonest < 0 or pttl < soonest) then
     soonest = pttl
   end
 end

@@ -17,4 +17,5 @@ mod renewal_traffic;
 mod semaphore;
 mod server_version;
 mod waiter_wakes_on_release;
+mod waiting_through_trouble;
 mod watchdog;
