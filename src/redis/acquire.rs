@@ -18,7 +18,7 @@ use super::node::Attempt;
 use super::owner::{jittered, owner_value};
 use super::subscriber::{Interest, Subscriber};
 use crate::lease_clock::{Clock, ClockInstant};
-use crate::{FencingToken, LockError, LockOptions};
+use crate::{Backend, FencingToken, LockError, LockOptions};
 
 /// How often a waiter without release messages (Redlock) retries at most: the usual
 /// Redlock client behaviour of a short random delay between attempts.
@@ -185,6 +185,17 @@ impl Acquisition {
             let sent = Clock::BOOT.now();
             let remaining = match self.attempt().await {
                 Ok(Attempt::Granted(token, slot)) => {
+                    // A single Redis lock's token is checked against those this client
+                    // saw (a semaphore's permits and Redlock's largest-of-the-masters
+                    // token have no such order to check).
+                    let token = if self.core.backend == Backend::Redis && self.keys.slots.len() == 1
+                    {
+                        self.core
+                            .checked_token(&self.keys, token, &self.name)
+                            .await?
+                    } else {
+                        token
+                    };
                     return Ok(Some(self.guard(token, slot, sent)));
                 }
                 Ok(Attempt::Held { remaining }) => {

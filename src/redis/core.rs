@@ -1,6 +1,7 @@
 //! What a Redis client and its guards share: the nodes, the quorum, the renewal task.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use futures_util::future::join_all;
 
@@ -8,7 +9,7 @@ use super::RedisConfig;
 use super::keys::LockKeys;
 use super::node::Node;
 use super::renewer::Renewer;
-use crate::{Backend, LockError};
+use crate::{Backend, FencingToken, LockError};
 
 pub(crate) struct Core {
     pub(crate) backend: Backend,
@@ -17,7 +18,14 @@ pub(crate) struct Core {
     pub(crate) quorum: usize,
     pub(crate) renewer: Renewer,
     pub(crate) config: RedisConfig,
+    /// The highest token granted to this client per token counter (single Redis locks),
+    /// to notice a counter that went backwards.
+    seen: Mutex<HashMap<String, FencingToken>>,
 }
+
+/// How many counters [`Core::seen`] remembers before it starts afresh (a bound on memory
+/// for a client that locks many distinct names).
+const SEEN_LIMIT: usize = 65_536;
 
 impl Core {
     pub(crate) async fn connect(config: RedisConfig, backend: Backend) -> Result<Self, LockError> {
@@ -45,7 +53,46 @@ impl Core {
             quorum,
             renewer,
             config,
+            seen: Mutex::default(),
         })
+    }
+
+    /// Checks a single Redis lock's freshly granted `token` against the highest this
+    /// client saw for that lock. A token not above it means the counter went backwards
+    /// (evicted, flushed, a failover): reported (`tracing::warn!`, the
+    /// `fencelock_token_regressions_total` metric), and the counter is moved forward,
+    /// which gives this grant (the lock is ours) a token above every earlier one.
+    pub(crate) async fn checked_token(
+        &self,
+        keys: &LockKeys,
+        token: FencingToken,
+        name: &str,
+    ) -> Result<FencingToken, LockError> {
+        let last = self.seen().get(&keys.counter).copied();
+        let token = match (last, &self.nodes[..]) {
+            (Some(last), [node]) if token <= last => {
+                tracing::warn!(
+                    lock = name,
+                    %token,
+                    %last,
+                    "the token counter went backwards (evicted or flushed?); moving it forward"
+                );
+                crate::metrics::token_regression(self.backend);
+                node.advance_counter(&keys.counter, last, name).await?
+            }
+            _ => token,
+        };
+        let mut seen = self.seen();
+        if seen.len() >= SEEN_LIMIT && !seen.contains_key(&keys.counter) {
+            seen.clear();
+        }
+        let entry = seen.entry(keys.counter.clone()).or_insert(token);
+        *entry = (*entry).max(token);
+        Ok(token)
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<String, FencingToken>> {
+        self.seen.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(crate) fn keys(&self, name: &str) -> LockKeys {

@@ -66,7 +66,23 @@ return renewed
     )
 });
 
+/// `KEYS[1]` a token counter; `ARGV[1]` the highest token this client saw for it. Moves
+/// the counter up to that if it went backwards (evicted, flushed), then `INCR`s it:
+/// returns a token above every one handed out before. Run by a holder whose grant came
+/// with a token that went backwards.
+pub(crate) static ADVANCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local current = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+if current < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+return redis.call('INCR', KEYS[1])
+",
+    )
+});
+
 /// All scripts, for loading them once at connect.
-pub(crate) fn all() -> [&'static Script; 3] {
-    [&ACQUIRE, &RELEASE, &RENEW]
+pub(crate) fn all() -> [&'static Script; 4] {
+    [&ACQUIRE, &RELEASE, &RENEW, &ADVANCE]
 }

@@ -169,3 +169,25 @@ async fn on_redis_cut_off_the_command_is_dead_before_the_next_grant() {
     assert_eq!(status.code(), Some(76), "the lock was lost");
     drop(granted);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_server_that_may_evict_keys_is_refused_unless_allowed() {
+    let redis = RedisServer::start_with_args(&["--maxmemory-policy", "allkeys-lru"])
+        .await
+        .expect("redis");
+    let output = fencelock_on("redis", &[redis.url()], "cli-redis-evicting")
+        .args(["--lock", "job", "--", "true"])
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(70), "{stderr}");
+    assert!(stderr.contains("maxmemory-policy"), "{stderr}");
+    let output = fencelock_on("redis", &[redis.url()], "cli-redis-evicting")
+        .args(["--redis-allow-eviction", "--lock", "job", "--", "true"])
+        .output()
+        .await
+        .expect("run");
+    assert_eq!(output.status.code(), Some(0), "allowed by the flag");
+}

@@ -16,6 +16,7 @@ mod release_not_owner;
 mod renewal_traffic;
 mod semaphore;
 mod server_version;
+mod unsafe_server;
 mod waiter_wakes_on_release;
 mod waiting_through_trouble;
 mod watchdog;
