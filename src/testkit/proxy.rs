@@ -219,6 +219,10 @@ impl FaultProxy {
 
     /// Waits until the proxy is cut off ([`cut`](Self::cut), or the cut that
     /// [`cut_after_next_request`](Self::cut_after_next_request) arms).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping it only stops the waiting; the proxy is not affected.
     pub async fn cut_started(&self) {
         let _ = self
             .control
