@@ -3,7 +3,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use futures_util::StreamExt;
 use futures_util::future::join_all;
+use futures_util::stream::FuturesUnordered;
+use tracing::Instrument;
 
 use super::RedisConfig;
 use super::keys::LockKeys;
@@ -101,22 +104,65 @@ impl Core {
 
     /// Compare-and-delete on every node. `Ok(true)` if a quorum still held it for us,
     /// `Ok(false)` if a quorum answered and it was not ours, an error if too few answered.
+    ///
+    /// Redlock decides as soon as the answers settle it: a master that stops answering
+    /// does not hold up the release; its compare-and-delete runs on in the background
+    /// (bounded by the request timeout), and its copy of the lock expires anyway.
     pub(crate) async fn release(
         &self,
         keys: &LockKeys,
         owner: &str,
         name: &str,
     ) -> Result<bool, LockError> {
-        let replies = join_all(self.nodes.iter().map(|n| n.release(keys, owner, name))).await;
-        let answered = replies.iter().filter(|r| r.is_ok()).count();
-        let deleted = replies.iter().filter(|r| matches!(r, Ok(true))).count();
+        if let [node] = &self.nodes[..] {
+            return node.release(keys, owner, name).await;
+        }
+        let mut pending: FuturesUnordered<_> = self
+            .nodes
+            .iter()
+            .map(|node| {
+                let (node, keys, owner, name) = (
+                    node.clone(),
+                    keys.clone(),
+                    owner.to_owned(),
+                    name.to_owned(),
+                );
+                let span = tracing::debug_span!("release", node = %node.address);
+                tokio::spawn(
+                    async move { node.release(&keys, &owner, &name).await }.instrument(span),
+                )
+            })
+            .collect();
+        let (mut deleted, mut kept) = (0, 0);
+        let mut errors = Vec::new();
+        while let Some(reply) = pending.next().await {
+            match reply {
+                Ok(Ok(true)) => deleted += 1,
+                Ok(Ok(false)) => kept += 1,
+                Ok(Err(err)) => errors.push(err),
+                Err(join) => errors.push(LockError::Backend {
+                    backend: self.backend,
+                    operation: "release",
+                    lock: Some(name.to_owned()),
+                    source: Box::new(join),
+                }),
+            }
+            let answered = deleted + kept;
+            if deleted >= self.quorum
+                || (answered >= self.quorum && kept > self.nodes.len() - self.quorum)
+            {
+                break;
+            }
+        }
+        // Dropping the handles leaves the unanswered releases running in the background.
+        drop(pending);
         if deleted >= self.quorum {
             return Ok(true);
         }
-        if answered >= self.quorum {
+        if deleted + kept >= self.quorum {
             return Ok(false);
         }
-        match replies.into_iter().find_map(Result::err) {
+        match errors.into_iter().next() {
             Some(err) => Err(err),
             None => Ok(false),
         }

@@ -57,8 +57,15 @@ async fn a_stalled_master_costs_neither_acquisition_nor_renewal_the_request_time
         "the lock was reported lost ({lost:?}) although two of three masters renewed it"
     );
     assert!(guard.is_held());
-    proxy.resume();
+    // Released by the two healthy masters, without waiting for the stalled one.
+    let started = Instant::now();
     released(guard.release().await);
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "release took {took:?}: it waited for the stalled master"
+    );
+    proxy.resume();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
