@@ -5,12 +5,14 @@
 
 use std::time::Duration;
 
+use fencelock::redis::{RedisConfig, RedlockLocker};
+use fencelock::testkit::RedisServer;
 use fencelock::{LockBackend, LockOptions};
 
 use crate::support::{locker, prefix, redis, within};
 
 /// Waits until `channel` has a subscriber (a waiter waiting for the release message).
-async fn subscribed(server: &fencelock::testkit::RedisServer, channel: &str) {
+async fn subscribed(server: &RedisServer, channel: &str) {
     within(Duration::from_secs(10), "the waiter subscribes", async {
         loop {
             let mut conn = server.connection().await.expect("connect");
@@ -82,4 +84,46 @@ async fn a_lock_key_without_expiry_makes_waiters_back_off() {
         attempts <= 10,
         "{attempts} attempts in 1 s on a key without expiry: the waiter spun"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_of_a_majority_of_redlock_masters_during_a_wait_does_not_end_the_wait() {
+    let mut masters = Vec::new();
+    for _ in 0..3 {
+        masters.push(redis().await);
+    }
+    let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    let config = RedisConfig::masters(urls).with_prefix(prefix("redlock-restart-wait"));
+    let holder = RedlockLocker::connect(config.clone())
+        .await
+        .expect("connect");
+    let waiter = RedlockLocker::connect(config).await.expect("connect");
+    let held = holder
+        .lock("job", &LockOptions::new().with_ttl(Duration::from_secs(5)))
+        .await
+        .expect("lock");
+    masters[0].reset_stats().await.expect("reset stats");
+    let waiting = tokio::spawn(async move {
+        let options = LockOptions::new().with_wait_timeout(Duration::from_secs(30));
+        let result = waiter.lock("job", &options).await;
+        (waiter, result)
+    });
+    // The waiter's attempts show on the first master: once one did, it is waiting.
+    within(Duration::from_secs(10), "the waiter attempts", async {
+        while masters[0].command_calls("set").await.expect("commandstats") < 1 {
+            // INFO is the only way to see another client's attempts: look every 10 ms.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    // Two of three masters restart empty: the waiter's next attempt fails on both (their
+    // connections broke), then the lock is free on them.
+    masters[0].restart().await.expect("restart");
+    masters[1].restart().await.expect("restart");
+    let (_waiter, result) = within(Duration::from_secs(20), "the waiter is done", waiting)
+        .await
+        .expect("join");
+    let guard = result.expect("granted by the restarted majority, within the wait");
+    drop(guard);
+    drop(held);
 }
