@@ -141,6 +141,20 @@ pub enum LockError {
         reason: String,
     },
 
+    /// The server is configured in a way that breaks the lock or its token, so the client
+    /// refused to use it: for Redis, a `maxmemory-policy` that may evict keys (the lock
+    /// key, then two clients hold the lock; or the token counter, then tokens go
+    /// backwards). The message says what to change, and how to opt out.
+    #[error("{backend} server {address} is unsafe for locks: {reason}")]
+    UnsafeServer {
+        /// The backend.
+        backend: Backend,
+        /// The server, as `host:port`.
+        address: String,
+        /// What is wrong and what to do about it.
+        reason: String,
+    },
+
     /// The lease behind the lock (or behind a wait for it) is gone: ownership cannot be
     /// relied on any more.
     #[error("lease lost{}: {reason}", on_lock(.lock))]
@@ -226,6 +240,12 @@ impl LockError {
     #[must_use]
     pub fn is_tls(&self) -> bool {
         matches!(self, Self::Tls { .. })
+    }
+
+    /// The server's configuration makes the lock unsafe (see [`LockError::UnsafeServer`]).
+    #[must_use]
+    pub fn is_unsafe_server(&self) -> bool {
+        matches!(self, Self::UnsafeServer { .. })
     }
 }
 

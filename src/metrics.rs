@@ -13,6 +13,7 @@
 //! | `fencelock_losses_total` | counter | | `backend`, `reason` | held locks lost, counted when the library learns of the loss (not when a guard notices): `expired`, `revoked`, `closed`, `disconnected` |
 //! | `fencelock_renewals_total` | counter | | `backend`, `outcome` | lease renewals: `ok`, `failed` (an error or no answer; the lease may still live) |
 //! | `fencelock_errors_total` | counter | | `backend`, `operation`, `kind` | errors returned to the caller, by [`LockError`] kind |
+//! | `fencelock_token_regressions_total` | counter | | `backend` | grants whose token was not above one this client had already seen for that lock (a Redis token counter evicted or flushed); the counter is moved forward and the grant gets a newer token |
 //!
 //! `backend` is `etcd`, `redis`, `redlock` or `postgres`; the acquisition `outcome` is
 //! `acquired`, `busy` (a `try_lock` that found the lock taken), `timeout` (the wait
@@ -48,6 +49,8 @@ pub mod names {
     pub const RENEWALS: &str = "fencelock_renewals_total";
     /// Counter: errors returned to callers, by operation and kind.
     pub const ERRORS: &str = "fencelock_errors_total";
+    /// Counter: grants whose token had gone backwards (a Redis counter evicted or flushed).
+    pub const TOKEN_REGRESSIONS: &str = "fencelock_token_regressions_total";
 }
 
 static LOCK_NAMES: AtomicBool = AtomicBool::new(false);
@@ -173,6 +176,12 @@ pub(crate) fn renewals(backend: Backend, ok: usize, failed: usize) {
                 .increment(u64::try_from(count).unwrap_or(u64::MAX));
         }
     }
+}
+
+/// Counts a token counter found to have gone backwards.
+#[cfg(feature = "redis")]
+pub(crate) fn token_regression(backend: Backend) {
+    ::metrics::counter!(names::TOKEN_REGRESSIONS, "backend" => backend.as_str()).increment(1);
 }
 
 /// Counts `holders` held locks lost at once (every guard on one lease).

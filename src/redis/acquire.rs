@@ -6,8 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::join_all;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::core::Core;
 use super::guard::RedisGuard;
@@ -16,11 +18,27 @@ use super::node::Attempt;
 use super::owner::{jittered, owner_value};
 use super::subscriber::{Interest, Subscriber};
 use crate::lease_clock::{Clock, ClockInstant};
-use crate::{FencingToken, LockError, LockOptions};
+use crate::{Backend, FencingToken, LockError, LockOptions};
 
 /// How often a waiter without release messages (Redlock) retries at most: the usual
 /// Redlock client behaviour of a short random delay between attempts.
 const RETRY_DELAY: Duration = Duration::from_millis(100);
+
+/// The pause before the next attempt after `failures` failed requests in a row (a Redis
+/// restart, a dropped connection): 100 ms, doubling, at most 1 s.
+fn retry_backoff(failures: u32) -> Duration {
+    Duration::from_millis(100)
+        .saturating_mul(1 << failures.saturating_sub(1).min(10))
+        .min(Duration::from_secs(1))
+}
+
+/// How long a Redlock attempt waits for one master's answer: the request timeout, but
+/// never more than a tenth of the TTL (the Redlock description asks for a timeout much
+/// shorter than the TTL, so that a master that does not answer costs little of the
+/// lock's validity).
+fn per_master_timeout(request_timeout: Duration, ttl: Duration) -> Duration {
+    request_timeout.min(ttl / 10)
+}
 
 /// Runs one acquisition. `wait`: queue up (`lock`) or not (`try_lock`).
 ///
@@ -63,6 +81,9 @@ async fn acquire_uncounted(
         options: options.clone(),
         started: Instant::now(),
         armed: true,
+        uncertain: false,
+        failures: 0,
+        last_error: None,
     };
     // The wait timeout bounds every step: attempts, subscribing, sleeping. Cut short,
     // the acquisition's drop cleans up after an attempt that may be in flight.
@@ -74,12 +95,15 @@ async fn acquire_uncounted(
         Some((deadline, timeout)) => {
             match tokio::time::timeout_at(deadline, acquisition.run(wait)).await {
                 Ok(outcome) => outcome,
-                Err(_) => {
-                    return Err(LockError::WaitTimeout {
+                // Cut short in a request: the last request error if the one before
+                // failed too, else a wait timeout.
+                Err(_) => Err(acquisition
+                    .last_error
+                    .take()
+                    .unwrap_or(LockError::WaitTimeout {
                         name: name.to_owned(),
                         waited: timeout,
-                    });
-                }
+                    })),
             }
         }
         None => acquisition.run(wait).await,
@@ -101,6 +125,13 @@ struct Acquisition {
     started: Instant,
     /// Whether dropping this must clean up after a possibly applied attempt.
     armed: bool,
+    /// Whether a failed attempt may have set the lock with our owner value (undone
+    /// before the next attempt).
+    uncertain: bool,
+    /// Failed requests in a row, for the backoff.
+    failures: u32,
+    /// The last request error, while no later attempt got an answer.
+    last_error: Option<LockError>,
 }
 
 impl Drop for Acquisition {
@@ -140,10 +171,46 @@ impl Acquisition {
             if let Some(n) = notified.as_mut().as_pin_mut() {
                 n.enable();
             }
+            if self.uncertain {
+                // An earlier attempt failed and may have been applied: the lock may hold
+                // our owner value, and we would wait out our own TTL. Undo it first.
+                match self.undo().await {
+                    Ok(()) => self.uncertain = false,
+                    Err(err) => {
+                        self.retry_after(err, deadline).await?;
+                        continue;
+                    }
+                }
+            }
             let sent = Clock::BOOT.now();
-            let remaining = match self.attempt().await? {
-                Attempt::Granted(token, slot) => return Ok(Some(self.guard(token, slot, sent))),
-                Attempt::Held { remaining } => remaining,
+            let remaining = match self.attempt().await {
+                Ok(Attempt::Granted(token, slot)) => {
+                    // A single Redis lock's token is checked against those this client
+                    // saw (a semaphore's permits and Redlock's largest-of-the-masters
+                    // token have no such order to check).
+                    let token = if self.core.backend == Backend::Redis && self.keys.slots.len() == 1
+                    {
+                        self.core
+                            .checked_token(&self.keys, token, &self.name)
+                            .await?
+                    } else {
+                        token
+                    };
+                    return Ok(Some(self.guard(token, slot, sent)));
+                }
+                Ok(Attempt::Held { remaining }) => {
+                    self.failures = 0;
+                    self.last_error = None;
+                    remaining
+                }
+                // A waiting acquisition rides out a server restart or a dropped
+                // connection: it retries, with a backoff, within its wait timeout.
+                Err(err) if wait && err.is_unavailable() => {
+                    self.uncertain = true;
+                    self.retry_after(err, deadline).await?;
+                    continue;
+                }
+                Err(err) => return Err(err),
             };
             if !wait {
                 return Ok(None);
@@ -164,64 +231,142 @@ impl Acquisition {
             tokio::select! {
                 () = async { if let Some(n) = notified.as_mut().as_pin_mut() { n.await } else { std::future::pending().await } } => {}
                 () = tokio::time::sleep(sleep) => {}
-                () = sleep_until_opt(deadline) => {
-                    return Err(LockError::WaitTimeout {
-                        name: self.name.clone(),
-                        waited: self.options.wait_timeout().unwrap_or_default(),
-                    });
-                }
+                () = sleep_until_opt(deadline) => return Err(self.wait_ended()),
             }
         }
     }
 
+    /// After a failed request: remembers `err` (what the wait ends with if it runs out
+    /// before an attempt gets an answer) and sleeps the backoff, or ends the wait if its
+    /// deadline comes first.
+    async fn retry_after(
+        &mut self,
+        err: LockError,
+        deadline: Option<Instant>,
+    ) -> Result<(), LockError> {
+        self.failures = self.failures.saturating_add(1);
+        let pause = jittered(retry_backoff(self.failures));
+        tracing::debug!(%err, ?pause, lock = %self.name, "acquire attempt failed; retrying within the wait");
+        self.last_error = Some(err);
+        tokio::select! {
+            () = tokio::time::sleep(pause) => Ok(()),
+            () = sleep_until_opt(deadline) => Err(self.wait_ended()),
+        }
+    }
+
+    /// The error a wait that ran out ends with: the last request error if the last
+    /// attempt got no answer (the server was unreachable, not the lock taken), else a
+    /// wait timeout.
+    fn wait_ended(&mut self) -> LockError {
+        self.last_error
+            .take()
+            .unwrap_or_else(|| LockError::WaitTimeout {
+                name: self.name.clone(),
+                waited: self.options.wait_timeout().unwrap_or_default(),
+            })
+    }
+
+    /// Compare-and-delete of every slot with our owner value: removes what an attempt
+    /// whose answer was lost may have set.
+    async fn undo(&self) -> Result<(), LockError> {
+        for slot in 0..self.keys.slots.len() {
+            self.core
+                .release(&self.keys.granted(slot), &self.owner, &self.name)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// One attempt: on a single server, one script call; with Redlock, one on every
     /// master at once, granted only with a majority within the lock's validity.
+    ///
+    /// Redlock decides as soon as the answers settle it (a majority granted, a majority
+    /// refused, or too many failed for a majority to grant), each master's answer
+    /// awaited at most [`per_master_timeout`]: a master that stops answering costs
+    /// neither time nor the lock (issue 21). What it may still apply later is undone in
+    /// the background when the attempt is refused, and is ours anyway when granted.
     async fn attempt(&self) -> Result<Attempt, LockError> {
         let ttl = self.options.ttl();
         let nodes = &self.core.nodes;
         if let [node] = &nodes[..] {
             return node.acquire(&self.keys, &self.owner, ttl, &self.name).await;
         }
+        let backend = self.core.backend;
+        let quorum = self.core.quorum;
+        let per_master = per_master_timeout(self.core.config.request_timeout, ttl);
         let sent = Instant::now();
-        let replies = join_all(
-            nodes
-                .iter()
-                .map(|n| n.acquire(&self.keys, &self.owner, ttl, &self.name)),
-        )
-        .await;
-        let granted: Vec<FencingToken> = replies
+        let mut pending: FuturesUnordered<_> = nodes
             .iter()
-            .filter_map(|r| match r {
-                Ok(Attempt::Granted(token, _)) => Some(*token),
-                _ => None,
+            .map(|node| {
+                let attempt = node.acquire(&self.keys, &self.owner, ttl, &self.name);
+                async move {
+                    tokio::time::timeout(per_master, attempt)
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(LockError::Timeout {
+                                backend,
+                                operation: "acquire",
+                                lock: Some(self.name.clone()),
+                                after: per_master,
+                            })
+                        })
+                }
+                .instrument(tracing::debug_span!("acquire", node = %node.address))
             })
             .collect();
+        let mut granted = Vec::new();
+        let mut refused = Vec::new();
+        let mut errors = Vec::new();
+        while let Some(reply) = pending.next().await {
+            match reply {
+                Ok(Attempt::Granted(token, _)) => granted.push(token),
+                Ok(Attempt::Held { remaining }) => refused.push(remaining),
+                Err(err) => errors.push(err),
+            }
+            if granted.len() >= quorum
+                || refused.len() >= quorum
+                || errors.len() > nodes.len() - quorum
+            {
+                break;
+            }
+        }
+        // Requests still unanswered are dropped; one already sent may still be applied,
+        // after this (on each connection, a later request queues behind it).
+        let unanswered = !pending.is_empty();
+        drop(pending);
         let validity = ttl
             .saturating_sub(sent.elapsed())
             .saturating_sub(self.core.renewer.drift(ttl));
-        if granted.len() >= self.core.quorum && !validity.is_zero() {
+        if granted.len() >= quorum && !validity.is_zero() {
             return Ok(Attempt::Granted(
                 granted.into_iter().max().unwrap_or(FencingToken::new(0)),
                 0,
             ));
         }
-        // No majority in time: undo the partial grants (compare-and-delete, so only ours).
-        if !granted.is_empty() {
-            if let Err(err) = self.core.release(&self.keys, &self.owner, &self.name).await {
-                tracing::debug!(%err, "undoing a partial Redlock grant failed; TTLs will");
-            }
+        // No majority in time: undo the partial grants, and whatever an unanswered or
+        // failed request may have set (compare-and-delete, so only ours), in the
+        // background: a stalled master must not hold up the next attempt.
+        if !granted.is_empty() || unanswered || !errors.is_empty() {
+            let (core, keys, owner, name) = (
+                self.core.clone(),
+                self.keys.clone(),
+                self.owner.clone(),
+                self.name.clone(),
+            );
+            tokio::spawn(async move {
+                if let Err(err) = core.release(&keys, &owner, &name).await {
+                    tracing::debug!(%err, "undoing a partial Redlock grant failed; TTLs will");
+                }
+            });
         }
-        let remaining = replies
+        let remaining = refused
             .iter()
-            .filter_map(|r| match r {
-                Ok(Attempt::Held { remaining }) => Some(*remaining),
-                _ => None,
-            })
+            .copied()
             .min()
             .unwrap_or(Duration::from_millis(50));
-        let answered = replies.iter().filter(|r| r.is_ok()).count();
-        if answered < self.core.quorum {
-            if let Some(err) = replies.into_iter().find_map(Result::err) {
+        let answered = granted.len() + refused.len();
+        if answered < quorum {
+            if let Some(err) = errors.into_iter().next() {
                 return Err(err);
             }
         }
@@ -253,5 +398,33 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_attempts_back_off_from_100_ms_doubling_up_to_1_s() {
+        let delays: Vec<u128> = (1..=6).map(|n| retry_backoff(n).as_millis()).collect();
+        assert_eq!(delays, [100, 200, 400, 800, 1000, 1000]);
+    }
+
+    #[test]
+    fn a_master_is_waited_for_at_most_a_tenth_of_the_ttl() {
+        let two = Duration::from_secs(2);
+        assert_eq!(
+            per_master_timeout(two, Duration::from_secs(10)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            per_master_timeout(two, Duration::from_secs(60)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            per_master_timeout(two, Duration::from_secs(2)),
+            Duration::from_millis(200)
+        );
     }
 }

@@ -43,6 +43,7 @@ pub struct RedisConfig {
     pub(crate) max_wait_sleep: Duration,
     pub(crate) clock_drift_factor: f64,
     pub(crate) tls: Option<TlsConfig>,
+    pub(crate) allow_eviction: bool,
 }
 
 impl std::fmt::Debug for RedisConfig {
@@ -60,6 +61,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("prefix", &self.prefix)
             .field("max_wait_sleep", &self.max_wait_sleep)
             .field("tls", &self.tls)
+            .field("allow_eviction", &self.allow_eviction)
             .finish()
     }
 }
@@ -85,6 +87,7 @@ impl RedisConfig {
             max_wait_sleep: Duration::from_secs(2),
             clock_drift_factor: 0.01,
             tls: None,
+            allow_eviction: false,
         }
     }
 
@@ -120,6 +123,17 @@ impl RedisConfig {
     /// lost message costs. A waiter never sleeps past the holder's remaining TTL.
     pub fn with_max_wait_sleep(mut self, sleep: Duration) -> Self {
         self.max_wait_sleep = sleep;
+        self
+    }
+
+    /// Accepts servers whose `maxmemory-policy` may evict keys (anything but
+    /// `noeviction`), with a warning instead of [`LockError::UnsafeServer`] at connect
+    /// (default: refused). Eviction can remove a held lock's key (two holders) or the
+    /// token counter (tokens start again at 1: storage then refuses the rightful holder
+    /// and may accept a stale one); only opt out for a server that never reaches its
+    /// `maxmemory`.
+    pub fn with_allow_eviction(mut self, allow: bool) -> Self {
+        self.allow_eviction = allow;
         self
     }
 

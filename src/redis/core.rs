@@ -1,14 +1,18 @@
 //! What a Redis client and its guards share: the nodes, the quorum, the renewal task.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
+use futures_util::StreamExt;
 use futures_util::future::join_all;
+use futures_util::stream::FuturesUnordered;
+use tracing::Instrument;
 
 use super::RedisConfig;
 use super::keys::LockKeys;
 use super::node::Node;
 use super::renewer::Renewer;
-use crate::{Backend, LockError};
+use crate::{Backend, FencingToken, LockError};
 
 pub(crate) struct Core {
     pub(crate) backend: Backend,
@@ -17,7 +21,14 @@ pub(crate) struct Core {
     pub(crate) quorum: usize,
     pub(crate) renewer: Renewer,
     pub(crate) config: RedisConfig,
+    /// The highest token granted to this client per token counter (single Redis locks),
+    /// to notice a counter that went backwards.
+    seen: Mutex<HashMap<String, FencingToken>>,
 }
+
+/// How many counters [`Core::seen`] remembers before it starts afresh (a bound on memory
+/// for a client that locks many distinct names).
+const SEEN_LIMIT: usize = 65_536;
 
 impl Core {
     pub(crate) async fn connect(config: RedisConfig, backend: Backend) -> Result<Self, LockError> {
@@ -32,14 +43,59 @@ impl Core {
             .collect::<Result<_, _>>()?;
         let nodes: Arc<[Node]> = nodes.into();
         let quorum = nodes.len() / 2 + 1;
-        let renewer = Renewer::start(backend, nodes.clone(), quorum, config.clock_drift_factor);
+        let renewer = Renewer::start(
+            backend,
+            nodes.clone(),
+            quorum,
+            config.clock_drift_factor,
+            config.request_timeout,
+        );
         Ok(Self {
             backend,
             nodes,
             quorum,
             renewer,
             config,
+            seen: Mutex::default(),
         })
+    }
+
+    /// Checks a single Redis lock's freshly granted `token` against the highest this
+    /// client saw for that lock. A token not above it means the counter went backwards
+    /// (evicted, flushed, a failover): reported (`tracing::warn!`, the
+    /// `fencelock_token_regressions_total` metric), and the counter is moved forward,
+    /// which gives this grant (the lock is ours) a token above every earlier one.
+    pub(crate) async fn checked_token(
+        &self,
+        keys: &LockKeys,
+        token: FencingToken,
+        name: &str,
+    ) -> Result<FencingToken, LockError> {
+        let last = self.seen().get(&keys.counter).copied();
+        let token = match (last, &self.nodes[..]) {
+            (Some(last), [node]) if token <= last => {
+                tracing::warn!(
+                    lock = name,
+                    %token,
+                    %last,
+                    "the token counter went backwards (evicted or flushed?); moving it forward"
+                );
+                crate::metrics::token_regression(self.backend);
+                node.advance_counter(&keys.counter, last, name).await?
+            }
+            _ => token,
+        };
+        let mut seen = self.seen();
+        if seen.len() >= SEEN_LIMIT && !seen.contains_key(&keys.counter) {
+            seen.clear();
+        }
+        let entry = seen.entry(keys.counter.clone()).or_insert(token);
+        *entry = (*entry).max(token);
+        Ok(token)
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<String, FencingToken>> {
+        self.seen.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(crate) fn keys(&self, name: &str) -> LockKeys {
@@ -48,22 +104,65 @@ impl Core {
 
     /// Compare-and-delete on every node. `Ok(true)` if a quorum still held it for us,
     /// `Ok(false)` if a quorum answered and it was not ours, an error if too few answered.
+    ///
+    /// Redlock decides as soon as the answers settle it: a master that stops answering
+    /// does not hold up the release; its compare-and-delete runs on in the background
+    /// (bounded by the request timeout), and its copy of the lock expires anyway.
     pub(crate) async fn release(
         &self,
         keys: &LockKeys,
         owner: &str,
         name: &str,
     ) -> Result<bool, LockError> {
-        let replies = join_all(self.nodes.iter().map(|n| n.release(keys, owner, name))).await;
-        let answered = replies.iter().filter(|r| r.is_ok()).count();
-        let deleted = replies.iter().filter(|r| matches!(r, Ok(true))).count();
+        if let [node] = &self.nodes[..] {
+            return node.release(keys, owner, name).await;
+        }
+        let mut pending: FuturesUnordered<_> = self
+            .nodes
+            .iter()
+            .map(|node| {
+                let (node, keys, owner, name) = (
+                    node.clone(),
+                    keys.clone(),
+                    owner.to_owned(),
+                    name.to_owned(),
+                );
+                let span = tracing::debug_span!("release", node = %node.address);
+                tokio::spawn(
+                    async move { node.release(&keys, &owner, &name).await }.instrument(span),
+                )
+            })
+            .collect();
+        let (mut deleted, mut kept) = (0, 0);
+        let mut errors = Vec::new();
+        while let Some(reply) = pending.next().await {
+            match reply {
+                Ok(Ok(true)) => deleted += 1,
+                Ok(Ok(false)) => kept += 1,
+                Ok(Err(err)) => errors.push(err),
+                Err(join) => errors.push(LockError::Backend {
+                    backend: self.backend,
+                    operation: "release",
+                    lock: Some(name.to_owned()),
+                    source: Box::new(join),
+                }),
+            }
+            let answered = deleted + kept;
+            if deleted >= self.quorum
+                || (answered >= self.quorum && kept > self.nodes.len() - self.quorum)
+            {
+                break;
+            }
+        }
+        // Dropping the handles leaves the unanswered releases running in the background.
+        drop(pending);
         if deleted >= self.quorum {
             return Ok(true);
         }
-        if answered >= self.quorum {
+        if deleted + kept >= self.quorum {
             return Ok(false);
         }
-        match replies.into_iter().find_map(Result::err) {
+        match errors.into_iter().next() {
             Some(err) => Err(err),
             None => Ok(false),
         }

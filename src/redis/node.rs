@@ -86,12 +86,113 @@ impl Node {
             async move { crate::tls::explain(endpoint, tls, b"", backend, limit).await }
         })
         .await?;
-        Ok(Self {
+        let node = Self {
             address,
             conn,
             timeout: config.request_timeout,
             backend,
+        };
+        node.check_eviction(config.allow_eviction).await?;
+        Ok(node)
+    }
+
+    /// Refuses a server whose `maxmemory-policy` may evict keys (anything but
+    /// `noeviction`): eviction can remove a held lock's key (two holders) or the token
+    /// counter (tokens restart at 1). With `allow`, warns instead. A server that does not
+    /// let us read the policy (an ACL without `CONFIG` and `INFO`) gets a warning.
+    #[tracing::instrument(skip(self), fields(server = %self.address))]
+    async fn check_eviction(&self, allow: bool) -> Result<(), LockError> {
+        let policy = match self.eviction_policy().await {
+            Ok(policy) => policy,
+            Err(err) => {
+                tracing::warn!(
+                    server = %self.address,
+                    %err,
+                    "cannot read maxmemory-policy; the lock needs noeviction (allow INFO to let it check)"
+                );
+                return Ok(());
+            }
+        };
+        if policy == "noeviction" {
+            return Ok(());
+        }
+        if allow {
+            tracing::warn!(
+                server = %self.address,
+                %policy,
+                "maxmemory-policy may evict lock keys or token counters; allowed by configuration"
+            );
+            return Ok(());
+        }
+        Err(LockError::UnsafeServer {
+            backend: self.backend,
+            address: self.address.clone(),
+            reason: format!(
+                "its maxmemory-policy is {policy:?}, which may evict keys: a held lock's key \
+                 (two holders) or the token counter (tokens start again at 1). Set \
+                 maxmemory-policy noeviction, or allow eviction explicitly \
+                 (RedisConfig::with_allow_eviction, --redis-allow-eviction)"
+            ),
         })
+    }
+
+    /// The server's `maxmemory-policy`: `CONFIG GET`, or `INFO memory` where `CONFIG` is
+    /// not allowed (managed services, ACL users).
+    async fn eviction_policy(&self) -> Result<String, LockError> {
+        let mut conn = self.conn.clone();
+        let operation = "read maxmemory-policy";
+        let config: Result<Vec<String>, LockError> = self
+            .call(
+                operation,
+                None,
+                redis::cmd("CONFIG")
+                    .arg("GET")
+                    .arg("maxmemory-policy")
+                    .query_async(&mut conn),
+            )
+            .await;
+        if let Some(policy) = config.ok().and_then(|reply| reply.get(1).cloned()) {
+            return Ok(policy);
+        }
+        let info: String = self
+            .call(
+                operation,
+                None,
+                redis::cmd("INFO").arg("memory").query_async(&mut conn),
+            )
+            .await?;
+        info.lines()
+            .find_map(|line| line.strip_prefix("maxmemory_policy:"))
+            .map(|policy| policy.trim().to_owned())
+            .ok_or_else(|| LockError::Backend {
+                backend: self.backend,
+                operation,
+                lock: None,
+                source: "INFO memory has no maxmemory_policy".into(),
+            })
+    }
+
+    /// Moves the token `counter` up to `floor` if it is below, and returns the next
+    /// token: one above every token handed out so far.
+    pub(crate) async fn advance_counter(
+        &self,
+        counter: &str,
+        floor: FencingToken,
+        lock: &str,
+    ) -> Result<FencingToken, LockError> {
+        let mut conn = self.conn.clone();
+        let mut invocation = scripts::ADVANCE.prepare_invoke();
+        invocation.key(counter).arg(floor.get());
+        let token: i64 = self
+            .call(
+                "advance token",
+                Some(lock),
+                invocation.invoke_async(&mut conn),
+            )
+            .await?;
+        u64::try_from(token)
+            .map(FencingToken::new)
+            .map_err(|_| malformed(self.backend, "advance token", lock))
     }
 
     /// A clone of the connection, for the caller's own commands.
@@ -147,10 +248,8 @@ impl Node {
                 (Ok(token), Ok(slot)) => Ok(Attempt::Granted(FencingToken::new(token), slot)),
                 _ => Err(malformed(self.backend, "acquire", lock)),
             },
-            // PTTL is -1 for a key without expiry (not ours to fix) and -2 if it vanished
-            // in between: retry soon in both cases.
             [0, pttl, _] => Ok(Attempt::Held {
-                remaining: Duration::from_millis(u64::try_from(*pttl).unwrap_or(0)),
+                remaining: remaining(*pttl),
             }),
             _ => Err(malformed(self.backend, "acquire", lock)),
         }
@@ -193,8 +292,6 @@ impl Node {
                 Err(_) => Err(malformed(self.backend, "acquire", lock)),
             };
         }
-        // PTTL is -1 for a key without expiry (not ours to fix) and -2 if it vanished in
-        // between: retry soon in both cases.
         let pttl: i64 = self
             .call(
                 "acquire",
@@ -203,7 +300,7 @@ impl Node {
             )
             .await?;
         Ok(Attempt::Held {
-            remaining: Duration::from_millis(u64::try_from(pttl).unwrap_or(0)),
+            remaining: remaining(pttl),
         })
     }
 
@@ -261,6 +358,17 @@ impl Node {
             other => other?,
         };
         Ok(replies.into_iter().flatten().map(|r| r == 1).collect())
+    }
+}
+
+/// How long a held lock has left, from its `PTTL`: -2 (it vanished in between) means
+/// retry at once; -1 (a key without expiry, written by someone else: not ours to fix)
+/// means it may never expire, so a waiter sleeps its longest (until a release message or
+/// its bound), never spinning every millisecond.
+fn remaining(pttl: i64) -> Duration {
+    match pttl {
+        -1 => Duration::MAX,
+        pttl => Duration::from_millis(u64::try_from(pttl).unwrap_or(0)),
     }
 }
 

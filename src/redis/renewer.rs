@@ -5,20 +5,26 @@
 //! 1,000 locks sends one command per tick, not 1,000 timers' worth. A lock that a quorum
 //! of nodes no longer holds for us is marked lost at once; one that cannot be renewed
 //! (nodes unreachable) is marked lost when its local deadline passes.
+//!
+//! A renewal that fails or gets no answer within [`attempt_wait`] is retried after a short
+//! backoff ([`backoff`]), not a whole tick later: one dropped connection, a Redis restart
+//! or one lost answer must not cost a healthy holder its lock (issue 21).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use futures_util::future::join_all;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::node::Node;
 use crate::lease_clock::{Clock, ClockInstant, LeaseClock, RECHECK};
 use crate::loss::{LossNotifier, LossWatch, loss_channel};
-use crate::{Backend, LossReason};
+use crate::{Backend, LockError, LossReason};
 
 /// Never tick more often than this, whatever the TTLs.
 const MIN_INTERVAL: Duration = Duration::from_millis(10);
@@ -37,6 +43,8 @@ struct Shared {
     nodes: Arc<[Node]>,
     quorum: usize,
     drift_factor: f64,
+    /// The configured request timeout: no renewal attempt waits longer than this.
+    request_timeout: Duration,
     held: Mutex<HashMap<u64, Held>>,
     next_id: AtomicU64,
     changed: Notify,
@@ -72,12 +80,14 @@ impl Renewer {
         nodes: Arc<[Node]>,
         quorum: usize,
         drift_factor: f64,
+        request_timeout: Duration,
     ) -> Self {
         let shared = Arc::new(Shared {
             backend,
             nodes,
             quorum,
             drift_factor,
+            request_timeout,
             held: Mutex::default(),
             next_id: AtomicU64::new(1),
             changed: Notify::new(),
@@ -162,8 +172,31 @@ fn drift(ttl: Duration, factor: f64) -> Duration {
 
 const FAR: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// How long one renewal attempt may go unanswered before it is given up and retried: a
+/// third of the renewal `interval`, between 250 ms and 1 s (never more than the interval
+/// itself, nor the request timeout). A healthy server answers in milliseconds; waiting
+/// for one that does not until the next tick spends the time before `fencelock run`
+/// must SIGTERM its command.
+fn attempt_wait(interval: Duration, request_timeout: Duration) -> Duration {
+    (interval / 3)
+        .clamp(Duration::from_millis(250), Duration::from_secs(1))
+        .min(interval)
+        .min(request_timeout)
+}
+
+/// The pause before the next attempt after `failures` failed or unanswered ones in a row:
+/// 100 ms, doubling, never more than `cap` (well inside a renewal interval), so that
+/// several attempts fit before a lease with one missed renewal runs short.
+fn backoff(failures: u32, cap: Duration) -> Duration {
+    let doubled =
+        Duration::from_millis(100).saturating_mul(1 << failures.saturating_sub(1).min(10));
+    doubled.min(cap)
+}
+
 async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
     let mut next_tick = Instant::now() + FAR;
+    // Failed or unanswered renewal attempts in a row.
+    let mut failures = 0u32;
     loop {
         let earliest;
         (next_tick, earliest) = plan(&shared, next_tick);
@@ -176,21 +209,31 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
                 // A renewal can hang for the request timeout (a partition); deadlines
                 // passing meanwhile must still be reported on time, not when it returns,
                 // including the deadlines of locks registered while it hangs.
-                let renewal = renew_all(&shared);
+                let wait = attempt_wait(schedule(&held(&shared)).0, shared.request_timeout);
+                let renewal = renew_all(&shared, wait);
                 tokio::pin!(renewal);
-                loop {
+                let confirmed = loop {
                     let earliest = plan_during_renewal(&shared);
                     tokio::select! {
                         biased;
                         _ = &mut stop => return,
-                        () = &mut renewal => break,
+                        confirmed = &mut renewal => break confirmed,
                         () = shared.changed.notified() => {}
                         () = tokio::time::sleep_until(earliest) => expire_due(&shared),
                     }
-                }
+                };
                 expire_due(&shared);
-                // Ticks follow from the last one; `plan` only ever brings them forward.
-                next_tick = Instant::now() + FAR;
+                // Ticks follow from the last one; `plan` only ever brings them forward. A
+                // renewal that was not confirmed is retried soon, not a tick later.
+                next_tick = if confirmed {
+                    failures = 0;
+                    Instant::now() + FAR
+                } else {
+                    failures = failures.saturating_add(1);
+                    let pause = backoff(failures, wait);
+                    tracing::debug!(failures, ?pause, "renewal not confirmed; retrying");
+                    Instant::now() + pause
+                };
             }
         }
     }
@@ -242,24 +285,56 @@ fn schedule(held: &HashMap<u64, Held>) -> (Duration, Instant) {
     (interval, earliest)
 }
 
-async fn renew_all(shared: &Shared) {
+/// One renewal attempt of every renewing lock, each node's answer awaited at most `wait`.
+/// `true` if every lock was either renewed or found no longer ours; `false` if some are
+/// left unconfirmed (too few nodes answered in time), so the attempt should be retried.
+async fn renew_all(shared: &Shared, wait: Duration) -> bool {
     let batch: Vec<(u64, String, String, Duration)> = held(shared)
         .iter()
         .filter(|(_, h)| h.renew)
         .map(|(id, h)| (*id, h.key.clone(), h.owner.clone(), h.ttl))
         .collect();
     if batch.is_empty() {
-        return;
+        return true;
     }
     let items: Vec<(&str, &str, Duration)> = batch
         .iter()
         .map(|(_, key, owner, ttl)| (key.as_str(), owner.as_str(), *ttl))
         .collect();
     let sent = Clock::BOOT.now();
-    let replies = join_all(shared.nodes.iter().map(|node| node.renew(&items))).await;
+    // Decided as soon as every lock is: a master that stops answering must not hold up
+    // the others' answers (Redlock, issue 21). Requests left unanswered are dropped; one
+    // already sent may still be applied, which only extends a lock that is still ours.
+    let mut pending: FuturesUnordered<_> = shared
+        .nodes
+        .iter()
+        .map(|node| {
+            let renewal = node.renew(&items);
+            async move {
+                tokio::time::timeout(wait, renewal)
+                    .await
+                    .unwrap_or(Err(LockError::Timeout {
+                        backend: shared.backend,
+                        operation: "renew",
+                        lock: None,
+                        after: wait,
+                    }))
+            }
+            .instrument(tracing::debug_span!("renew", node = %node.address, locks = items.len()))
+        })
+        .collect();
+    let mut replies = Vec::with_capacity(shared.nodes.len());
+    while let Some(reply) = pending.next().await {
+        replies.push(reply);
+        if all_decided(&replies, batch.len(), shared.quorum, shared.nodes.len()) {
+            break;
+        }
+    }
+    drop(pending);
     let node_count = shared.nodes.len();
     let mut held = held(shared);
     let mut renewed = 0;
+    let mut unconfirmed = 0;
     for (i, (id, _, _, ttl)) in batch.iter().enumerate() {
         let mut yes = 0;
         let mut no = 0;
@@ -280,6 +355,8 @@ async fn renew_all(shared: &Shared) {
             tracing::warn!(key = %lock.key, "lock no longer ours at renewal");
             lock.notifier.mark(LossReason::Revoked);
             held.remove(id);
+        } else {
+            unconfirmed += 1;
         }
     }
     drop(held);
@@ -291,6 +368,28 @@ async fn renew_all(shared: &Shared) {
             tracing::debug!(%err, "renewal failed on a node");
         }
     }
+    unconfirmed == 0
+}
+
+/// Whether the `replies` so far settle every one of `locks` locks: renewed by `quorum`
+/// nodes, or refused by so many that a quorum cannot renew it.
+fn all_decided(
+    replies: &[Result<Vec<bool>, LockError>],
+    locks: usize,
+    quorum: usize,
+    nodes: usize,
+) -> bool {
+    (0..locks).all(|i| {
+        let (mut yes, mut no) = (0, 0);
+        for reply in replies {
+            match reply.as_ref().map(|r| r.get(i).copied()) {
+                Ok(Some(true)) => yes += 1,
+                Ok(_) => no += 1,
+                Err(_) => {}
+            }
+        }
+        yes >= quorum || no > nodes - quorum
+    })
 }
 
 fn expire_due(shared: &Shared) {
@@ -302,4 +401,41 @@ fn expire_due(shared: &Shared) {
             true
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unanswered_renewal_is_given_up_within_a_third_of_the_interval_bounded() {
+        let long = Duration::from_secs(2);
+        assert_eq!(
+            attempt_wait(Duration::from_secs(10) / 3, long),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            attempt_wait(Duration::from_secs(1), long),
+            Duration::from_secs(1) / 3
+        );
+        assert_eq!(
+            attempt_wait(Duration::from_millis(600), long),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            attempt_wait(Duration::from_millis(100), long),
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            attempt_wait(Duration::from_secs(10), Duration::from_millis(300)),
+            Duration::from_millis(300)
+        );
+    }
+
+    #[test]
+    fn retries_back_off_from_100_ms_doubling_up_to_the_cap() {
+        let cap = Duration::from_secs(1);
+        let delays: Vec<u128> = (1..=6).map(|n| backoff(n, cap).as_millis()).collect();
+        assert_eq!(delays, [100, 200, 400, 800, 1000, 1000]);
+    }
 }

@@ -8,7 +8,7 @@ use redis::Script;
 /// `node.rs`), `KEYS[n+1]` the counter; `ARGV[1]` owner value, `ARGV[2]` TTL in ms. `SET NX PX` on the first free
 /// slot; only when it set, `INCR` the counter: returns `{1, token, slot}`. Otherwise
 /// returns `{0, shortest remaining ttl of the holders in ms}` so a waiter knows how long
-/// to sleep.
+/// to sleep (-1 if every slot is held by a key without expiry).
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -19,7 +19,10 @@ for i = 1, slots do
     return {1, redis.call('INCR', KEYS[slots + 1]), i - 1}
   end
   local pttl = redis.call('PTTL', KEYS[i])
-  if soonest < 0 or (pttl >= 0 and pttl < soonest) then
+  if pttl == -2 then
+    pttl = 0
+  end
+  if pttl >= 0 and (soonest < 0 or pttl < soonest) then
     soonest = pttl
   end
 end
@@ -63,7 +66,23 @@ return renewed
     )
 });
 
+/// `KEYS[1]` a token counter; `ARGV[1]` the highest token this client saw for it. Moves
+/// the counter up to that if it went backwards (evicted, flushed), then `INCR`s it:
+/// returns a token above every one handed out before. Run by a holder whose grant came
+/// with a token that went backwards.
+pub(crate) static ADVANCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local current = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+if current < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+return redis.call('INCR', KEYS[1])
+",
+    )
+});
+
 /// All scripts, for loading them once at connect.
-pub(crate) fn all() -> [&'static Script; 3] {
-    [&ACQUIRE, &RELEASE, &RENEW]
+pub(crate) fn all() -> [&'static Script; 4] {
+    [&ACQUIRE, &RELEASE, &RENEW, &ADVANCE]
 }

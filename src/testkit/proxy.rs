@@ -209,6 +209,29 @@ impl FaultProxy {
         self.control.state.send_replace(State::Cut);
     }
 
+    /// Lets the next chunk a client sends (one request on a plain connection) through to
+    /// the server, then [cuts](Self::cut) at once: the request is applied, its answer is
+    /// lost (a link that failed just after a request went out). Await
+    /// [`cut_started`](Self::cut_started) to know when the cut began.
+    pub fn cut_after_next_request(&self) {
+        self.control.state.send_replace(State::CutAfterNextRequest);
+    }
+
+    /// Waits until the proxy is cut off ([`cut`](Self::cut), or the cut that
+    /// [`cut_after_next_request`](Self::cut_after_next_request) arms).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping it only stops the waiting; the proxy is not affected.
+    pub async fn cut_started(&self) {
+        let _ = self
+            .control
+            .state
+            .subscribe()
+            .wait_for(|s| *s == State::Cut)
+            .await;
+    }
+
     /// Ends a [`cut`](Self::cut), a [`sever`](Self::sever) or a
     /// [`refuse`](Self::refuse): the connections that saw a cut are closed, new ones work.
     pub fn heal(&self) {
@@ -324,6 +347,8 @@ enum State {
     Paused,
     /// Drops: nothing flows, and connections that saw it close when it ends.
     Cut,
+    /// Forwards until a client's next chunk has been forwarded, then `Cut`.
+    CutAfterNextRequest,
     /// New connections hang; open ones flow.
     HoldNew,
     /// New connections are closed at once; open ones flow.
@@ -502,6 +527,8 @@ impl Connection {
                                 }
                             } else if !self.forward_up(&up[..n]).await {
                                 return;
+                            } else if state == State::CutAfterNextRequest {
+                                self.controls.proxy.state.send_replace(State::Cut);
                             }
                         }
                     }

@@ -40,6 +40,13 @@ impl RedisServer {
         Self::launch(None, Vec::new(), Vec::new(), None).await
     }
 
+    /// Starts a standalone master with extra `redis-server` arguments, e.g.
+    /// `["--maxmemory-policy", "allkeys-lru"]`.
+    pub async fn start_with_args<S: AsRef<str>>(args: &[S]) -> Result<Self, TestkitError> {
+        let args = args.iter().map(|s| s.as_ref().to_owned()).collect();
+        Self::launch(None, args, Vec::new(), None).await
+    }
+
     /// Starts a standalone master whose clients use TLS (`rediss://`; with
     /// `client_cert_auth`, a client certificate is required); `client` is the TLS
     /// configuration [`config`](Self::config) hands out. The harness keeps a plaintext

@@ -13,6 +13,7 @@ mod run_leftovers;
 mod run_member_down;
 mod run_metrics;
 mod run_redis;
+mod run_redis_blips;
 mod run_sigchld_ignored;
 mod run_start_failure;
 mod run_stderr_stuck;

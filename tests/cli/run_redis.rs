@@ -169,3 +169,77 @@ async fn on_redis_cut_off_the_command_is_dead_before_the_next_grant() {
     assert_eq!(status.code(), Some(76), "the lock was lost");
     drop(granted);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_server_that_may_evict_keys_is_refused_unless_allowed() {
+    let redis = RedisServer::start_with_args(&["--maxmemory-policy", "allkeys-lru"])
+        .await
+        .expect("redis");
+    let output = fencelock_on("redis", &[redis.url()], "cli-redis-evicting")
+        .args(["--lock", "job", "--", "true"])
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(70), "{stderr}");
+    assert!(stderr.contains("maxmemory-policy"), "{stderr}");
+    let output = fencelock_on("redis", &[redis.url()], "cli-redis-evicting")
+        .args(["--redis-allow-eviction", "--lock", "job", "--", "true"])
+        .output()
+        .await
+        .expect("run");
+    assert_eq!(output.status.code(), Some(0), "allowed by the flag");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_restart_during_the_wait_does_not_end_it() {
+    let mut redis = RedisServer::start().await.expect("redis");
+    let ns = "cli-redis-restart";
+    let holder = RedisLocker::connect(redis.config(ns))
+        .await
+        .expect("connect");
+    let held = holder
+        .lock("job", &LockOptions::new().with_ttl(Duration::from_secs(5)))
+        .await
+        .expect("lock");
+    let waiting = fencelock_on("redis", &[redis.url()], ns)
+        .args(["--lock", "job", "--wait", "30s", "--", "true"])
+        .stderr(Stdio::piped())
+        .output();
+    let waiting = tokio::spawn(waiting);
+    // Once the waiter listens for the release message, it is waiting.
+    let channel = format!("{ns}:released:job");
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let mut conn = redis.connection().await.expect("connect");
+            let (_, subscribers): (String, u64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channel)
+                .query_async(&mut conn)
+                .await
+                .expect("PUBSUB NUMSUB");
+            if subscribers >= 1 {
+                return;
+            }
+            // No event tells another client that a subscription landed: look every 10 ms.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the waiter subscribes");
+    // Restarted empty: the lock is free once Redis is back.
+    redis.restart().await.expect("restart");
+    let output = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("fencelock exits")
+        .expect("join")
+        .expect("output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "a brief Redis restart ended the wait: {stderr}"
+    );
+    drop(held);
+}

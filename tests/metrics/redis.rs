@@ -1,5 +1,5 @@
-//! Redis: grants, held locks, releases, renewals, and a loss found by the renewal task
-//! (the key deleted behind the holder's back).
+//! Redis: grants, held locks, releases, renewals, a loss found by the renewal task
+//! (the key deleted behind the holder's back), and a token counter that went backwards.
 
 use std::time::Duration;
 
@@ -72,4 +72,25 @@ async fn redis_operations_are_counted() {
         1
     );
     assert_eq!(metrics.gauge(names::LOCKS_HELD, &[REDIS]), 0.0);
+
+    // The token counter flushed: the next grant's token went backwards, is counted, and
+    // the counter is moved forward.
+    let held = locks.lock("m-redis", &options).await.expect("lock");
+    let last = held.token();
+    assert_eq!(
+        held.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut admin)
+        .await
+        .expect("FLUSHALL");
+    assert_eq!(metrics.counter(names::TOKEN_REGRESSIONS, &[REDIS]), 0);
+    let held = locks.lock("m-redis", &options).await.expect("lock");
+    assert!(held.token() > last);
+    assert_eq!(metrics.counter(names::TOKEN_REGRESSIONS, &[REDIS]), 1);
+    assert_eq!(
+        held.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
 }

@@ -26,6 +26,11 @@ pub struct ServiceArgs {
         hide_env_values = true
     )]
     pub redis: String,
+    /// Use Redis servers whose maxmemory-policy may evict keys (anything but noeviction),
+    /// with a warning; refused by default: eviction can remove a held lock's key (two
+    /// holders) or its token counter (tokens start again at 1).
+    #[arg(long, env = "FENCELOCK_REDIS_ALLOW_EVICTION")]
+    pub redis_allow_eviction: bool,
     /// Key namespace (the key prefix on Redis).
     #[arg(long, default_value = "fencelock")]
     pub namespace: String,
@@ -44,7 +49,9 @@ impl ServiceArgs {
 
     /// The Redis client configuration for `urls` (one server, or Redlock's masters).
     pub fn redis_config(&self, urls: impl IntoIterator<Item = String>) -> RedisConfig {
-        let config = RedisConfig::masters(urls).with_prefix(&self.namespace);
+        let config = RedisConfig::masters(urls)
+            .with_prefix(&self.namespace)
+            .with_allow_eviction(self.redis_allow_eviction);
         match self.redis_security.tls() {
             Some(tls) => config.with_tls(tls),
             None => config,

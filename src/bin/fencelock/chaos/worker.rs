@@ -132,7 +132,11 @@ pub async fn work(args: WorkerArgs) -> ExitCode {
                 }
             };
             serve(
-                || async { EtcdLocker::connect(config.clone()).await.map(Library) },
+                || async {
+                    EtcdLocker::connect(config.clone())
+                        .await
+                        .map(|locks| Library(locks, WAIT))
+                },
                 &mut store,
                 &args,
                 &out,
@@ -140,12 +144,17 @@ pub async fn work(args: WorkerArgs) -> ExitCode {
             .await
         }
         ChaosBackend::Redis => {
+            let wait = if args.endpoints.len() > 1 {
+                FAILOVER_WAIT
+            } else {
+                WAIT
+            };
             serve(
                 || async {
                     let url = find_master(&args.endpoints).await?;
                     RedisLocker::connect(redis_config(RedisConfig::new(url), &args))
                         .await
-                        .map(Library)
+                        .map(|locks| Library(locks, wait))
                         .map_err(|e| e.to_string())
                 },
                 &mut store,
@@ -157,7 +166,11 @@ pub async fn work(args: WorkerArgs) -> ExitCode {
         ChaosBackend::Redlock => {
             let config = redis_config(RedisConfig::masters(args.endpoints.clone()), &args);
             serve(
-                || async { RedlockLocker::connect(config.clone()).await.map(Library) },
+                || async {
+                    RedlockLocker::connect(config.clone())
+                        .await
+                        .map(|locks| Library(locks, WAIT))
+                },
                 &mut store,
                 &args,
                 &out,
@@ -337,11 +350,18 @@ trait Grant: Send {
     fn release(self) -> impl Future<Output = Release> + Send;
 }
 
-/// A library backend seen through [`Grants`].
-struct Library<B>(B);
+/// A library backend seen through [`Grants`], and how long one attempt waits.
+struct Library<B>(B, Duration);
 
 /// How long one attempt waits before asking again (every attempt leaves nothing behind).
 const WAIT: Duration = Duration::from_secs(10);
+
+/// The wait of a Redis client that can fail over (a master and its replica): a waiting
+/// acquisition retries a master that stopped answering until its wait runs out, and only
+/// then reports the error on which the worker looks for the promoted replica, as a
+/// Sentinel-aware client would at once. A short wait keeps that within the holder's
+/// section.
+const FAILOVER_WAIT: Duration = Duration::from_millis(300);
 
 impl<B: LockBackend> Grants for Library<B> {
     type Grant = B::Guard;
@@ -350,7 +370,7 @@ impl<B: LockBackend> Grants for Library<B> {
         let options = LockOptions::new()
             .with_ttl(args.ttl)
             .with_renewal(!args.no_renewal)
-            .with_wait_timeout(WAIT);
+            .with_wait_timeout(self.1);
         match self.0.lock(&args.run, &options).await {
             Ok(guard) => Ok(Some(guard)),
             Err(err) if err.is_wait_timeout() => Ok(None),

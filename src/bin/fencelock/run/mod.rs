@@ -77,7 +77,8 @@ pub struct RunArgs {
     /// no later than the lease deadline), and for processes the command leaves behind.
     /// Default: a quarter of --ttl, at most 5s; at most half of --ttl. Renewals go out
     /// every third of --ttl; one that fails or gets no answer within a ninth of --ttl
-    /// (250ms to 1s) is retried at once, then after 100ms, 200ms, ... (at most that ninth):
+    /// (250ms to 1s) is retried (on etcd at once, then) after 100ms, 200ms, ... (at most
+    /// that ninth), on etcd, Redis and Redlock alike:
     /// with the defaults at least three renewal attempts fail before SIGTERM, however
     /// long each hangs.
     #[arg(long, value_parser = parse_duration, allow_hyphen_values = true)]
