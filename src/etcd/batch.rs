@@ -46,7 +46,7 @@
 //!   which is safe).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use etcd_client::{
@@ -154,6 +154,16 @@ impl Request {
             .or_else([TxnOp::get(key, None)])
     }
 
+    /// Bytes this request adds to a batch, roughly: its keys and value.
+    fn bytes(&self) -> usize {
+        match self {
+            Self::Join {
+                prefix, key, value, ..
+            } => prefix.len() + key.len() * 2 + value.len() + 64,
+            Self::Delete { key, .. } => key.len() * 2 + 32,
+        }
+    }
+
     /// Operations this request adds to a batch's success branch: 2 for a join, 1 for a
     /// release (what counts against the server's `--max-txn-ops`).
     fn ops(&self) -> usize {
@@ -241,9 +251,47 @@ impl Request {
     }
 }
 
+/// Where one request stands, shared by its caller and the batcher: whoever moves it out
+/// of `QUEUED` first decides whether it is sent (the batcher, or the caller itself after
+/// [`PATIENCE`]) or withdrawn (its caller went away first).
+#[derive(Debug, Default)]
+pub(super) struct Ticket(AtomicU8);
+
+const QUEUED: u8 = 0;
+const SENT: u8 = 1;
+const WITHDRAWN: u8 = 2;
+
+impl Ticket {
+    /// Claims the request for sending; false if it was withdrawn or claimed already.
+    fn claim(&self) -> bool {
+        self.0
+            .compare_exchange(QUEUED, SENT, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Withdraws the request if it was not sent yet: true means nothing of it ever
+    /// reached the network, so it cannot land later.
+    pub(super) fn withdraw(&self) -> bool {
+        self.0
+            .compare_exchange(QUEUED, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+}
+
+/// How long a request waits in the queue before it goes out alone: a batch round trip
+/// takes milliseconds; one this slow is stuck on a stalled member or a lost answer, and a
+/// request behind it must not share its fate (nor wait its request timeout).
+const PATIENCE: Duration = Duration::from_millis(250);
+
+/// The most bytes of keys and values one batch carries: well inside etcd's default
+/// `--max-request-bytes` (1.5 MiB) and gRPC's 4 MiB, so that large values (election
+/// candidates) cannot make a batch the server refuses while each member alone fits.
+const MAX_BATCH_BYTES: usize = 512 * 1024;
+
 /// A request waiting for the batch in flight to return.
 struct Queued {
     request: Request,
+    ticket: Arc<Ticket>,
     reply: oneshot::Sender<Sent>,
 }
 
@@ -292,14 +340,16 @@ impl Batcher {
     }
 
     /// Sends `request`: at once and alone if nothing of this session is in flight, else in
-    /// the next batch.
+    /// the next batch, or alone after [`PATIENCE`] if no batch took it by then. `ticket`
+    /// tells the caller, if this future is dropped, whether the request was ever sent
+    /// ([`Ticket::withdraw`]).
     ///
     /// # Cancel safety
-    /// Dropping the future before the request was sent withdraws it. Dropped after, the
-    /// request may still be applied, as any request whose answer nobody waited for: the
-    /// caller must treat it as sent without an answer.
-    pub(super) async fn send(self: &Arc<Self>, request: Request) -> Sent {
-        match self.route(request) {
+    /// Dropping the future before the request was sent withdraws it (see `ticket`).
+    /// Dropped after, the request may still be applied, as any request whose answer nobody
+    /// waited for: the caller must treat it as sent without an answer.
+    pub(super) async fn send(self: &Arc<Self>, request: Request, ticket: Arc<Ticket>) -> Sent {
+        match self.route(request, &ticket) {
             Route::Alone(request) => request.send_alone(&self.kv, self.timeout).await,
             Route::Lead(request) => {
                 // Whatever becomes of this future, what queues behind it goes out.
@@ -309,39 +359,71 @@ impl Batcher {
                 sent
             }
             Route::Queued {
-                answer,
+                mut answer,
                 operation,
                 lock,
-            } => answer.await.unwrap_or_else(|_| Attempts {
-                result: Err(LockError::Backend {
-                    backend: Backend::Etcd,
-                    operation,
-                    lock: Some(lock),
-                    source: "the batch task stopped (runtime shutting down?)".into(),
-                }),
-                ambiguous: true,
-            }),
+            } => {
+                let stopped = |_| Attempts {
+                    result: Err(LockError::Backend {
+                        backend: Backend::Etcd,
+                        operation,
+                        lock: Some(lock.clone()),
+                        source: "the batch task stopped (runtime shutting down?)".into(),
+                    }),
+                    ambiguous: true,
+                };
+                if let Ok(answer) = tokio::time::timeout(PATIENCE, &mut answer).await {
+                    return answer.unwrap_or_else(stopped);
+                }
+                match self.reclaim(&ticket) {
+                    Some(request) => {
+                        tracing::debug!("queued past patience; sending alone");
+                        request.send_alone(&self.kv, self.timeout).await
+                    }
+                    // A batch took it meanwhile.
+                    None => answer.await.unwrap_or_else(stopped),
+                }
+            }
         }
     }
 
     /// Decides how `request` goes out, queueing it if something is in flight.
-    fn route(&self, request: Request) -> Route {
+    fn route(&self, request: Request, ticket: &Arc<Ticket>) -> Route {
         if self.limit.load(Ordering::Relaxed) <= 1 {
+            ticket.claim();
             return Route::Alone(request);
         }
         let mut state = self.state();
         if state.in_flight < IN_FLIGHT {
             state.in_flight += 1;
+            ticket.claim();
             return Route::Lead(request);
         }
         let (operation, lock) = (request.operation(), request.name().to_owned());
         let (reply, answer) = oneshot::channel();
-        state.queue.push_back(Queued { request, reply });
+        state.queue.push_back(Queued {
+            request,
+            ticket: ticket.clone(),
+            reply,
+        });
         Route::Queued {
             answer,
             operation,
             lock,
         }
+    }
+
+    /// Takes a queued request back to send it alone, if no batch took it yet.
+    fn reclaim(&self, ticket: &Arc<Ticket>) -> Option<Request> {
+        let mut state = self.state();
+        let at = state
+            .queue
+            .iter()
+            .position(|queued| Arc::ptr_eq(&queued.ticket, ticket))?;
+        if !ticket.claim() {
+            return None;
+        }
+        state.queue.remove(at).map(|queued| queued.request)
     }
 
     /// The request or batch in flight returned (or its sender went away): sends what
@@ -352,13 +434,14 @@ impl Batcher {
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
+                // Made before the spawn and moved into the task: dropped unpolled (a runtime
+                // shutting down) or midway, the task leaves the batcher with one sender
+                // fewer, not busy with nobody to drive it.
+                let driving = Driving(Some(self.clone()));
                 let this = self.clone();
                 let span = tracing::debug_span!("etcd batch");
                 runtime.spawn(
                     async move {
-                        // Stopped midway (the runtime shutting down), the task leaves the
-                        // batcher with one sender fewer, not busy with nobody to drive it.
-                        let driving = Driving(Some(this.clone()));
                         let mut batch = batch;
                         loop {
                             this.send_batch(batch).await;
@@ -388,42 +471,71 @@ impl Batcher {
         state.in_flight = state.in_flight.saturating_sub(1);
     }
 
-    /// The next batch: queued requests whose callers still wait, oldest first, at most
-    /// one per lock name, at most the limit of operations (a lone request may exceed it).
-    /// `None` (and one sender fewer in flight) when nothing
-    /// is queued.
+    /// The next batch: queued requests not withdrawn, oldest first, at most one per lock
+    /// name, at most the limit of operations and [`MAX_BATCH_BYTES`] (a lone request may
+    /// exceed them). A request about a name already in the batch goes out alone at once,
+    /// beside it, rather than wait a round trip per request of that name. `None` (and one
+    /// sender fewer in flight) when nothing is queued.
     fn take_batch(&self) -> Option<Vec<Queued>> {
         let limit = self.limit.load(Ordering::Relaxed).max(1);
         let mut state = self.state();
         let mut batch: Vec<Queued> = Vec::new();
-        let mut ops = 0;
+        let (mut ops, mut bytes) = (0, 0);
         let mut left = VecDeque::new();
+        let mut beside = Vec::new();
         while let Some(queued) = state.queue.pop_front() {
             if queued.reply.is_closed() {
                 // Its caller went away before it was sent: withdrawn.
+                queued.ticket.withdraw();
                 continue;
             }
             let same_name = batch
                 .iter()
                 .any(|member| member.request.prefix() == queued.request.prefix());
-            let more = queued.request.ops();
-            if ops + more <= limit && !same_name {
-                ops += more;
+            let (more_ops, more_bytes) = (queued.request.ops(), queued.request.bytes());
+            let fits = ops + more_ops <= limit && bytes + more_bytes <= MAX_BATCH_BYTES;
+            if same_name && queued.ticket.claim() {
+                beside.push(queued);
+            } else if (fits || batch.is_empty() && left.is_empty()) && !same_name {
+                if !queued.ticket.claim() {
+                    // Withdrawn, or sent alone by its caller.
+                    continue;
+                }
+                ops += more_ops;
+                bytes += more_bytes;
                 batch.push(queued);
-            } else {
+            } else if !same_name {
                 left.push_back(queued);
             }
         }
         state.queue = left;
-        if batch.is_empty() {
-            if let Some(first) = state.queue.pop_front() {
-                // More operations than the limit on its own: it goes alone.
-                return Some(vec![first]);
-            }
+        // Decided under the lock: a request that finds the batcher busy is queued only
+        // while a sender is still bound to take it.
+        let idle = batch.is_empty();
+        if idle {
             state.in_flight = state.in_flight.saturating_sub(1);
-            None
-        } else {
-            Some(batch)
+        }
+        drop(state);
+        if !beside.is_empty() {
+            self.send_beside(beside);
+        }
+        if idle { None } else { Some(batch) }
+    }
+
+    /// Sends each request alone, concurrently, in tasks of their own.
+    fn send_beside(&self, requests: Vec<Queued>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        for member in requests {
+            let (kv, timeout) = (self.kv.clone(), self.timeout);
+            runtime.spawn(
+                async move {
+                    let sent = member.request.send_alone(&kv, timeout).await;
+                    let _ = member.reply.send(sent);
+                }
+                .in_current_span(),
+            );
         }
     }
 
@@ -509,9 +621,10 @@ impl Batcher {
                     let _ = member.reply.send(sent);
                 }
             }
-            Err(err) if !ambiguous && !may_have_applied(&err) => {
-                // Refused whole, nothing applied: each member on its own, so that one
-                // member's refusal is not another's.
+            Err(err) if !may_have_applied(&err) => {
+                // This attempt was refused whole: each member on its own, so that one
+                // member's refusal is not another's (an earlier attempt without an answer
+                // stays on each member's account).
                 if err.to_string().contains("too many operations") {
                     let lower = (ops / 2).max(1);
                     self.limit.fetch_min(lower, Ordering::Relaxed);
@@ -524,7 +637,8 @@ impl Batcher {
                     let timeout = self.timeout;
                     alone.spawn(
                         async move {
-                            let sent = member.request.send_alone(&kv, timeout).await;
+                            let mut sent = member.request.send_alone(&kv, timeout).await;
+                            sent.ambiguous |= ambiguous;
                             let _ = member.reply.send(sent);
                         }
                         .in_current_span(),

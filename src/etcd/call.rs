@@ -117,8 +117,10 @@ const NEVER_SENT: [&str; 4] = [
 /// etcd's answers that refuse a request before it enters Raft, or that Raft refused on
 /// every member alike (`etcdserver/api/v3rpc/rpctypes/error.go`; `v3_server.go`
 /// `processInternalRaftRequestOnce`, `apply.go`, `apply_auth.go`).
-const REFUSED: [&str; 8] = [
+const REFUSED: [&str; 9] = [
     "etcdserver: too many requests",
+    // gRPC's own refusal of a request over the server's receive limit, before any handler.
+    "grpc: received message larger than max",
     "etcdserver: request is too large",
     "etcdserver: too many operations in txn request",
     "etcdserver: duplicate key given in txn request",

@@ -34,12 +34,13 @@
 //! not at all, so every rule above holds per member (a batch without an answer leaves
 //! every member's fate unknown).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use etcd_client::{GetOptions, GetResponse, TxnOpResponse};
 use tokio::time::Duration;
 
-use super::batch::{Answer, Request};
+use super::batch::{Answer, Request, Ticket};
 use super::call::{Attempts, malformed};
 use super::keys;
 use super::session::{Session, SessionInner};
@@ -64,6 +65,9 @@ pub(super) struct QueueKey {
     join_unknown: bool,
     /// Some request about this key got no answer: the name is never given back.
     spent: AtomicBool,
+    /// The join's place in the session's batcher: withdrawn before it was sent, it can
+    /// never land.
+    join_ticket: Option<Arc<Ticket>>,
 }
 
 /// What joining the queue found.
@@ -102,6 +106,7 @@ impl QueueKey {
             value,
             join_unknown: false,
             spent: AtomicBool::new(false),
+            join_ticket: None,
         }
     }
 
@@ -117,6 +122,7 @@ impl QueueKey {
             value: std::mem::take(&mut self.value),
             join_unknown: self.join_unknown,
             spent: AtomicBool::new(self.spent.load(Ordering::Acquire)),
+            join_ticket: self.join_ticket.clone(),
         }
     }
 
@@ -140,6 +146,14 @@ impl QueueKey {
         }
     }
 
+    /// Withdraws the join if it is still queued in the session's batcher: true means it
+    /// was never sent, so no key can come of it.
+    fn withdraw_join(&self) -> bool {
+        self.join_ticket
+            .as_ref()
+            .is_some_and(|ticket| ticket.withdraw())
+    }
+
     /// A request about this key got no answer: its name is never used again.
     pub(super) fn spend(&self) {
         self.spent.store(true, Ordering::Release);
@@ -154,6 +168,8 @@ impl QueueKey {
     /// key back instead (and checks it is this acquisition's), and the caller reads its
     /// place separately.
     pub(super) async fn create(&mut self, read: GetOptions) -> Result<Joined, LockError> {
+        let ticket = Arc::new(Ticket::default());
+        self.join_ticket = Some(ticket.clone());
         let inner = self.inner();
         let request = Request::Join {
             name: self.name.clone(),
@@ -163,7 +179,7 @@ impl QueueKey {
             lease: inner.lease_id(),
             read,
         };
-        let Attempts { result, ambiguous } = inner.batch.send(request).await;
+        let Attempts { result, ambiguous } = inner.batch.send(request, ticket).await;
         if ambiguous {
             self.mark_join_unknown();
         }
@@ -243,7 +259,8 @@ impl QueueKey {
             prefix: self.prefix.clone(),
             key: self.key.clone(),
         };
-        let Attempts { result, ambiguous } = inner.batch.send(request).await;
+        let ticket = Arc::new(Ticket::default());
+        let Attempts { result, ambiguous } = inner.batch.send(request, ticket).await;
         if ambiguous {
             self.spend();
         }
@@ -381,6 +398,12 @@ impl Drop for Cleanup {
             return;
         };
         if !self.answered {
+            if key.withdraw_join() {
+                // Dropped while its join waited to be batched: nothing was sent, nothing
+                // can land, nothing is there to remove.
+                key.give_back();
+                return;
+            }
             // Dropped while the join was in flight: it may still land.
             key.mark_join_unknown();
         }

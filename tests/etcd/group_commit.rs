@@ -297,3 +297,111 @@ async fn a_batch_whose_answer_is_lost_leaves_no_key_that_blocks_a_lock() {
     }
     crate::support::released(lead.release().await);
 }
+
+/// A lone join slowed to `delay` each way, with `name` started behind it: `name` queues.
+async fn behind_a_slow_lead(
+    test: &str,
+    delay: Duration,
+) -> (
+    fencelock::testkit::EtcdCluster,
+    fencelock::testkit::FaultProxy,
+    EtcdLocker,
+    String,
+) {
+    let cluster = etcd().await;
+    let ns = namespace(test);
+    let proxy =
+        fencelock::testkit::FaultProxy::start(crate::support::address(&cluster.endpoint(0)))
+            .await
+            .expect("proxy");
+    let client = crate::support::locker_through(&proxy, &ns, Duration::from_secs(5)).await;
+    client
+        .session(Duration::from_secs(30))
+        .await
+        .expect("session");
+    proxy.delay(delay);
+    (cluster, proxy, client, ns)
+}
+
+// One thread: the tasks run in the order they were started, so "lead" goes first.
+#[tokio::test]
+async fn a_join_dropped_while_queued_was_never_sent_and_retires_nothing() {
+    let (cluster, _proxy, client, ns) =
+        behind_a_slow_lead("group-commit-withdrawn", Duration::from_millis(150)).await;
+    let first = client
+        .session(Duration::from_secs(30))
+        .await
+        .expect("session");
+    let lead = lock_all(&client, &["lead".to_owned()]).remove(0);
+    let queued = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            tokio::time::timeout(Duration::from_millis(100), client.lock("q", &options())).await
+        })
+    };
+    assert!(
+        queued.await.expect("task").is_err(),
+        "the queued call is dropped at 100 ms"
+    );
+    let lead = lead.await.expect("task").expect("lead granted");
+
+    // Withdrawn unsent: the session is not retired, and no key of "q" was ever written.
+    let still = client
+        .session(Duration::from_secs(30))
+        .await
+        .expect("session");
+    assert_eq!(
+        first.lease_id(),
+        still.lease_id(),
+        "a join that was never sent retired the session"
+    );
+    let mut admin = cluster.client().await.expect("client");
+    let end = format!("{ns}/q/~end");
+    admin.put(end.as_str(), "", None).await.expect("marker");
+    let mut history = admin
+        .watch(
+            format!("{ns}/q/"),
+            Some(
+                etcd_client::WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(1),
+            ),
+        )
+        .await
+        .expect("watch");
+    let mut written = Vec::new();
+    'history: while let Some(response) = history.message().await.expect("watch") {
+        for event in response.events() {
+            let key = event
+                .kv()
+                .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+                .unwrap_or_default();
+            if key == end {
+                break 'history;
+            }
+            written.push(key);
+        }
+    }
+    assert!(written.is_empty(), "keys of q written: {written:?}");
+    crate::support::released(lead.release().await);
+}
+
+#[tokio::test]
+async fn a_request_queued_behind_a_slow_one_goes_alone_after_a_while() {
+    // The lone join takes 1.2 s; one queued behind it and batched after it would take
+    // 2.4 s, where alone after the queue's patience (250 ms) it takes about 1.45 s.
+    let (_cluster, _proxy, client, _ns) =
+        behind_a_slow_lead("group-commit-patience", Duration::from_millis(600)).await;
+    let mut taking = lock_all(&client, &["lead".to_owned(), "q".to_owned()]).into_iter();
+    let (lead, queued) = (taking.next().expect("lead"), taking.next().expect("queued"));
+    let started = tokio::time::Instant::now();
+    let queued = queued.await.expect("task").expect("q granted");
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(2000),
+        "q waited {took:?} behind the slow request"
+    );
+    let lead = lead.await.expect("task").expect("lead granted");
+    crate::support::released(queued.release().await);
+    crate::support::released(lead.release().await);
+}
