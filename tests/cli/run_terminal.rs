@@ -109,3 +109,40 @@ async fn a_command_that_reads_the_terminal_is_not_stopped_for_good() {
     assert!(status.success(), "{status}");
     drop(typed);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_fencelock_is_not_stopped_by_its_own_output_under_tostop() {
+    let etcd = EtcdCluster::single().await.expect("etcd");
+    let mut terminal = Command::new("script")
+        .args(["-qec", "bash --norc --noprofile -i", "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("script");
+    let mut typed = terminal.stdin.take().expect("stdin");
+    let mut lines = BufReader::new(terminal.stdout.take().expect("stdout")).lines();
+    // In the background, with `tostop`: a write to the terminal stops the writer's group.
+    let line = format!(
+        "stty tostop; {} run --etcd {} --namespace cli-terminal-tostop --lock job --ttl 2s -- \
+         sh -c 'echo run\"\"ning; sleep 2; echo fin\"\"ished' &\n",
+        env!("CARGO_BIN_EXE_fencelock"),
+        etcd.endpoint(0),
+    );
+    typed.write_all(line.as_bytes()).await.expect("type");
+    until_line(&mut lines, "running").await;
+    // SIGTSTP while it holds: refused, with a line on stderr, the terminal.
+    typed
+        .write_all(b"kill -TSTP %1; wait %1; echo exit-\"\"status $?\n")
+        .await
+        .expect("type");
+    until_line(&mut lines, "finished").await;
+    let status = until_line(&mut lines, "exit-status").await;
+    assert!(
+        status.contains("exit-status 0"),
+        "fencelock was stopped by its own diagnostic (SIGTTOU): {status}"
+    );
+    typed.write_all(b"exit\n").await.expect("type");
+    let _ = tokio::time::timeout(Duration::from_secs(5), terminal.wait()).await;
+}

@@ -167,6 +167,13 @@ fn reset_sigchld() -> std::io::Result<()> {
         if libc::sigaction(libc::SIGCHLD, &action, std::ptr::null_mut()) != 0 {
             return Err(std::io::Error::last_os_error());
         }
+        // A background fencelock on a terminal with `stty tostop` would be stopped by
+        // its own diagnostic line (SIGTTOU), with SIGKILL still due by the lease
+        // deadline: ignored, the write goes through.
+        action.sa_sigaction = libc::SIG_IGN;
+        if libc::sigaction(libc::SIGTTOU, &action, std::ptr::null_mut()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
     }
     Ok(())
 }
