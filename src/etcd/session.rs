@@ -355,6 +355,18 @@ fn backoff(failures: u32, cap: Duration) -> Duration {
     doubled.min(cap)
 }
 
+/// [`backoff`], with each pause drawn between half and all of it: many clients that lost
+/// the same member (a leader election) do not reconnect, and authenticate, in lockstep.
+fn jittered(pause: Duration) -> Duration {
+    use std::hash::BuildHasher;
+    // A fresh RandomState is keyed anew: its hash of anything is a random number.
+    let draw = std::collections::hash_map::RandomState::new().hash_one(pause);
+    let half = pause / 2;
+    #[allow(clippy::cast_precision_loss)]
+    let extra = half.mul_f64((draw % 1000) as f64 / 1000.0);
+    half + extra
+}
+
 impl KeepAlive {
     /// Renews every TTL/3 until the session is dropped or closed, the lease is lost, or
     /// renewal is stopped (then the lease runs out its TTL). A keep-alive that fails or
@@ -407,7 +419,7 @@ impl KeepAlive {
                         tracing::debug!(%why, "keep-alive stream broke; reopening");
                         stream = None;
                         self.failures += 1;
-                        next_send = Instant::now() + backoff(self.failures, answer_wait);
+                        next_send = Instant::now() + jittered(backoff(self.failures, answer_wait));
                     }
                 },
                 _ = tokio::time::sleep_until(next_send) => {
@@ -448,7 +460,7 @@ impl KeepAlive {
                                 crate::metrics::renewals(Backend::Etcd, 0, 1);
                                 tracing::debug!(%why, failures = self.failures, "could not reopen keep-alive stream");
                                 self.failures += 1;
-                                next_send = Instant::now() + backoff(self.failures, answer_wait);
+                                next_send = Instant::now() + jittered(backoff(self.failures, answer_wait));
                             }
                         }
                     }
@@ -618,5 +630,14 @@ mod tests {
         let delays: Vec<u128> = (1..=6).map(|n| backoff(n, cap).as_millis()).collect();
         assert_eq!(delays, [100, 200, 400, 800, 1000, 1000]);
         assert_eq!(backoff(u32::MAX, cap), cap);
+    }
+
+    #[test]
+    fn jittered_pauses_fall_between_half_and_all_and_differ() {
+        let pause = Duration::from_millis(400);
+        let drawn: Vec<Duration> = (0..50).map(|_| jittered(pause)).collect();
+        assert!(drawn.iter().all(|d| *d >= pause / 2 && *d <= pause));
+        let first = drawn[0];
+        assert!(drawn.iter().any(|d| *d != first), "no two draws differ");
     }
 }
