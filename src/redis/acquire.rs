@@ -91,27 +91,34 @@ async fn acquire_uncounted(
         .wait_timeout()
         .filter(|_| wait)
         .map(|timeout| (acquisition.started + timeout, timeout));
+    let mut cut_short = false;
     let outcome = match deadline {
         Some((deadline, timeout)) => {
             match tokio::time::timeout_at(deadline, acquisition.run(wait)).await {
                 Ok(outcome) => outcome,
                 // Cut short in a request: the last request error if the one before
                 // failed too, else a wait timeout.
-                Err(_) => Err(acquisition
-                    .last_error
-                    .take()
-                    .unwrap_or(LockError::WaitTimeout {
-                        name: name.to_owned(),
-                        waited: timeout,
-                    })),
+                Err(_) => Err({
+                    cut_short = true;
+                    acquisition
+                        .last_error
+                        .take()
+                        .unwrap_or(LockError::WaitTimeout {
+                            name: name.to_owned(),
+                            waited: timeout,
+                        })
+                }),
             }
         }
         None => acquisition.run(wait).await,
     };
     // A granted lock now belongs to its guard; a refused attempt set nothing (Redlock
-    // undoes partial grants itself), and a wait timeout came after a refused attempt.
-    // Only a failed request may have been applied without our knowing.
-    acquisition.armed = matches!(&outcome, Err(err) if !err.is_wait_timeout());
+    // undoes partial grants itself), and a wait timeout the loop returned came after a
+    // refused attempt. A failed request may have been applied without our knowing, and
+    // so may an attempt the deadline cut short in flight (its SET lands after we gave
+    // up): both are cleaned up (a compare-and-delete of our own value, harmless if
+    // nothing was set).
+    acquisition.armed = cut_short || matches!(&outcome, Err(err) if !err.is_wait_timeout());
     outcome
 }
 

@@ -84,3 +84,42 @@ async fn a_waiter_whose_pubsub_connection_hangs_still_gets_the_lock() {
     proxy.resume();
     released(fencelock::LockGuard::release(guard).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_cut_short_by_the_wait_timeout_leaves_no_key_behind() {
+    let server = redis().await;
+    let prefix = prefix("bounded-cut-short");
+    let proxy = proxy_to(&server).await;
+    let config = RedisConfig::new(format!("redis://{}/", proxy.address()))
+        .with_prefix(&prefix)
+        .with_request_timeout(Duration::from_secs(10));
+    let waiter = RedisLocker::connect(config).await.expect("connect");
+    let other = locker(&server, &prefix).await;
+
+    // The lock is free; the waiter's attempt is in flight (held by the paused link) when
+    // its wait times out, and lands once the link resumes.
+    proxy.pause();
+    let options = LockOptions::new()
+        .with_ttl(Duration::from_secs(30))
+        .with_wait_timeout(Duration::from_millis(300));
+    let err = within(
+        Duration::from_secs(5),
+        "lock returns",
+        waiter.lock("job", &options),
+    )
+    .await
+    .expect_err("cut short");
+    assert!(err.is_wait_timeout() || err.is_timeout(), "{err}");
+    proxy.resume();
+
+    // The late SET's key is cleaned up behind it: nobody's lock for 30 s it is not.
+    let wait = LockOptions::new().with_wait_timeout(Duration::from_secs(5));
+    let guard = within(
+        Duration::from_secs(10),
+        "the other client's lock",
+        other.lock("job", &wait),
+    )
+    .await
+    .expect("the lock is free again within seconds, not the late key's 30 s TTL");
+    released(fencelock::LockGuard::release(guard).await);
+}

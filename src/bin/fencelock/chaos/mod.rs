@@ -69,6 +69,13 @@ pub struct ChaosArgs {
     /// The soak's clients, each with its own connection and proxies.
     #[arg(long, default_value_t = 4, requires = "soak")]
     pub soak_clients: usize,
+    /// Tasks each soak client runs at once (on one session: requests of different names
+    /// batch).
+    #[arg(long, default_value_t = 6, requires = "soak")]
+    pub soak_tasks: usize,
+    /// Lock names the soak's tasks share.
+    #[arg(long, default_value_t = 6, requires = "soak")]
+    pub soak_names: usize,
     /// The etcd binary the soak's cluster runs (default: `etcd` on `PATH`).
     #[arg(long, env = "FENCELOCK_ETCD_BIN", value_name = "PATH")]
     pub etcd_bin: Option<PathBuf>,
@@ -86,7 +93,9 @@ async fn soak(args: &ChaosArgs, duration: Duration) -> BoxResult<bool> {
     );
     let mut config = fencelock::testkit::soak::SoakConfig::new(seed)
         .with_duration(duration)
-        .with_clients(args.soak_clients);
+        .with_clients(args.soak_clients)
+        .with_tasks(args.soak_tasks)
+        .with_names(args.soak_names);
     if let Some(binary) = &args.etcd_bin {
         config = config.with_etcd_binary(binary);
     }
