@@ -197,8 +197,9 @@ impl Acquisition {
                     // token have no such order to check).
                     let token = if self.core.backend == Backend::Redis && self.keys.slots.len() == 1
                     {
+                        let key = self.keys.granted(slot).lock;
                         self.core
-                            .checked_token(&self.keys, token, &self.name)
+                            .checked_token(&self.keys, &key, &self.owner, token, &self.name)
                             .await?
                     } else {
                         token

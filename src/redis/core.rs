@@ -64,10 +64,14 @@ impl Core {
     /// client saw for that lock. A token not above it means the counter went backwards
     /// (evicted, flushed, a failover): reported (`tracing::warn!`, the
     /// `fencelock_token_regressions_total` metric), and the counter is moved forward,
-    /// which gives this grant (the lock is ours) a token above every earlier one.
+    /// which gives this grant a token above every earlier one, if the lock (`key`) still
+    /// holds `owner` when that runs; if not, the grant was lost meanwhile and this says so
+    /// (a newer token must not go to a lost grant, above the live holder's).
     pub(crate) async fn checked_token(
         &self,
         keys: &LockKeys,
+        key: &str,
+        owner: &str,
         token: FencingToken,
         name: &str,
     ) -> Result<FencingToken, LockError> {
@@ -81,7 +85,12 @@ impl Core {
                     "the token counter went backwards (evicted or flushed?); moving it forward"
                 );
                 crate::metrics::token_regression(self.backend);
-                node.advance_counter(&keys.counter, last, name).await?
+                node.advance_counter(&keys.counter, key, owner, last, name)
+                    .await?
+                    .ok_or_else(|| LockError::LeaseLost {
+                        lock: Some(name.to_owned()),
+                        reason: crate::LossReason::Expired,
+                    })?
             }
             _ => token,
         };

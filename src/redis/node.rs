@@ -177,12 +177,14 @@ impl Node {
     pub(crate) async fn advance_counter(
         &self,
         counter: &str,
+        key: &str,
+        owner: &str,
         floor: FencingToken,
         lock: &str,
-    ) -> Result<FencingToken, LockError> {
+    ) -> Result<Option<FencingToken>, LockError> {
         let mut conn = self.conn.clone();
         let mut invocation = scripts::ADVANCE.prepare_invoke();
-        invocation.key(counter).arg(floor.get());
+        invocation.key(counter).key(key).arg(floor.get()).arg(owner);
         let token: i64 = self
             .call(
                 "advance token",
@@ -190,8 +192,11 @@ impl Node {
                 invocation.invoke_async(&mut conn),
             )
             .await?;
+        if token == -1 {
+            return Ok(None);
+        }
         u64::try_from(token)
-            .map(FencingToken::new)
+            .map(|token| Some(FencingToken::new(token)))
             .map_err(|_| malformed(self.backend, "advance token", lock))
     }
 

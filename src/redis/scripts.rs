@@ -66,13 +66,19 @@ return renewed
     )
 });
 
-/// `KEYS[1]` a token counter; `ARGV[1]` the highest token this client saw for it. Moves
-/// the counter up to that if it went backwards (evicted, flushed), then `INCR`s it:
-/// returns a token above every one handed out before. Run by a holder whose grant came
-/// with a token that went backwards.
+/// `KEYS[1]` a token counter, `KEYS[2]` its lock; `ARGV[1]` the highest token this
+/// client saw for it, `ARGV[2]` the holder's owner value. If the lock still holds that
+/// owner, moves the counter up to `ARGV[1]` if it went backwards (evicted, flushed), then
+/// `INCR`s it: returns a token above every one handed out before. Returns -1, changing
+/// nothing, if the lock is not the holder's any more (expired or deleted before this ran):
+/// a newer token must never go to a grant that was already lost, above the live
+/// holder's. Run by a holder whose grant came with a token that went backwards.
 pub(crate) static ADVANCE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+if redis.call('GET', KEYS[2]) ~= ARGV[2] then
+  return -1
+end
 local current = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 if current < tonumber(ARGV[1]) then
   redis.call('SET', KEYS[1], ARGV[1])

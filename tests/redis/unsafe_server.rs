@@ -73,3 +73,81 @@ async fn a_token_counter_that_went_backwards_is_moved_forward() {
     assert!(guard.token() > last);
     released(guard.release().await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_lost_before_its_counter_moves_forward_gets_no_newer_token() {
+    let server = redis().await;
+    let prefix = prefix("regression-lost");
+    let proxy = fencelock::testkit::FaultProxy::start(
+        format!("127.0.0.1:{}", server.port())
+            .parse()
+            .expect("address"),
+    )
+    .await
+    .expect("proxy");
+    let slow = RedisLocker::connect(
+        RedisConfig::new(format!("redis://{}/", proxy.address())).with_prefix(&prefix),
+    )
+    .await
+    .expect("connect");
+    let other = locker(&server, &prefix).await;
+    let mut last = None;
+    for _ in 0..3 {
+        let guard = slow.lock("job", &LockOptions::new()).await.expect("lock");
+        last = Some(guard.token());
+        released(guard.release().await);
+    }
+    let last = last.expect("three grants");
+    // The counter goes backwards; the slow client's next grant comes with token 1, and
+    // moving the counter forward takes it one more round trip on a slow link.
+    let mut conn = server.connection().await.expect("connect");
+    let counter = format!("{prefix}:token:job");
+    let key = format!("{prefix}:lock:job");
+    redis::cmd("DEL")
+        .arg(&counter)
+        .query_async::<()>(&mut conn)
+        .await
+        .expect("DEL");
+    proxy.delay(std::time::Duration::from_millis(300));
+    let taking = tokio::spawn(async move { slow.lock("job", &LockOptions::new()).await });
+    // Its key lands; before the counter moves, the key goes (an operator, an expiry) and
+    // another client takes the lock.
+    crate::support::within(
+        std::time::Duration::from_secs(5),
+        "the slow grant lands",
+        async {
+            loop {
+                let exists: bool = redis::cmd("EXISTS")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("EXISTS");
+                if exists {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        },
+    )
+    .await;
+    redis::cmd("DEL")
+        .arg(&key)
+        .query_async::<()>(&mut conn)
+        .await
+        .expect("DEL");
+    let live = other
+        .try_lock("job", &LockOptions::new())
+        .await
+        .expect("try_lock")
+        .expect("the lock is free");
+    match taking.await.expect("task") {
+        Ok(stale) => assert!(
+            stale.token() < live.token(),
+            "the lost grant got token {} above the live holder's {} (last seen {last})",
+            stale.token(),
+            live.token()
+        ),
+        Err(err) => assert!(err.is_lost(), "{err}"),
+    }
+    released(live.release().await);
+}
