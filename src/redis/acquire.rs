@@ -182,7 +182,15 @@ impl Acquisition {
                 // An earlier attempt failed and may have been applied: the lock may hold
                 // our owner value, and we would wait out our own TTL. Undo it first.
                 match self.undo().await {
-                    Ok(()) => self.uncertain = false,
+                    Ok(()) => {
+                        self.uncertain = false;
+                        // Redlock's undo answers at a quorum and finishes in the
+                        // background; one master's compare-and-delete can even run after
+                        // our next SET (a reconnect, a NOSCRIPT reload): with the same
+                        // owner value it would delete our fresh key. A new value per
+                        // attempt after an undo makes a late undo harmless.
+                        self.owner = owner_value();
+                    }
                     Err(err) => {
                         self.retry_after(err, deadline).await?;
                         continue;
@@ -293,7 +301,7 @@ impl Acquisition {
     /// awaited at most [`per_master_timeout`]: a master that stops answering costs
     /// neither time nor the lock (issue 21). What it may still apply later is undone in
     /// the background when the attempt is refused, and is ours anyway when granted.
-    async fn attempt(&self) -> Result<Attempt, LockError> {
+    async fn attempt(&mut self) -> Result<Attempt, LockError> {
         let ttl = self.options.ttl();
         let nodes = &self.core.nodes;
         if let [node] = &nodes[..] {
@@ -303,10 +311,11 @@ impl Acquisition {
         let quorum = self.core.quorum;
         let per_master = per_master_timeout(self.core.config.request_timeout, ttl);
         let sent = Instant::now();
+        let this: &Self = self;
         let mut pending: FuturesUnordered<_> = nodes
             .iter()
             .map(|node| {
-                let attempt = node.acquire(&self.keys, &self.owner, ttl, &self.name);
+                let attempt = node.acquire(&this.keys, &this.owner, ttl, &this.name);
                 async move {
                     tokio::time::timeout(per_master, attempt)
                         .await
@@ -314,7 +323,7 @@ impl Acquisition {
                             Err(LockError::Timeout {
                                 backend,
                                 operation: "acquire",
-                                lock: Some(self.name.clone()),
+                                lock: Some(this.name.clone()),
                                 after: per_master,
                             })
                         })
@@ -366,6 +375,9 @@ impl Acquisition {
                     tracing::debug!(%err, "undoing a partial Redlock grant failed; TTLs will");
                 }
             });
+            // That undo may run after our next attempt's SET on some master (nothing
+            // orders it before): the next attempt uses an owner value of its own.
+            self.owner = owner_value();
         }
         let remaining = refused
             .iter()
