@@ -492,6 +492,15 @@ impl Batcher {
             let same_name = batch
                 .iter()
                 .any(|member| member.request.prefix() == queued.request.prefix());
+            // A request about a lock whose earlier request stays queued stays behind it:
+            // one session's requests about one lock go out in order.
+            if left
+                .iter()
+                .any(|earlier: &Queued| earlier.request.prefix() == queued.request.prefix())
+            {
+                left.push_back(queued);
+                continue;
+            }
             let (more_ops, more_bytes) = (queued.request.ops(), queued.request.bytes());
             let fits = ops + more_ops <= limit && bytes + more_bytes <= MAX_BATCH_BYTES;
             if same_name && queued.ticket.claim() {

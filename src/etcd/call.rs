@@ -119,7 +119,9 @@ const NEVER_SENT: [&str; 4] = [
 /// `processInternalRaftRequestOnce`, `apply.go`, `apply_auth.go`).
 const REFUSED: [&str; 9] = [
     "etcdserver: too many requests",
-    // gRPC's own refusal of a request over the server's receive limit, before any handler.
+    // gRPC's own refusal of a request over the server's receive limit, before any handler
+    // (etcd's grpc-go server). Behind an `etcd grpc-proxy` the proxy's client could say
+    // the same of an answer after the request was applied: no proxy is assumed.
     "grpc: received message larger than max",
     "etcdserver: request is too large",
     "etcdserver: too many operations in txn request",
