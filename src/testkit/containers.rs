@@ -122,8 +122,9 @@ impl ContainerEtcdCluster {
     async fn wait_for_every_member(&self) -> Result<(), TestkitError> {
         let deadline = Instant::now() + START_TIMEOUT;
         for i in 0..self.members.len() {
+            let endpoint = self.endpoint(i);
             loop {
-                let probe = status_leader(&self.endpoint(i));
+                let probe = status_leader(&endpoint);
                 match tokio::time::timeout(Duration::from_millis(500), probe).await {
                     Ok(Ok((_, leader))) if leader != 0 => break,
                     _ if Instant::now() >= deadline => {
