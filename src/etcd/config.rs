@@ -47,6 +47,7 @@ pub struct EtcdConfig {
     pub(crate) namespace: String,
     pub(crate) tls: Option<TlsConfig>,
     pub(crate) max_batch: usize,
+    pub(crate) max_in_flight: usize,
 }
 
 impl fmt::Debug for EtcdConfig {
@@ -58,6 +59,7 @@ impl fmt::Debug for EtcdConfig {
             .field("user", &self.credentials.as_ref().map(|(user, _)| user))
             .field("namespace", &self.namespace)
             .field("max_batch", &self.max_batch)
+            .field("max_in_flight", &self.max_in_flight)
             .field("tls", &self.tls)
             .finish()
     }
@@ -79,6 +81,7 @@ impl EtcdConfig {
             namespace: "fencelock".to_owned(),
             tls: None,
             max_batch: super::batch::DEFAULT_MAX_BATCH,
+            max_in_flight: super::batch::DEFAULT_MAX_IN_FLIGHT,
         }
     }
 
@@ -116,6 +119,21 @@ impl EtcdConfig {
     pub fn with_max_batch(mut self, max: usize) -> Self {
         self.max_batch = max;
         self
+    }
+
+    /// How many joins and releases (or batches of them) one session keeps in flight before
+    /// the next ones queue for the next batch. Default 4: a process with a few tasks
+    /// sends as it would without batching, and batches form once more are waiting; 1
+    /// batches the most (every request that arrives while one is in flight waits for it).
+    pub fn with_max_in_flight(mut self, max: usize) -> Self {
+        self.max_in_flight = max;
+        self
+    }
+
+    /// How many joins and releases one session keeps in flight before the next queue.
+    #[must_use]
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight
     }
 
     /// Authenticates as `user` (etcd's built-in user/password auth).
@@ -210,6 +228,9 @@ impl EtcdConfig {
         }
         if self.connect_timeout.is_zero() || self.request_timeout.is_zero() {
             return fail("timeouts must be above zero".into());
+        }
+        if self.max_in_flight == 0 {
+            return fail("max in flight 0: at least 1 request must be allowed out".into());
         }
         if self.max_batch == 0 {
             return fail(

@@ -133,7 +133,12 @@ impl Session {
         tokio::spawn(task.run(stop_rx, control_rx).instrument(span));
         tracing::debug!(lease_id, ?ttl, "session opened");
 
-        let batch = super::batch::Batcher::new(client.kv_client(), timeout, config.max_batch);
+        let batch = super::batch::Batcher::new(
+            client.kv_client(),
+            timeout,
+            config.max_batch,
+            config.max_in_flight,
+        );
         Ok(Self {
             inner: Arc::new(SessionInner {
                 kv: client.kv_client(),

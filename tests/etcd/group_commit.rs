@@ -1,5 +1,7 @@
-//! Group commit: joins and releases of different locks that queue up behind one in flight
-//! go out as one transaction (`src/etcd/batch.rs`). Each member keeps its own outcome, two
+//! Group commit: joins and releases of different locks that queue up behind those in
+//! flight go out as one transaction (`src/etcd/batch.rs`). Tests of what queues use one
+//! request in flight (`with_max_in_flight(1)`), so that which request goes alone and which
+//! queue is decided by the order the tasks start in. Each member keeps its own outcome, two
 //! requests about one lock are never in one transaction, a member etcd refuses does not
 //! fail the others, and a batch whose answer is lost leaves nothing that blocks a lock.
 
@@ -197,9 +199,14 @@ async fn a_member_etcd_refuses_does_not_fail_the_others() {
         .await
         .expect("user role");
     admin.auth_enable().await.expect("auth on");
-    let locks = EtcdLocker::connect(cluster.config(&ns).with_credentials("worker", "pw"))
-        .await
-        .expect("connect");
+    let locks = EtcdLocker::connect(
+        cluster
+            .config(&ns)
+            .with_credentials("worker", "pw")
+            .with_max_in_flight(1),
+    )
+    .await
+    .expect("connect");
     locks
         .session(Duration::from_secs(30))
         .await
@@ -232,7 +239,14 @@ async fn a_batch_whose_answer_is_lost_leaves_no_key_that_blocks_a_lock() {
     let cluster = etcd().await;
     let ns = namespace("group-commit-lost");
     let paths = TwoPaths::start(&cluster).await;
-    let client = paths.locker(&ns, Duration::from_millis(800)).await;
+    let client = EtcdLocker::connect(
+        fencelock::etcd::EtcdConfig::new([paths.a.http_url(), paths.b.http_url()])
+            .with_namespace(&ns)
+            .with_request_timeout(Duration::from_millis(800))
+            .with_max_in_flight(1),
+    )
+    .await
+    .expect("connect through path a");
     let first = client
         .session(Duration::from_secs(30))
         .await
@@ -314,7 +328,14 @@ async fn behind_a_slow_lead(
         fencelock::testkit::FaultProxy::start(crate::support::address(&cluster.endpoint(0)))
             .await
             .expect("proxy");
-    let client = crate::support::locker_through(&proxy, &ns, Duration::from_secs(5)).await;
+    let client = EtcdLocker::connect(
+        fencelock::etcd::EtcdConfig::new([proxy.http_url()])
+            .with_namespace(&ns)
+            .with_request_timeout(Duration::from_secs(5))
+            .with_max_in_flight(1),
+    )
+    .await
+    .expect("connect through the proxy");
     client
         .session(Duration::from_secs(30))
         .await

@@ -223,10 +223,18 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
             );
         }
         let endpoints: Vec<String> = paths.iter().map(FaultProxy::http_url).collect();
+        // Half the clients keep one request in flight, so that their tasks' requests of
+        // different names batch as much as they can; the others keep the default.
+        let in_flight = if lockers.len() % 2 == 0 {
+            1
+        } else {
+            crate::etcd::EtcdConfig::new(["127.0.0.1:1"]).max_in_flight()
+        };
         let config = EtcdConfig::new(endpoints)
             .with_namespace(&namespace)
             .with_connect_timeout(Duration::from_secs(5))
-            .with_request_timeout(Duration::from_secs(1));
+            .with_request_timeout(Duration::from_secs(1))
+            .with_max_in_flight(in_flight);
         lockers.push(
             EtcdLocker::connect(config)
                 .await
