@@ -291,7 +291,7 @@ const PATIENCE: Duration = Duration::from_millis(250);
 /// candidates) cannot make a batch the server refuses while each member alone fits.
 const MAX_BATCH_BYTES: usize = 512 * 1024;
 
-/// A request waiting for the batch in flight to return.
+/// A request waiting for a request or batch in flight to return.
 struct Queued {
     request: Request,
     ticket: Arc<Ticket>,
@@ -343,15 +343,15 @@ impl Batcher {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        // The state is a queue and a flag, consistent after every statement: a panic
+        // The state is a queue and a count, consistent after every statement: a panic
         // elsewhere while it was locked leaves nothing half-done.
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Sends `request`: at once and alone if nothing of this session is in flight, else in
-    /// the next batch, or alone after [`PATIENCE`] if no batch took it by then. `ticket`
+    /// Sends `request`: at once and alone if fewer than the limit of this session's
+    /// requests are in flight, else in the next batch, or alone after [`PATIENCE`] if no batch took it by then. `ticket`
     /// tells the caller, if this future is dropped, whether the request was ever sent
     /// ([`Ticket::withdraw`]).
     ///
@@ -398,7 +398,7 @@ impl Batcher {
         }
     }
 
-    /// Decides how `request` goes out, queueing it if something is in flight.
+    /// Decides how `request` goes out, queueing it if the limit is in flight.
     fn route(&self, request: Request, ticket: &Arc<Ticket>) -> Route {
         if self.limit.load(Ordering::Relaxed) <= 1 {
             ticket.claim();
