@@ -182,8 +182,16 @@ pub(crate) fn map_error(
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted => {
                 Kind::Unavailable
             }
-            // A connection reset mid-request surfaces as Unknown "transport error".
-            Code::Unknown if status.message().contains("transport error") => Kind::Unavailable,
+            // A connection reset mid-request surfaces as Unknown "transport error", or, when
+            // it breaks the answer's body, "h2 protocol error: error reading a body from
+            // connection" (seen in `watch_stream_lost.rs` when the link broke just after
+            // a join was applied): the member is unreachable, the request's fate unknown.
+            Code::Unknown
+                if status.message().contains("transport error")
+                    || status.message().contains("h2 protocol error") =>
+            {
+                Kind::Unavailable
+            }
             Code::PermissionDenied | Code::Unauthenticated => Kind::Denied(status.message()),
             // etcd answers a wrong password, or no user at all, with InvalidArgument.
             Code::InvalidArgument
@@ -261,6 +269,18 @@ mod tests {
             )),
         );
         assert!(denied.is_permission_denied());
+        let reset = map_error(
+            "acquire",
+            Some("x"),
+            etcd_client::Error::GRpcStatus(tonic::Status::unknown(
+                "h2 protocol error: error reading a body from connection",
+            )),
+        );
+        assert!(reset.is_unavailable(), "{reset:?}");
+        assert!(
+            may_have_applied(&reset),
+            "a reset answer leaves the fate unknown"
+        );
         let other = map_error(
             "acquire",
             None,
