@@ -39,6 +39,8 @@ mod loss;
 pub mod metrics;
 mod name;
 mod options;
+#[cfg(any(feature = "etcd", feature = "redis"))]
+mod retry;
 mod tls;
 mod token;
 

@@ -14,6 +14,7 @@ use super::call::{call, call_retrying, malformed};
 use super::watch_hub::WatchHub;
 use crate::lease_clock::{Clock, ClockInstant, LeaseClock};
 use crate::loss::{LossNotifier, LossWatch, loss_channel};
+use crate::retry::{answer_wait, backoff};
 use crate::{Backend, LockError, LossReason};
 
 /// A lease shared by every lock a client takes with the same TTL.
@@ -340,27 +341,7 @@ struct Stream {
     _own: Option<Client>,
 }
 
-/// How long a keep-alive (or the opening of a stream) may go unanswered before it is given
-/// up and another attempt made: a third of the renewal interval, between 250 ms and 1 s.
-/// A healthy member answers a keep-alive in milliseconds (the leader renews the lease in
-/// memory, without a Raft round: etcd's `LeaseRenew`); one that does not answer within
-/// this is stalled (paused, overloaded, cut off from its leader but not yet aware of it),
-/// and waiting for it longer, as until the next tick, spends the time before `fencelock
-/// run` must SIGTERM its command (issue 21: one lost keep-alive killed a healthy job).
-fn answer_wait(interval: Duration) -> Duration {
-    (interval / 3).clamp(Duration::from_millis(250), Duration::from_secs(1))
-}
-
-/// The pause before the next attempt after `failures` failed or unanswered ones in a row:
-/// 100 ms, doubling, never more than `cap` (well inside a renewal interval), so that
-/// several attempts fit before a lease with one missed renewal runs short.
-fn backoff(failures: u32, cap: Duration) -> Duration {
-    let doubled =
-        Duration::from_millis(100).saturating_mul(1 << failures.saturating_sub(1).min(10));
-    doubled.min(cap)
-}
-
-/// [`backoff`], with each pause drawn between half and all of it: many clients that lost
+/// A [`backoff`] pause drawn between half and all of it: many clients that lost
 /// the same member (a leader election) do not reconnect, and authenticate, in lockstep.
 fn jittered(pause: Duration) -> Duration {
     use std::hash::BuildHasher;
@@ -375,7 +356,8 @@ fn jittered(pause: Duration) -> Duration {
 impl KeepAlive {
     /// Renews every TTL/3 until the session is dropped or closed, the lease is lost, or
     /// renewal is stopped (then the lease runs out its TTL). A keep-alive that fails or
-    /// gets no answer within [`answer_wait`] is retried at once on a fresh stream, then
+    /// gets no answer within [`answer_wait`] (a third of the interval, 250 ms to 1 s: a
+    /// healthy leader renews in memory, without a Raft round, `LeaseRenew`) is retried at once on a fresh stream, then
     /// with a short backoff, each retry on connections of its own to every member.
     async fn run(
         mut self,
@@ -423,8 +405,7 @@ impl KeepAlive {
                         crate::metrics::renewals(Backend::Etcd, 0, 1);
                         tracing::debug!(%why, "keep-alive stream broke; reopening");
                         stream = None;
-                        self.failures += 1;
-                        next_send = Instant::now() + jittered(backoff(self.failures, answer_wait));
+                        next_send = self.failed(answer_wait);
                     }
                 },
                 _ = tokio::time::sleep_until(next_send) => {
@@ -464,8 +445,7 @@ impl KeepAlive {
                             Err(Reopen::Failed(why)) => {
                                 crate::metrics::renewals(Backend::Etcd, 0, 1);
                                 tracing::debug!(%why, failures = self.failures, "could not reopen keep-alive stream");
-                                self.failures += 1;
-                                next_send = Instant::now() + jittered(backoff(self.failures, answer_wait));
+                                next_send = self.failed(answer_wait);
                             }
                         }
                     }
@@ -485,6 +465,13 @@ impl KeepAlive {
                 self.notifier.mark(LossReason::Expired);
             }
         }
+    }
+
+    /// Counts one more failed attempt and returns when to make the next: after a
+    /// jittered [`backoff`], never more than `answer_wait`.
+    fn failed(&mut self, answer_wait: Duration) -> Instant {
+        self.failures += 1;
+        Instant::now() + jittered(backoff(self.failures, answer_wait))
     }
 
     /// Opens a keep-alive stream; opening sends one keep-alive and waits for its answer,
@@ -612,30 +599,6 @@ async fn next_reply(stream: &mut Option<Stream>) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_unanswered_keep_alive_is_given_up_within_a_third_of_the_interval_bounded() {
-        assert_eq!(
-            answer_wait(Duration::from_secs(10) / 3),
-            Duration::from_secs(1)
-        );
-        assert_eq!(
-            answer_wait(Duration::from_secs(1)),
-            Duration::from_secs(1) / 3
-        );
-        assert_eq!(
-            answer_wait(Duration::from_millis(333)),
-            Duration::from_millis(250)
-        );
-    }
-
-    #[test]
-    fn retries_back_off_from_100_ms_doubling_up_to_the_cap() {
-        let cap = Duration::from_secs(1);
-        let delays: Vec<u128> = (1..=6).map(|n| backoff(n, cap).as_millis()).collect();
-        assert_eq!(delays, [100, 200, 400, 800, 1000, 1000]);
-        assert_eq!(backoff(u32::MAX, cap), cap);
-    }
 
     #[test]
     fn jittered_pauses_fall_between_half_and_all_and_differ() {

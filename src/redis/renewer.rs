@@ -24,6 +24,7 @@ use tracing::Instrument;
 use super::node::Node;
 use crate::lease_clock::{Clock, ClockInstant, LeaseClock, RECHECK};
 use crate::loss::{LossNotifier, LossWatch, loss_channel};
+use crate::retry::{answer_wait, backoff};
 use crate::{Backend, LockError, LossReason};
 
 /// Never tick more often than this, whatever the TTLs.
@@ -172,25 +173,11 @@ fn drift(ttl: Duration, factor: f64) -> Duration {
 
 const FAR: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// How long one renewal attempt may go unanswered before it is given up and retried: a
-/// third of the renewal `interval`, between 250 ms and 1 s (never more than the interval
-/// itself, nor the request timeout). A healthy server answers in milliseconds; waiting
-/// for one that does not until the next tick spends the time before `fencelock run`
-/// must SIGTERM its command.
+/// How long one renewal attempt may go unanswered before it is given up and retried:
+/// [`answer_wait`] of the renewal `interval`, never more than the interval itself, nor the
+/// request timeout.
 fn attempt_wait(interval: Duration, request_timeout: Duration) -> Duration {
-    (interval / 3)
-        .clamp(Duration::from_millis(250), Duration::from_secs(1))
-        .min(interval)
-        .min(request_timeout)
-}
-
-/// The pause before the next attempt after `failures` failed or unanswered ones in a row:
-/// 100 ms, doubling, never more than `cap` (well inside a renewal interval), so that
-/// several attempts fit before a lease with one missed renewal runs short.
-fn backoff(failures: u32, cap: Duration) -> Duration {
-    let doubled =
-        Duration::from_millis(100).saturating_mul(1 << failures.saturating_sub(1).min(10));
-    doubled.min(cap)
+    answer_wait(interval).min(interval).min(request_timeout)
 }
 
 async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
@@ -430,12 +417,5 @@ mod tests {
             attempt_wait(Duration::from_secs(10), Duration::from_millis(300)),
             Duration::from_millis(300)
         );
-    }
-
-    #[test]
-    fn retries_back_off_from_100_ms_doubling_up_to_the_cap() {
-        let cap = Duration::from_secs(1);
-        let delays: Vec<u128> = (1..=6).map(|n| backoff(n, cap).as_millis()).collect();
-        assert_eq!(delays, [100, 200, 400, 800, 1000, 1000]);
     }
 }

@@ -14,7 +14,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use fencelock::testkit::{EtcdCluster, FaultProxy, fetch_metrics, metric_sum};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::support::{address, fencelock_run, next_line};
 
@@ -71,21 +71,10 @@ async fn a_member_that_stops_answering_keep_alives_does_not_interrupt_the_comman
     stalled.pause();
     tokio::time::sleep(Duration::from_secs(3)).await;
     stalled.resume();
-    let mut stdin = fencelock.stdin.take().expect("stdin");
-    stdin.write_all(b"go\n").await.expect("write");
-    assert_eq!(
-        next_line(&mut lines).await,
-        "finished",
-        "the command was signalled although a member answered keep-alives all along"
-    );
-    let output = tokio::time::timeout(Duration::from_secs(20), fencelock.wait_with_output())
-        .await
-        .expect("fencelock exits")
-        .expect("output");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
-    assert!(
-        !stderr.contains("not being confirmed"),
-        "no renewal trouble was reported: {stderr}"
-    );
+    crate::support::finishes_unsignalled(
+        fencelock,
+        &mut lines,
+        "a member answered keep-alives all along",
+    )
+    .await;
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use fencelock::redis::{RedisConfig, RedisLocker, RedlockLocker};
 use fencelock::testkit::{FaultProxy, RedisServer};
 use fencelock::{LockBackend, LockOptions};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
 use crate::support::{last_sign_of_life, life_script, next_line, now_ns};
@@ -109,23 +109,7 @@ async fn a_short_cut_does_not_interrupt_the_command(count: usize, ns: &str) {
             line.ok().flatten()
         ),
     }
-    let mut stdin = fencelock.stdin.take().expect("stdin");
-    stdin.write_all(b"go\n").await.expect("write");
-    assert_eq!(
-        next_line(&mut lines).await,
-        "finished",
-        "the command was signalled after a 0.5 s blip"
-    );
-    let output = tokio::time::timeout(Duration::from_secs(20), fencelock.wait_with_output())
-        .await
-        .expect("fencelock exits")
-        .expect("output");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
-    assert!(
-        !stderr.contains("not being confirmed"),
-        "no renewal trouble was reported: {stderr}"
-    );
+    crate::support::finishes_unsignalled(fencelock, &mut lines, "after a 0.5 s blip").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

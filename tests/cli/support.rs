@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use tokio::io::{BufReader, Lines};
-use tokio::process::{ChildStdout, Command};
+use tokio::io::{AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
 
 /// `fencelock run --etcd <endpoints> --namespace <ns>`, killed if the test drops it. Its
 /// stderr is discarded unless the test asks for it (`.stderr(Stdio::piped())`).
@@ -115,4 +115,32 @@ pub fn assert_one_at_a_time(text: &str, runs: usize, what: &str) {
         assert!(pair[0].1 > previous, "{what}: tokens increase: {text}");
         previous = pair[0].1;
     }
+}
+
+/// For a command `trap 'echo terminated' TERM; echo running; read line; echo finished`
+/// run with piped stdin, stdout and stderr: lets it finish, then asserts that nothing
+/// signalled it (it prints "finished", fencelock exits 0 and reported no renewal trouble).
+/// `what` names the fault it rode out.
+pub async fn finishes_unsignalled(
+    mut fencelock: Child,
+    lines: &mut Lines<BufReader<ChildStdout>>,
+    what: &str,
+) {
+    let mut stdin = fencelock.stdin.take().expect("stdin");
+    stdin.write_all(b"go\n").await.expect("write");
+    assert_eq!(
+        next_line(lines).await,
+        "finished",
+        "the command was signalled ({what})"
+    );
+    let output = tokio::time::timeout(Duration::from_secs(20), fencelock.wait_with_output())
+        .await
+        .expect("fencelock exits")
+        .expect("output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(
+        !stderr.contains("not being confirmed"),
+        "no renewal trouble was reported ({what}): {stderr}"
+    );
 }

@@ -33,6 +33,15 @@ fn lock_all(locks: &EtcdLocker, names: &[String]) -> Vec<JoinHandle<Result<EtcdG
         .collect()
 }
 
+/// The client's session for 30 s locks (one lease per client and TTL: opened before a test
+/// counts requests or compares lease ids).
+async fn session_of(locks: &EtcdLocker) -> fencelock::etcd::Session {
+    locks
+        .session(Duration::from_secs(30))
+        .await
+        .expect("session")
+}
+
 /// Every key under `prefix` with its create revision.
 async fn create_revisions(client: &mut etcd_client::Client, prefix: &str) -> HashMap<String, i64> {
     client
@@ -56,10 +65,7 @@ async fn distinct_locks_taken_and_released_together_share_transactions() {
     let ns = namespace("group-commit");
     let locks = locker(&cluster, &ns).await;
     // The lease is granted once per client: open it before counting.
-    locks
-        .session(Duration::from_secs(30))
-        .await
-        .expect("session");
+    session_of(&locks).await;
     let mut admin = cluster.client().await.expect("client");
     let names: Vec<String> = (0..32).map(|i| format!("item-{i}")).collect();
 
@@ -110,10 +116,7 @@ async fn two_requests_about_one_lock_never_share_a_transaction() {
     let cluster = etcd().await;
     let ns = namespace("group-commit-same");
     let locks = locker(&cluster, &ns).await;
-    locks
-        .session(Duration::from_secs(30))
-        .await
-        .expect("session");
+    session_of(&locks).await;
     let mut admin = cluster.client().await.expect("client");
     let mut watch = PrefixWatch::start(&mut admin, &format!("{ns}/x/")).await;
     let holder = locks.lock("x", &options()).await.expect("lock x");
@@ -207,10 +210,7 @@ async fn a_member_etcd_refuses_does_not_fail_the_others() {
     )
     .await
     .expect("connect");
-    locks
-        .session(Duration::from_secs(30))
-        .await
-        .expect("session");
+    session_of(&locks).await;
 
     // "ok-0" goes alone; "no" queues with the rest, so that its refusal is a batch's.
     let mut names = vec!["ok-0".to_owned(), "no".to_owned()];
@@ -247,10 +247,7 @@ async fn a_batch_whose_answer_is_lost_leaves_no_key_that_blocks_a_lock() {
     )
     .await
     .expect("connect through path a");
-    let first = client
-        .session(Duration::from_secs(30))
-        .await
-        .expect("session");
+    let first = session_of(&client).await;
     let other = locker(&cluster, &ns).await;
     let mut admin = cluster.client().await.expect("client");
     let mut puts = PrefixWatch::start(&mut admin, &format!("{ns}/m")).await;
@@ -286,10 +283,7 @@ async fn a_batch_whose_answer_is_lost_leaves_no_key_that_blocks_a_lock() {
     // The path heals: what the batch put is removed, and every lock is free.
     paths.move_to_b();
     // Every member's join may still land: the session that sent them is retired.
-    let second = client
-        .session(Duration::from_secs(30))
-        .await
-        .expect("session");
+    let second = session_of(&client).await;
     assert_ne!(
         first.lease_id(),
         second.lease_id(),
@@ -336,10 +330,7 @@ async fn behind_a_slow_lead(
     )
     .await
     .expect("connect through the proxy");
-    client
-        .session(Duration::from_secs(30))
-        .await
-        .expect("session");
+    session_of(&client).await;
     proxy.delay(delay);
     (cluster, proxy, client, ns)
 }
@@ -349,10 +340,7 @@ async fn behind_a_slow_lead(
 async fn a_join_dropped_while_queued_was_never_sent_and_retires_nothing() {
     let (cluster, _proxy, client, ns) =
         behind_a_slow_lead("group-commit-withdrawn", Duration::from_millis(150)).await;
-    let first = client
-        .session(Duration::from_secs(30))
-        .await
-        .expect("session");
+    let first = session_of(&client).await;
     let lead = lock_all(&client, &["lead".to_owned()]).remove(0);
     let queued = {
         let client = client.clone();
@@ -367,10 +355,7 @@ async fn a_join_dropped_while_queued_was_never_sent_and_retires_nothing() {
     let lead = lead.await.expect("task").expect("lead granted");
 
     // Withdrawn unsent: the session is not retired, and no key of "q" was ever written.
-    let still = client
-        .session(Duration::from_secs(30))
-        .await
-        .expect("session");
+    let still = session_of(&client).await;
     assert_eq!(
         first.lease_id(),
         still.lease_id(),
