@@ -1,9 +1,14 @@
 //! The watchdog of `fencelock run` outlives a SIGTERM sent to every process (a service
 //! manager stopping a unit, `kill` of a whole session): only fencelock's own end may end
 //! it, so that a fencelock that dies afterwards still takes the command's group with it.
-//! Before issue 21 the watchdog ignored SIGINT and SIGHUP but died of SIGTERM.
+//! Before issue 21 the watchdog ignored SIGINT and SIGHUP but died of SIGTERM; after it,
+//! a SIGTERM that came while the watchdog was still starting (before its own `signal()`
+//! calls) still killed it, which CI met once. The test now signals from the watchdog's
+//! exec on.
 
 use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use fencelock::testkit::EtcdCluster;
@@ -11,20 +16,43 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::support::{fencelock_run, gone_within, next_line};
 
-/// The pid of the `run-watchdog` process among the children of `parent`.
+/// The pid of the `run-watchdog` process among the children of `parent` (read from each
+/// of its threads' `children` list: much faster than a scan of `/proc`, so that the test
+/// sees the watchdog within moments of its exec).
 fn watchdog_of(parent: i32) -> Option<i32> {
-    std::fs::read_dir("/proc")
+    std::fs::read_dir(format!("/proc/{parent}/task"))
         .ok()?
         .filter_map(Result::ok)
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .find(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let ppid = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok());
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            ppid == Some(parent) && String::from_utf8_lossy(&cmdline).contains("run-watchdog")
+        .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
+        .flat_map(|children| {
+            children
+                .split_whitespace()
+                .filter_map(|pid| pid.parse::<i32>().ok())
+                .collect::<Vec<_>>()
         })
+        .find(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmdline).contains("run-watchdog")
+        })
+}
+
+/// Sends SIGTERM to the watchdog of `fencelock` from the moment it has exec'd (its
+/// command line names it) until `stop` is set, as often as the test can find it: the first
+/// signals land while the watchdog is still starting up, which is where the race was.
+/// Returns how many signals were sent.
+fn terminate_watchdog_until(fencelock: i32, stop: &AtomicBool) -> usize {
+    let mut sent = 0;
+    while !stop.load(Ordering::Acquire) {
+        if let Some(watchdog) = watchdog_of(fencelock) {
+            // SAFETY: kill(2) of a process this test's fencelock started.
+            unsafe {
+                libc::kill(watchdog, libc::SIGTERM);
+            }
+            sent += 1;
+        }
+        std::thread::yield_now();
+    }
+    sent
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -37,13 +65,33 @@ async fn a_sigterm_to_the_watchdog_does_not_leave_the_group_unguarded() {
         .spawn()
         .expect("spawn");
     let fencelock_pid = i32::try_from(fencelock.id().expect("pid")).expect("pid");
+    // SIGTERMs from the watchdog's first moments on, through the command's start.
+    let stop = Arc::new(AtomicBool::new(false));
+    let terminator = std::thread::spawn({
+        let stop = Arc::clone(&stop);
+        move || terminate_watchdog_until(fencelock_pid, &stop)
+    });
     let mut lines = BufReader::new(fencelock.stdout.take().expect("stdout")).lines();
-    let background: i32 = next_line(&mut lines).await.parse().expect("pid");
+    let first = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("the command prints within 10 s")
+        .expect("read");
+    let Some(first) = first else {
+        stop.store(true, Ordering::Release);
+        let sent = terminator.join().expect("the signalling thread");
+        let status = fencelock.wait().await.expect("wait");
+        panic!(
+            "fencelock run never started its command ({status}): the watchdog died of one \
+             of the {sent} SIGTERMs sent to it during its start"
+        );
+    };
+    let background: i32 = first.parse().expect("pid");
     assert_eq!(next_line(&mut lines).await, "running");
-    let watchdog = watchdog_of(fencelock_pid).expect("the watchdog runs");
-    // SAFETY: kill(2) of processes this test started.
+    stop.store(true, Ordering::Release);
+    let sent = terminator.join().expect("the signalling thread");
+    assert!(sent > 0, "the test never found the watchdog to signal");
+    // SAFETY: kill(2) of the process this test started.
     unsafe {
-        libc::kill(watchdog, libc::SIGTERM);
         libc::kill(fencelock_pid, libc::SIGKILL);
     }
     let gone = gone_within(&[background], Duration::from_secs(5)).await;
@@ -55,6 +103,7 @@ async fn a_sigterm_to_the_watchdog_does_not_leave_the_group_unguarded() {
     }
     assert!(
         gone.is_some(),
-        "the command's background process outlived fencelock and its watchdog"
+        "the command's background process outlived fencelock and its watchdog \
+         ({sent} SIGTERMs sent to the watchdog from its start on)"
     );
 }

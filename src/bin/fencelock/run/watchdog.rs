@@ -26,15 +26,31 @@ pub struct Watchdog {
 }
 
 impl Watchdog {
-    /// Starts the watchdog process.
+    /// Starts the watchdog process. It ignores the signals in [`IGNORED`] from its first
+    /// instruction on: they are set to `SIG_IGN` between fork and exec (an ignored signal
+    /// stays ignored across exec), so no window exists between exec and the watchdog's own
+    /// start-up in which a SIGTERM to every process would end it. (Setting them only in
+    /// [`run`] left that window: the dynamic loader and the argument parser run first, and
+    /// on a loaded machine a SIGTERM sent right after `fencelock run` started its command
+    /// killed the watchdog.)
     pub fn start() -> io::Result<Self> {
         use std::os::unix::process::CommandExt;
-        let mut child = Command::new("/proc/self/exe")
+        let mut command = Command::new("/proc/self/exe");
+        command
             .arg("run-watchdog")
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
-            .process_group(0)
-            .spawn()?;
+            .process_group(0);
+        // SAFETY: the closure runs in the forked child before exec and calls only
+        // signal(2), which is async-signal-safe; it allocates nothing.
+        unsafe {
+            command.pre_exec(|| {
+                ignore_signals();
+                Ok(())
+            });
+        }
+        // `spawn` returns once the exec succeeded, so the watchdog ignores them by now.
+        let mut child = command.spawn()?;
         let pipe = child.stdin.take();
         Ok(Self { child, pipe })
     }
@@ -65,20 +81,36 @@ impl Watchdog {
     }
 }
 
+/// The signals the watchdog ignores: only fencelock's end may end it.
+const IGNORED: [libc::c_int; 5] = [
+    libc::SIGINT,
+    libc::SIGHUP,
+    libc::SIGTERM,
+    libc::SIGQUIT,
+    libc::SIGTSTP,
+];
+
+/// Sets every signal in [`IGNORED`] to `SIG_IGN`. Async-signal-safe (only signal(2)), so
+/// it may run between fork and exec.
+fn ignore_signals() {
+    for signal in IGNORED {
+        // SAFETY: setting a disposition to SIG_IGN installs no handler; called before
+        // any other thread exists (in the forked child, or at the watchdog's start).
+        unsafe {
+            libc::signal(signal, libc::SIG_IGN);
+        }
+    }
+}
+
 /// The watchdog process itself (`fencelock run-watchdog`, started by `fencelock run`).
 pub fn run() -> ExitCode {
     // Only fencelock's end (end of file on the pipe) may end the watchdog: a Ctrl-C, a
     // hang-up, or a SIGTERM to every process of a session or a service (systemd's stop,
     // `kill -- -<sid>`) must not leave the command's group unguarded while fencelock
     // itself lives on.
-    // SAFETY: setting signal dispositions to SIG_IGN before any other thread exists.
-    unsafe {
-        libc::signal(libc::SIGINT, libc::SIG_IGN);
-        libc::signal(libc::SIGHUP, libc::SIG_IGN);
-        libc::signal(libc::SIGTERM, libc::SIG_IGN);
-        libc::signal(libc::SIGQUIT, libc::SIG_IGN);
-        libc::signal(libc::SIGTSTP, libc::SIG_IGN);
-    }
+    // They are ignored before exec already (`Watchdog::start`); again here so that a
+    // watchdog started some other way is no weaker.
+    ignore_signals();
     let mut group: Option<libc::pid_t> = None;
     let stdin = io::stdin();
     for line in stdin.lock().lines() {
