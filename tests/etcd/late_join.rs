@@ -158,16 +158,27 @@ async fn a_late_first_join_of_a_lock_granted_on_a_retry_and_released_is_swept_aw
     let elsewhere = f.client.lock("elsewhere", &f.options).await.expect("lock");
 
     // The first attempt of the join is kept on a (the connection through a breaks); the
-    // retry goes through b and is granted.
-    f.paths.b.heal();
+    // retry is granted. b opens only once a holds the first attempt: opened before, the
+    // client could send that attempt through b (it balances over both paths once b
+    // accepts), which CI met once under load.
     f.paths.hold_next_request_on_a();
-    let granted = within(
-        Duration::from_secs(10),
-        "the retried join",
-        f.client.lock("x", &f.options),
-    )
-    .await
-    .expect("granted on the retry");
+    let (granted, ()) = tokio::join!(
+        within(
+            Duration::from_secs(10),
+            "the retried join",
+            f.client.lock("x", &f.options),
+        ),
+        async {
+            within(
+                Duration::from_secs(10),
+                "a holds the first attempt",
+                f.paths.a.requests_held(1),
+            )
+            .await;
+            f.paths.b.heal();
+        }
+    );
+    let granted = granted.expect("granted on the retry");
     assert_eq!(f.paths.a.held_requests(), 1, "the first attempt is kept");
     crate::support::released(granted.release().await);
 
