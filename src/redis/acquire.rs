@@ -69,7 +69,7 @@ async fn acquire_uncounted(
         keys,
         core,
         subscriber,
-        name: name.to_owned(),
+        name: Arc::from(name),
         owner: owner_value(),
         options: options.clone(),
         started: Instant::now(),
@@ -118,9 +118,9 @@ async fn acquire_uncounted(
 struct Acquisition {
     core: Arc<Core>,
     subscriber: Option<Arc<Subscriber>>,
-    name: String,
+    name: Arc<str>,
     keys: LockKeys,
-    owner: String,
+    owner: Arc<str>,
     options: LockOptions,
     started: Instant,
     /// Whether dropping this must clean up after a possibly applied attempt.
@@ -198,7 +198,7 @@ impl Acquisition {
                     // token have no such order to check).
                     let token = if self.core.backend == Backend::Redis && self.keys.slots.len() == 1
                     {
-                        let key = self.keys.granted(slot).lock;
+                        let key = self.keys.granted(slot).lock.clone();
                         self.core
                             .checked_token(&self.keys, &key, &self.owner, token, &self.name)
                             .await?
@@ -271,7 +271,7 @@ impl Acquisition {
         self.last_error
             .take()
             .unwrap_or_else(|| LockError::WaitTimeout {
-                name: self.name.clone(),
+                name: self.name.to_string(),
                 waited: self.options.wait_timeout().unwrap_or_default(),
             })
     }
@@ -317,7 +317,7 @@ impl Acquisition {
                             Err(LockError::Timeout {
                                 backend,
                                 operation: "acquire",
-                                lock: Some(this.name.clone()),
+                                lock: Some(this.name.to_string()),
                                 after: per_master,
                             })
                         })

@@ -95,11 +95,15 @@ impl Core {
             _ => token,
         };
         let mut seen = self.seen();
-        if seen.len() >= SEEN_LIMIT && !seen.contains_key(&keys.counter) {
+        // The name is copied only the first time this client sees the counter.
+        if let Some(entry) = seen.get_mut(&keys.counter) {
+            *entry = (*entry).max(token);
+            return Ok(token);
+        }
+        if seen.len() >= SEEN_LIMIT {
             seen.clear();
         }
-        let entry = seen.entry(keys.counter.clone()).or_insert(token);
-        *entry = (*entry).max(token);
+        seen.insert(keys.counter.clone(), token);
         Ok(token)
     }
 

@@ -17,9 +17,9 @@ use crate::{FencingToken, LockError, LockGuard, LossReason, ReleaseOutcome};
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct RedisGuard {
     core: Arc<Core>,
-    name: String,
+    name: Arc<str>,
     keys: LockKeys,
-    owner: String,
+    owner: Arc<str>,
     token: FencingToken,
     registration: Registration,
     released: bool,
@@ -41,9 +41,9 @@ impl std::fmt::Debug for RedisGuard {
 impl RedisGuard {
     pub(crate) fn new(
         core: Arc<Core>,
-        name: String,
+        name: Arc<str>,
         keys: LockKeys,
-        owner: String,
+        owner: Arc<str>,
         token: FencingToken,
         registration: Registration,
     ) -> Self {
@@ -88,9 +88,9 @@ impl RedisGuard {
 /// A release that outlives its guard.
 struct Detached {
     core: Arc<Core>,
-    name: String,
+    name: Arc<str>,
     keys: LockKeys,
-    owner: String,
+    owner: Arc<str>,
 }
 
 impl Detached {

@@ -242,7 +242,7 @@ impl Node {
         let mut conn = self.conn.clone();
         let mut invocation = scripts::ACQUIRE.prepare_invoke();
         for slot in &keys.slots {
-            invocation.key(slot);
+            invocation.key(&**slot);
         }
         invocation.key(&keys.counter).arg(owner).arg(millis(ttl));
         let reply: Vec<i64> = self
@@ -318,7 +318,7 @@ impl Node {
     ) -> Result<bool, LockError> {
         let mut conn = self.conn.clone();
         let mut invocation = scripts::RELEASE.prepare_invoke();
-        invocation.key(&keys.lock).arg(owner).arg(&keys.channel);
+        invocation.key(&*keys.lock).arg(owner).arg(&keys.channel);
         let deleted: i64 = self
             .call("release", Some(lock), invocation.invoke_async(&mut conn))
             .await?;

@@ -31,8 +31,8 @@ use crate::{Backend, LockError, LossReason};
 const MIN_INTERVAL: Duration = Duration::from_millis(10);
 
 struct Held {
-    key: String,
-    owner: String,
+    key: Arc<str>,
+    owner: Arc<str>,
     ttl: Duration,
     renew: bool,
     notifier: LossNotifier,
@@ -113,8 +113,8 @@ impl Renewer {
     /// runs out.
     pub(crate) fn register(
         &self,
-        key: String,
-        owner: String,
+        key: Arc<str>,
+        owner: Arc<str>,
         ttl: Duration,
         renew: bool,
         sent: ClockInstant,
@@ -276,7 +276,8 @@ fn schedule(held: &HashMap<u64, Held>) -> (Duration, Instant) {
 /// `true` if every lock was either renewed or found no longer ours; `false` if some are
 /// left unconfirmed (too few nodes answered in time), so the attempt should be retried.
 async fn renew_all(shared: &Shared, wait: Duration) -> bool {
-    let batch: Vec<(u64, String, String, Duration)> = held(shared)
+    // Shared names (`Arc<str>`): taking this snapshot under the lock copies no strings.
+    let batch: Vec<(u64, Arc<str>, Arc<str>, Duration)> = held(shared)
         .iter()
         .filter(|(_, h)| h.renew)
         .map(|(id, h)| (*id, h.key.clone(), h.owner.clone(), h.ttl))
@@ -286,7 +287,7 @@ async fn renew_all(shared: &Shared, wait: Duration) -> bool {
     }
     let items: Vec<(&str, &str, Duration)> = batch
         .iter()
-        .map(|(_, key, owner, ttl)| (key.as_str(), owner.as_str(), *ttl))
+        .map(|(_, key, owner, ttl)| (&**key, &**owner, *ttl))
         .collect();
     let sent = Clock::BOOT.now();
     // Decided as soon as every lock is: a master that stops answering must not hold up
