@@ -1,4 +1,4 @@
-//! Every usage error of `fencelock run` exits 2 (clap's code, the README's table) with a
+//! Every usage error of `fencelock run` exits 2 (clap's code, docs/run.md's table) with a
 //! message that names the problem; `--help` states the limits.
 
 use std::process::Command;
