@@ -22,6 +22,30 @@
 //!
 //! The core types ([`FencingToken`], [`LockBackend`], [`LockError`], [`TlsConfig`]) are
 //! always there.
+//!
+//! # Guide
+//!
+//! The repository's `README.md` has the first steps (the two commands, why the token
+//! matters, the backends and what each promises); its `docs/` directory is the guide, one
+//! page per topic (index: `docs/README.md`):
+//!
+//! | page | what it covers |
+//! |---|---|
+//! | `docs/etcd.md` | the etcd lock: sessions, FIFO waiting, holders that follow their key, cancel safety, group commit, Go's `etcdctl lock` on the same queue |
+//! | `docs/primitives.md` | semaphores, leader election, read-write locks |
+//! | `docs/redis.md` | the Redis configuration the token needs; etcd or Redis: what each promises |
+//! | `docs/fencing-postgres.md` | fenced writes on PostgreSQL, the helpers, advisory locks |
+//! | `docs/security.md` | TLS and mutual TLS, least-privilege users, what each mistake says |
+//! | `docs/features.md` | the cargo features and what each compiles |
+//! | `docs/run.md` | `fencelock run`: a command under a lock |
+//! | `docs/operating.md` | metrics, `fencelock locks` |
+//! | `docs/bench.md` | `fencelock bench` and its measured tables |
+//! | `docs/chaos.md` | `fencelock chaos`: the failure scenarios, the fault soak |
+//! | `docs/testing.md` | the test harness (`testkit`), the container tests |
+//! | `docs/server-versions.md` | the server versions CI runs |
+//! | `docs/roadmap.md` | what is not done yet |
+//!
+//! Every Rust snippet of the README and the guide compiles as a doctest.
 #![warn(missing_docs)]
 // Without a backend only the core types remain, and the backends' shared parts are unused.
 #![cfg_attr(
@@ -65,7 +89,38 @@ pub use options::{LockOptions, MAX_TTL};
 pub use tls::{Pem, TlsConfig};
 pub use token::FencingToken;
 
-// The README's examples compile as doctests.
+// The examples of the README and of every page of the guide compile as doctests (one
+// line per page: tests/docs.rs checks that every page under docs/ has one).
 #[cfg(doctest)]
-#[doc = include_str!("../README.md")]
-struct ReadmeDoctests;
+mod doctests {
+    #[doc = include_str!("../README.md")]
+    struct Readme;
+    #[doc = include_str!("../docs/README.md")]
+    struct GuideIndex;
+    #[doc = include_str!("../docs/bench.md")]
+    struct GuideBench;
+    #[doc = include_str!("../docs/chaos.md")]
+    struct GuideChaos;
+    #[doc = include_str!("../docs/etcd.md")]
+    struct GuideEtcd;
+    #[doc = include_str!("../docs/features.md")]
+    struct GuideFeatures;
+    #[doc = include_str!("../docs/fencing-postgres.md")]
+    struct GuideFencingPostgres;
+    #[doc = include_str!("../docs/operating.md")]
+    struct GuideOperating;
+    #[doc = include_str!("../docs/primitives.md")]
+    struct GuidePrimitives;
+    #[doc = include_str!("../docs/redis.md")]
+    struct GuideRedis;
+    #[doc = include_str!("../docs/roadmap.md")]
+    struct GuideRoadmap;
+    #[doc = include_str!("../docs/run.md")]
+    struct GuideRun;
+    #[doc = include_str!("../docs/security.md")]
+    struct GuideSecurity;
+    #[doc = include_str!("../docs/server-versions.md")]
+    struct GuideServerVersions;
+    #[doc = include_str!("../docs/testing.md")]
+    struct GuideTesting;
+}

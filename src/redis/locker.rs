@@ -15,7 +15,7 @@ use crate::{Backend, LockBackend, LockError, LockOptions, validate_name};
 pub const MIN_TTL: Duration = Duration::from_millis(100);
 
 /// A lock on one Redis server (or a master whose replicas may take over, which is
-/// exactly when it fails: see the README's comparison).
+/// exactly when it fails: see the guide's comparison, `docs/redis.md`).
 ///
 /// `SET NX PX` with a unique owner value and an `INCR` token, pipelined in one round trip;
 /// compare-and-delete release that wakes waiters over pub/sub; one renewal task for all

@@ -1,4 +1,4 @@
-//! Every usage error of `fencelock run` exits 2 (clap's code, the README's table) with a
+//! Every usage error of `fencelock run` exits 2 (clap's code, docs/run.md's table) with a
 //! message that names the problem; `--help` states the limits.
 
 use std::process::Command;
@@ -93,6 +93,39 @@ fn usage_errors_exit_2_and_say_what_is_wrong() {
 }
 
 #[test]
+fn durations_take_humantime_forms() {
+    // `--grace` above half of `--ttl` is refused before anything else, with both values
+    // as parsed: the message shows what each form became.
+    for (ttl, grace, says) in [
+        ("1m30s", "1m", "--grace 60s is more than half of --ttl 90s"),
+        (
+            "400ms",
+            "250ms",
+            "--grace 250ms is more than half of --ttl 400ms",
+        ),
+        (
+            "1h 15min",
+            "40m",
+            "--grace 2400s is more than half of --ttl 4500s",
+        ),
+        // A bare number is seconds, as before humantime.
+        ("10", "6", "--grace 6s is more than half of --ttl 10s"),
+        ("1.5", "1", "--grace 1s is more than half of --ttl 1.5s"),
+    ] {
+        let (code, stderr) = run(&["--lock", "x", "--ttl", ttl, "--grace", grace, "--", "true"]);
+        assert_eq!(code, Some(2), "{ttl} {grace}: {stderr}");
+        assert!(stderr.contains(says), "{ttl} {grace}: {stderr}");
+    }
+    let (code, stderr) = run(&["--lock", "x", "--ttl", "10 parsecs", "--", "true"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("not a duration"), "{stderr}");
+    assert!(
+        stderr.contains("1m30s"),
+        "the error shows the forms: {stderr}"
+    );
+}
+
+#[test]
 fn help_states_the_limits() {
     let output = Command::new(env!("CARGO_BIN_EXE_fencelock"))
         .args(["run", "--help"])
@@ -103,4 +136,6 @@ fn help_states_the_limits() {
     assert!(help.contains("least 1s on etcd"), "{help}");
     assert!(help.contains("100ms on Redis"), "{help}");
     assert!(help.contains("1 to 128 characters"), "{help}");
+    assert!(help.contains("1m30s"), "{help}");
+    assert!(help.contains("a bare number is seconds"), "{help}");
 }

@@ -1,7 +1,7 @@
 //! The article's failure, reproduced: the master takes a lock, dies before the write
 //! reaches its replica, the replica is promoted, and a second client takes the same lock
 //! while the first still holds its guard. These tests pass because they *observe* the
-//! failure: they document what the Redis lock cannot promise (see the README).
+//! failure: they document what the Redis lock cannot promise (see docs/redis.md).
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Least privilege: a user that may only read and write `<namespace>/` can use every
 //! primitive, and is refused anything else with a permission-denied error. For etcd (a
 //! password user, and a certificate identity: the client certificate's common name), for
-//! Redis (an ACL user with the minimal rules of the README, the default user disabled),
+//! Redis (an ACL user with the minimal rules of docs/security.md, the default user disabled),
 //! and for PostgreSQL (a role with the fence table's privileges only).
 
 use std::time::Duration;
@@ -12,7 +12,7 @@ use fencelock::redis::{RedisConfig, RedisLocker, RedlockLocker};
 use fencelock::testkit::{EtcdCluster, PostgresServer, RedisServer, TestPki};
 use fencelock::{FencingToken, LockBackend, LockGuard, LockOptions};
 
-/// What the README tells an operator to run, through the API: a role that may read and
+/// What docs/security.md tells an operator to run, through the API: a role that may read and
 /// write `<namespace>/` only, a user with it, a root user, and auth on.
 async fn scoped_user(admin: &mut Client, namespace: &str, user: &str, password: Option<&str>) {
     admin.role_add("fencelock-locker").await.expect("role add");
@@ -121,7 +121,7 @@ async fn an_etcd_client_certificate_is_its_user() {
     locks.close().await.expect("close");
 }
 
-/// The README's minimal ACL for a lock user: the commands the lock sends (its scripts'
+/// docs/security.md's minimal ACL for a lock user: the commands the lock sends (its scripts'
 /// commands included, as Redis checks those too), its keys and its channels only.
 const REDIS_ACL: &[&str] = &[
     "on",

@@ -47,7 +47,7 @@ pub struct LocksArgs {
     backend: LocksBackend,
     #[command(flatten)]
     service: crate::service::ServiceArgs,
-    /// Print JSON instead of a table (schema in the README).
+    /// Print JSON instead of a table (schema in docs/operating.md).
     #[arg(long)]
     json: bool,
 }

@@ -35,8 +35,8 @@ enum Command {
     /// Check a log of critical sections (JSON lines) for overlapping holders, stale
     /// writes accepted or rejected, and tokens out of grant order.
     CheckLog(chaos::CheckLogArgs),
-    /// Run the failure scenarios S1-S8 (the README's "What happens under faults") against
-    /// every backend and count what broke.
+    /// Run the failure scenarios S1-S8 (docs/chaos.md) against every backend and count
+    /// what broke.
     Chaos(chaos::ChaosArgs),
     /// One chaos client (started by `fencelock chaos`).
     #[command(hide = true)]

@@ -26,7 +26,8 @@ const BACKENDS: [&str; 4] = ["etcd", "redis", "redlock", "postgres"];
 /// Options of `fencelock bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// How long each measured cell runs (e.g. 500ms, 3s).
+    /// How long each measured cell runs (e.g. 500ms, 3s, 1m30s: humantime's forms; a bare
+    /// number is seconds).
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub duration: Duration,
     /// Exit 1 if a performance bar is missed (for CI); by default the bars only inform.
@@ -79,29 +80,27 @@ pub struct BenchArgs {
     pub report: Option<PathBuf>,
 }
 
-/// Parses `500ms`, `3s`, `1.5m`, `2h` (a bare number is seconds).
+/// Parses the CLI's durations with `humantime`: `250ms`, `3s`, `1m30s`, `1.5m`, `2h`,
+/// `1h 15min`. A bare number is seconds (`10`, `1.5`), as it was before humantime. A
+/// negative or zero duration is refused.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     if text.starts_with('-') {
         return Err(format!("a duration cannot be negative: {text:?}"));
     }
-    let (number, unit) = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .map_or((text, "s"), |i| text.split_at(i));
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("not a duration: {text:?}"))?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => return Err(format!("unknown unit in {text:?}: use ms, s, m or h")),
+    let bare_seconds = !text.is_empty() && text.chars().all(|c| c.is_ascii_digit() || c == '.');
+    let parsed = if bare_seconds {
+        humantime::parse_duration(&format!("{text}s"))
+    } else {
+        humantime::parse_duration(text)
     };
-    if !(seconds.is_finite() && seconds > 0.0) {
+    let duration = parsed.map_err(|err| {
+        format!("not a duration: {text:?} ({err}); use e.g. 250ms, 10s, 1m30s, 2h")
+    })?;
+    if duration.is_zero() {
         return Err(format!("duration must be above zero: {text:?}"));
     }
-    Ok(Duration::from_secs_f64(seconds))
+    Ok(duration)
 }
 
 /// Runs the benchmark and writes its outputs; `Ok(false)` when `--check` is on and a
@@ -378,4 +377,46 @@ fn planned_cells(args: &BenchArgs) -> u64 {
             .count();
     }
     u64::try_from(cells).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn parses_humantime_forms_and_bare_seconds() {
+        for (text, expected) in [
+            ("250ms", Duration::from_millis(250)),
+            ("1m30s", Duration::from_secs(90)),
+            ("1h 15min", Duration::from_secs(4500)),
+            ("1.5m", Duration::from_secs(90)),
+            ("2h", Duration::from_secs(7200)),
+            ("3s", Duration::from_secs(3)),
+            (" 3s ", Duration::from_secs(3)),
+            ("10", Duration::from_secs(10)),
+            ("1.5", Duration::from_millis(1500)),
+            ("500us", Duration::from_micros(500)),
+        ] {
+            assert_eq!(parse_duration(text), Ok(expected), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn refuses_what_is_not_a_positive_duration() {
+        for (text, says) in [
+            ("banana", "not a duration"),
+            ("", "not a duration"),
+            ("5x", "not a duration"),
+            ("1.2.3", "not a duration"),
+            ("99999999999999999999h", "not a duration"),
+            ("0", "above zero"),
+            ("0s", "above zero"),
+            ("0.0", "above zero"),
+            ("-5s", "cannot be negative"),
+        ] {
+            let err = parse_duration(text).expect_err(text);
+            assert!(err.contains(says), "{text:?}: {err}");
+        }
+    }
 }

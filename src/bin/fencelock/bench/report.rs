@@ -548,7 +548,7 @@ impl Outcome {
         }
         let _ = writeln!(
             md,
-            "\nThe Redis token is a counter that can repeat after a failover, and Redlock's is the largest of independent counters; only etcd's create revision is a fencing token storage can fully rely on (see the README)."
+            "\nThe Redis token is a counter that can repeat after a failover, and Redlock's is the largest of independent counters; only etcd's create revision is a fencing token storage can fully rely on (see docs/redis.md)."
         );
         std::fs::write(dir.join("report.md"), md)?;
         Ok(())

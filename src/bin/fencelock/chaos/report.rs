@@ -1,5 +1,5 @@
-//! The chaos table: one row per scenario and backend, for the terminal, the README
-//! (Markdown) and `--json`.
+//! The chaos table: one row per scenario and backend, for the terminal, the guide
+//! (`docs/chaos.md`, Markdown) and `--json`.
 
 use serde::Serialize;
 
@@ -114,7 +114,7 @@ pub fn terminal(rows: &[Row]) -> String {
     out
 }
 
-/// The table as Markdown, for the README.
+/// The table as Markdown, for the guide (`docs/chaos.md`).
 pub fn markdown(rows: &[Row]) -> String {
     let mut out = format!("| {} |\n", HEADER.join(" | "));
     out.push_str(&format!("|{}\n", "---|".repeat(HEADER.len())));

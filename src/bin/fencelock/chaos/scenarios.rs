@@ -1,4 +1,4 @@
-//! The failure scenarios S1-S8 (the README's "What happens under faults"): for each, the workers it runs and the faults
+//! The failure scenarios S1-S8 (the guide's `docs/chaos.md`): for each, the workers it runs and the faults
 //! it injects, driven by what the workers report (a fault aims at a holder *at work*, the
 //! next step waits for the grant or section that proves the previous one took effect).
 

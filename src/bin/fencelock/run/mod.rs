@@ -70,7 +70,9 @@ pub struct RunArgs {
     /// least 1s on etcd (whole seconds there: 1.5s becomes 2s), 100ms on Redis.
     #[arg(long, default_value = "10s", value_parser = parse_duration, allow_hyphen_values = true)]
     ttl: Duration,
-    /// How long to wait for the lock (default: forever).
+    /// How long to wait for the lock (default: forever). Durations, here and in --ttl and
+    /// --grace, take humantime's forms (250ms, 10s, 1m30s, 2h, "1h 15min"); a bare number
+    /// is seconds.
     #[arg(long, value_parser = parse_duration, allow_hyphen_values = true)]
     wait: Option<Duration>,
     /// Time between SIGTERM and SIGKILL when renewals stop being confirmed (SIGKILL comes
