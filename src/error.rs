@@ -21,11 +21,13 @@ pub enum Backend {
     Redlock,
     /// PostgreSQL advisory locks.
     Postgres,
+    /// MariaDB or MySQL (fenced storage only; no lock backend).
+    MySql,
 }
 
 impl Backend {
-    /// The backend's name: `etcd`, `redis`, `redlock` or `postgres` (also its `backend`
-    /// label in [`crate::metrics`]).
+    /// The backend's name: `etcd`, `redis`, `redlock`, `postgres` or `mysql` (also its
+    /// `backend` label in [`crate::metrics`]).
     #[must_use]
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -33,6 +35,7 @@ impl Backend {
             Self::Redis => "redis",
             Self::Redlock => "redlock",
             Self::Postgres => "postgres",
+            Self::MySql => "mysql",
         }
     }
 }

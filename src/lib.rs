@@ -18,6 +18,7 @@
 //! | `etcd` (default) | `etcd`: lock, semaphore, read-write lock, election | etcd-client, tonic |
 //! | `redis` | `redis`: the Redis lock, its semaphore, Redlock | redis-rs |
 //! | `postgres` | `postgres`: the fence, idempotency and compare-and-set helpers, advisory locks | tokio-postgres |
+//! | `mysql` | `mysql`: the fence, idempotency and compare-and-set helpers for MariaDB/MySQL | mysql_async |
 //! | `testkit` | `testkit`: real servers on loopback for tests (all three backends) | tempfile, rcgen |
 //!
 //! The core types ([`FencingToken`], [`LockBackend`], [`LockError`], [`TlsConfig`]) are
@@ -49,7 +50,12 @@
 #![warn(missing_docs)]
 // Without a backend only the core types remain, and the backends' shared parts are unused.
 #![cfg_attr(
-    not(any(feature = "etcd", feature = "redis", feature = "postgres")),
+    not(any(
+        feature = "etcd",
+        feature = "redis",
+        feature = "postgres",
+        feature = "mysql"
+    )),
     allow(dead_code)
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -71,6 +77,9 @@ mod token;
 #[cfg(feature = "etcd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub mod etcd;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;

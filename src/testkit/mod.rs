@@ -26,6 +26,7 @@ pub mod conformance;
 #[cfg(feature = "containers")]
 mod containers;
 mod etcd;
+mod mariadb;
 mod pki;
 mod postgres;
 mod process;
@@ -42,6 +43,7 @@ pub use containers::{
 pub use etcd::{
     ETCD_BIN_ENV, EtcdCluster, EtcdClusterBuilder, compact_now, fetch_metrics, metric_sum,
 };
+pub use mariadb::{MARIADB_BIN_ENV, MariaDbServer};
 pub use pki::{CertPair, ServerTls, TestPki};
 pub use postgres::{PG_BIN_DIR_ENV, PostgresServer};
 pub use process::{ProcessOptions, ServerProcess, free_port};

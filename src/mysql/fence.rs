@@ -1,0 +1,312 @@
+//! The fence store: one row per resource holding the newest token seen, and writes that
+//! apply only with a token at least that new.
+//!
+//! Three statements, in the caller's transaction (see the module docs for why each):
+//!
+//! ```sql
+//! -- 1. Make the row exist and lock it (an exclusive record lock until the transaction
+//! --    ends, under every isolation level); never changes a token.
+//! INSERT INTO fencelock_fences (resource, token, writes) VALUES (?, NULL, 0)
+//!   ON DUPLICATE KEY UPDATE resource = resource;
+//! -- 2. Move the fence forward only if this token is new enough. `writes` changes on
+//! --    every match, so "rows affected" is 1 exactly when the guard passed, with or
+//! --    without CLIENT_FOUND_ROWS.
+//! UPDATE fencelock_fences SET token = ?, writes = writes + 1, updated_at = NOW(6)
+//!  WHERE resource = ? AND (token IS NULL OR token <= ?);
+//! -- 3. Only when 2 matched nothing: the newest token, for the error. A locking read,
+//! --    because under REPEATABLE READ a plain SELECT could answer from an older snapshot.
+//! SELECT token FROM fencelock_fences WHERE resource = ? FOR UPDATE;
+//! ```
+
+use std::ops::{Deref, DerefMut};
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Transaction, TxOpts, Value};
+
+use super::FenceError;
+use super::ident::{Ident, MAX_KEY, check_key};
+use super::rows::{affected, first_column};
+use crate::FencingToken;
+
+/// Whether a token equal to the stored one may write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FenceMode {
+    /// Accept a token equal to the newest seen (the default). Equal tokens mean the same
+    /// grant, so one holder can make several writes under one lock; a stale holder always
+    /// carries an *older* token and is still refused.
+    #[default]
+    AllowEqual,
+    /// Accept only a strictly newer token: each grant may write once. Use it where two
+    /// grants could carry the same token (the Redis counter after a failover): the second
+    /// is then refused instead of trusted.
+    Strict,
+}
+
+/// Fenced writes in MariaDB or MySQL (InnoDB).
+///
+/// ```no_run
+/// use fencelock::mysql::Fence;
+/// use fencelock::FencingToken;
+/// use mysql_async::prelude::Queryable;
+///
+/// # async fn run(conn: &mut mysql_async::Conn) -> Result<(), fencelock::mysql::FenceError> {
+/// let fence = Fence::new();
+/// fence.ensure_schema(&mut *conn).await?; // once, at deploy or start-up
+///
+/// let token = FencingToken::new(42); // from the lock guard
+/// let mut tx = fence.begin(conn, "inventory:sku-1", token).await?;
+/// tx.exec_drop("UPDATE inventory SET available = available - 1 WHERE sku = ?", ("SKU-1",))
+///     .await?;
+/// tx.commit().await?; // or a FenceError::Stale before anything ran
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct Fence {
+    table: Ident,
+    mode: FenceMode,
+    lock_sql: String,
+    advance_sql: String,
+    current_sql: String,
+}
+
+impl Default for Fence {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Fence {
+    /// Fences in table `fencelock_fences`, accepting equal tokens.
+    pub fn new() -> Self {
+        Self::build(Ident::trusted("`fencelock_fences`"), FenceMode::AllowEqual)
+    }
+
+    /// Fences in another table (`name` or `database.name`).
+    pub fn with_table(self, table: &str) -> Result<Self, FenceError> {
+        Ok(Self::build(Ident::parse(table)?, self.mode))
+    }
+
+    /// Accepts equal tokens or not; see [`FenceMode`].
+    pub fn with_mode(self, mode: FenceMode) -> Self {
+        Self::build(self.table, mode)
+    }
+
+    fn build(table: Ident, mode: FenceMode) -> Self {
+        let cmp = match mode {
+            FenceMode::AllowEqual => "<=",
+            FenceMode::Strict => "<",
+        };
+        let t = table.sql();
+        // NULL: a row this transaction just created, which has seen no token yet. It is
+        // never committed as NULL: the guarded UPDATE below always matches it.
+        let lock_sql = format!(
+            "INSERT INTO {t} (resource, token, writes) VALUES (?, NULL, 0) \
+             ON DUPLICATE KEY UPDATE resource = resource"
+        );
+        let advance_sql = format!(
+            "UPDATE {t} SET token = ?, writes = writes + 1, updated_at = NOW(6) \
+             WHERE resource = ? AND (token IS NULL OR token {cmp} ?)"
+        );
+        let current_sql = format!("SELECT token FROM {t} WHERE resource = ? FOR UPDATE");
+        Self {
+            table,
+            mode,
+            lock_sql,
+            advance_sql,
+            current_sql,
+        }
+    }
+
+    /// The mode in use.
+    #[must_use]
+    pub fn mode(&self) -> FenceMode {
+        self.mode
+    }
+
+    /// Creates the fence table (InnoDB) if it does not exist. Call it once (at deploy or
+    /// start-up); writes never create schema implicitly.
+    pub async fn ensure_schema(&self, conn: &mut impl Queryable) -> Result<(), FenceError> {
+        let sql = format!(
+            "CREATE TABLE IF NOT EXISTS {} (\
+               resource VARBINARY({MAX_KEY}) NOT NULL PRIMARY KEY, \
+               token BIGINT UNSIGNED NULL, \
+               writes BIGINT UNSIGNED NOT NULL DEFAULT 0, \
+               updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)\
+             ) ENGINE=InnoDB",
+            self.table.sql()
+        );
+        conn.query_drop(sql).await?;
+        Ok(())
+    }
+
+    /// Begins a transaction (the session's isolation level) that has passed the fence
+    /// for `resource` with `token`: run the protected statements on it, then
+    /// [`commit`](FencedTransaction::commit). A stale token returns
+    /// [`FenceError::Stale`] and the transaction is rolled back.
+    ///
+    /// # Cancel safety
+    ///
+    /// Nothing is committed unless [`commit`](FencedTransaction::commit) is called. If
+    /// this future or the returned transaction is dropped, mysql_async rolls back before
+    /// the connection's next command, or the server does when the connection closes;
+    /// until then the fence row stays locked, and other writers of `resource` wait.
+    /// Drop or reuse the connection soon after.
+    #[tracing::instrument(skip(self, conn), fields(table = self.table.sql(), token = %token))]
+    pub async fn begin<'a>(
+        &self,
+        conn: &'a mut Conn,
+        resource: &str,
+        token: FencingToken,
+    ) -> Result<FencedTransaction<'a>, FenceError> {
+        self.begin_with(conn, TxOpts::default(), resource, token)
+            .await
+    }
+
+    /// [`begin`](Self::begin) with transaction options, such as an isolation level.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`begin`](Self::begin).
+    #[tracing::instrument(skip(self, conn, options), fields(table = self.table.sql(), token = %token))]
+    pub async fn begin_with<'a>(
+        &self,
+        conn: &'a mut Conn,
+        options: TxOpts,
+        resource: &str,
+        token: FencingToken,
+    ) -> Result<FencedTransaction<'a>, FenceError> {
+        check_key(resource)?;
+        let mut tx = conn.start_transaction(options).await?;
+        if let Err(err) = self.check(&mut tx, resource, token).await {
+            // Free the fence row now rather than at the connection's next command.
+            if let Err(rollback) = tx.rollback().await {
+                tracing::debug!(%rollback, "rollback after a refused fence failed");
+            }
+            return Err(err);
+        }
+        Ok(FencedTransaction {
+            tx,
+            resource: resource.to_owned(),
+            token,
+        })
+    }
+
+    /// Passes the fence inside a transaction the caller already opened: moves the fence
+    /// forward (and locks its row until the transaction ends) or returns
+    /// [`FenceError::Stale`], after which the caller must roll back.
+    ///
+    /// Call it before the transaction's first plain `SELECT`: under REPEATABLE READ that
+    /// read fixes the snapshot the transaction's later plain reads see, and a snapshot
+    /// taken before the fence may miss the previous holder's write.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future leaves the transaction open in an unknown state (the fence row
+    /// may be locked or moved forward): roll it back, never commit it.
+    #[tracing::instrument(skip(self, tx), fields(table = self.table.sql(), token = %token))]
+    pub async fn check(
+        &self,
+        tx: &mut Transaction<'_>,
+        resource: &str,
+        token: FencingToken,
+    ) -> Result<(), FenceError> {
+        check_key(resource)?;
+        let value = Value::UInt(token.get());
+        let key = Value::Bytes(resource.as_bytes().to_vec());
+        tx.exec_drop(&self.lock_sql, vec![key.clone()]).await?;
+        let matched = affected(
+            &mut *tx,
+            &self.advance_sql,
+            vec![value.clone(), key.clone(), value],
+        )
+        .await?;
+        if matched == 1 {
+            return Ok(());
+        }
+        let current: Option<Option<u64>> =
+            first_column(&mut *tx, &self.current_sql, vec![key]).await?;
+        Err(FenceError::Stale {
+            resource: resource.to_owned(),
+            presented: token,
+            current: FencingToken::new(current.flatten().unwrap_or(0)),
+        })
+    }
+
+    /// The newest token seen for `resource`, if any (a plain read: outside a
+    /// transaction, the latest committed value).
+    pub async fn current(
+        &self,
+        conn: &mut impl Queryable,
+        resource: &str,
+    ) -> Result<Option<FencingToken>, FenceError> {
+        let sql = format!("SELECT token FROM {} WHERE resource = ?", self.table.sql());
+        let row: Option<Option<u64>> =
+            first_column(conn, &sql, vec![Value::Bytes(resource.as_bytes().to_vec())]).await?;
+        Ok(row.flatten().map(FencingToken::new))
+    }
+}
+
+/// A transaction that passed the fence. Use it like a [`Transaction`] (it derefs to one:
+/// `exec_drop`, `query`, ... through [`Queryable`]), then [`commit`](Self::commit);
+/// dropping it rolls back.
+#[must_use = "dropping a fenced transaction rolls it back"]
+pub struct FencedTransaction<'a> {
+    tx: Transaction<'a>,
+    resource: String,
+    token: FencingToken,
+}
+
+impl std::fmt::Debug for FencedTransaction<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FencedTransaction")
+            .field("resource", &self.resource)
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Deref for FencedTransaction<'a> {
+    type Target = Transaction<'a>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.tx
+    }
+}
+
+impl DerefMut for FencedTransaction<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.tx
+    }
+}
+
+impl FencedTransaction<'_> {
+    /// The token this transaction was fenced with.
+    #[must_use]
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// Commits the fence and the caller's statements together.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: once `COMMIT` is sent, dropping the future leaves its outcome
+    /// unknown (it may have committed).
+    #[tracing::instrument(skip(self), fields(resource = %self.resource, token = %self.token))]
+    pub async fn commit(self) -> Result<(), FenceError> {
+        self.tx.commit().await?;
+        Ok(())
+    }
+
+    /// Rolls everything back.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future still rolls back (before the connection's next command).
+    pub async fn rollback(self) -> Result<(), FenceError> {
+        self.tx.rollback().await?;
+        Ok(())
+    }
+}
