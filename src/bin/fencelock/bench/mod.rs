@@ -2,6 +2,7 @@
 //! measured in the same run, with ratios computed inside the run.
 
 mod driver;
+mod mariadb;
 mod report;
 mod stats;
 mod targets;
@@ -22,6 +23,8 @@ use workloads::Runner;
 pub type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 const BACKENDS: [&str; 4] = ["etcd", "redis", "redlock", "postgres"];
+/// Storage without a lock of its own: only the fenced-write rows (locked by etcd and Redis).
+const STORES: [&str; 1] = ["mariadb"];
 
 /// Options of `fencelock bench`.
 #[derive(Debug, Args)]
@@ -43,7 +46,7 @@ pub struct BenchArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "etcd,redis,redlock,postgres"
+        default_value = "etcd,redis,redlock,postgres,mariadb"
     )]
     pub backends: Vec<String>,
     /// Locks held by one client in the renewal workload (0 skips it); it also measures the
@@ -59,6 +62,10 @@ pub struct BenchArgs {
     pub renewal_duration: Duration,
     #[command(flatten)]
     pub endpoints: crate::endpoints::Endpoints,
+    /// An existing MariaDB or MySQL instead of a local MariaDB, for the fenced-write rows
+    /// (mysql://user:password@host:port/database; plaintext).
+    #[arg(long, value_name = "URL")]
+    pub mariadb: Option<String>,
     #[command(flatten)]
     pub metrics: crate::metrics_listen::MetricsListen,
     /// Start a local 3-member etcd cluster instead of a single node.
@@ -107,8 +114,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// performance bar was missed.
 pub async fn run(args: BenchArgs) -> BoxResult<bool> {
     for backend in &args.backends {
-        if !BACKENDS.contains(&backend.as_str()) {
-            return Err(format!("unknown backend {backend:?}: use {}", BACKENDS.join(",")).into());
+        if !BACKENDS.contains(&backend.as_str()) && !STORES.contains(&backend.as_str()) {
+            let known = [BACKENDS.as_slice(), STORES.as_slice()].concat().join(",");
+            return Err(format!("unknown backend {backend:?}: use {known}").into());
         }
     }
     if args
@@ -140,7 +148,7 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
     };
 
     let etcd = match targets.etcd_config("bench")? {
-        Some(config) if wants("etcd") || wants("postgres") => {
+        Some(config) if wants("etcd") || wants("postgres") || wants("mariadb") => {
             Some(EtcdLocker::connect(config).await?)
         }
         _ => None,
@@ -159,7 +167,7 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         .map(|locks| locks.client().clone())
         .collect();
     let redis = match targets.redis_config("bench") {
-        Some(config) if wants("redis") || wants("postgres") => {
+        Some(config) if wants("redis") || wants("postgres") || wants("mariadb") => {
             Some(RedisLocker::connect(config).await?)
         }
         _ => None,
@@ -189,6 +197,7 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
             .as_deref()
             .filter(|_| wants("postgres"))
             .map(|conn| (conn, postgres_tls.as_ref())),
+        targets.mariadb.as_deref().filter(|_| wants("mariadb")),
     )
     .await;
     runner.progress.suspend(|| eprintln!("{}", versions.line()));
@@ -261,6 +270,18 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         if let Some(locks) = &redis {
             runner
                 .fenced_write("redis", locks.clone(), conn, tls)
+                .await?;
+        }
+    }
+    if let Some(url) = targets.mariadb.as_deref().filter(|_| wants("mariadb")) {
+        if let Some(locks) = &etcd {
+            runner
+                .fenced_write_mariadb("etcd", locks.clone(), url)
+                .await?;
+        }
+        if let Some(locks) = &redis {
+            runner
+                .fenced_write_mariadb("redis", locks.clone(), url)
                 .await?;
         }
     }
@@ -368,6 +389,9 @@ fn planned_cells(args: &BenchArgs) -> u64 {
         }
     }
     if wants("postgres") {
+        cells += 4;
+    }
+    if wants("mariadb") {
         cells += 4;
     }
     if args.renewal_locks > 0 {

@@ -20,6 +20,7 @@ pub struct Environment {
     pub etcd: String,
     pub redis: String,
     pub postgres: String,
+    pub mariadb: String,
     pub cell_duration_s: f64,
     pub fencelock: String,
 }
@@ -34,12 +35,14 @@ pub fn environment(args: &BenchArgs, targets: &Targets, versions: ServerVersions
             "given endpoints".into()
         },
         fsync: format!(
-            "etcd fsync {}; redis without persistence; postgres fsync off (local servers)",
+            "etcd fsync {}; redis without persistence; postgres fsync off; mariadb no log \
+             flush at commit (local servers)",
             on_off(args.fsync)
         ),
         etcd: versions.etcd,
         redis: versions.redis,
         postgres: versions.postgres,
+        mariadb: versions.mariadb,
         cell_duration_s: args.duration.as_secs_f64(),
         fencelock: env!("CARGO_PKG_VERSION").into(),
     }
@@ -52,17 +55,19 @@ pub struct ServerVersions {
     pub etcd: String,
     pub redis: String,
     pub postgres: String,
+    pub mariadb: String,
 }
 
 const NOT_USED: &str = "not used";
 
 impl ServerVersions {
     /// Asks each server: etcd's Status RPC, Redis's `INFO server`, PostgreSQL's
-    /// `SHOW server_version`.
+    /// `SHOW server_version`, MariaDB's `VERSION()`.
     pub async fn ask(
         etcd: Option<etcd_client::Client>,
         redis: Option<redis::aio::ConnectionManager>,
         postgres: Option<(&str, Option<&fencelock::TlsConfig>)>,
+        mariadb: Option<&str>,
     ) -> Self {
         let unknown = |err: &dyn std::fmt::Display| format!("unknown: {err}");
         let etcd = match etcd {
@@ -95,17 +100,41 @@ impl ServerVersions {
             },
             None => NOT_USED.into(),
         };
+        let mariadb = match mariadb {
+            Some(url) => mariadb_version(url)
+                .await
+                .unwrap_or_else(|err| unknown(&err)),
+            None => NOT_USED.into(),
+        };
         Self {
             etcd,
             redis,
             postgres,
+            mariadb,
         }
     }
 
     /// One line for the terminal.
     pub fn line(&self) -> String {
-        format!("servers: {}; {}; {}", self.etcd, self.redis, self.postgres)
+        format!(
+            "servers: {}; {}; {}; {}",
+            self.etcd, self.redis, self.postgres, self.mariadb
+        )
     }
+}
+
+/// `MariaDB 10.11.6-MariaDB-0+deb12u1` (or a MySQL version), from `VERSION()`.
+async fn mariadb_version(url: &str) -> BoxResult<String> {
+    use mysql_async::prelude::Queryable;
+    let mut conn = fencelock::mysql::connect(url, None).await?;
+    let version: Option<String> = conn.query_first("SELECT VERSION()").await?;
+    conn.disconnect().await?;
+    let version = version.ok_or("VERSION() returned no row")?;
+    Ok(if version.contains("MariaDB") {
+        format!("MariaDB {version}")
+    } else {
+        format!("MySQL {version}")
+    })
 }
 
 /// `redis 7.0.15` or `valkey 8.1.1`, from `INFO server` (Valkey also reports a
@@ -324,6 +353,20 @@ impl Outcome {
                     r,
                 ));
             }
+            if let (Some(plain), Some(fenced)) = (
+                self.cell(super::mariadb::PLAIN, subject, 1),
+                self.cell(super::mariadb::FENCED, subject, 1),
+            ) {
+                #[allow(clippy::cast_precision_loss)]
+                let r = fenced.p50_us as f64 / plain.p50_us.max(1) as f64;
+                ratios.push(ratio(
+                    format!(
+                        "{subject}: lock+fenced MariaDB write+release / lock+plain MariaDB \
+                         write+release, p50"
+                    ),
+                    r,
+                ));
+            }
         }
         for wave in self.cells.iter().filter(|c| c.workload == "waves") {
             if let Some(per_cycle) = wave.writes_per_operation {
@@ -374,8 +417,8 @@ impl Outcome {
         let env = &self.environment;
         let _ = write!(
             out,
-            "\nservers: {}; {}; {}\n",
-            env.etcd, env.redis, env.postgres
+            "\nservers: {}; {}; {}; {}\n",
+            env.etcd, env.redis, env.postgres, env.mariadb
         );
         let _ = writeln!(
             out,

@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use fencelock::etcd::EtcdConfig;
 use fencelock::redis::RedisConfig;
-use fencelock::testkit::{EtcdCluster, EtcdClusterBuilder, PostgresServer, RedisServer, TestPki};
+use fencelock::testkit::{
+    EtcdCluster, EtcdClusterBuilder, MariaDbServer, PostgresServer, RedisServer, TestPki,
+};
 
 use super::{BenchArgs, BoxResult};
 
@@ -18,6 +20,8 @@ pub struct Targets {
     pub redis: Option<String>,
     pub redlock: Option<Vec<String>>,
     pub postgres: Option<String>,
+    /// A `mysql://` URL, for the MariaDB fenced-write rows.
+    pub mariadb: Option<String>,
     pub embedded: bool,
     embedded_etcd: bool,
     /// A second local etcd serving mutual TLS (a throwaway PKI), for the TLS rows beside
@@ -32,6 +36,7 @@ pub struct Targets {
     _etcd_three: Option<EtcdCluster>,
     _redis: Vec<RedisServer>,
     _postgres: Option<PostgresServer>,
+    _mariadb: Option<MariaDbServer>,
 }
 
 impl Targets {
@@ -45,6 +50,7 @@ impl Targets {
             redis: args.endpoints.redis.clone(),
             redlock: args.endpoints.redlock.clone(),
             postgres: args.endpoints.postgres.clone(),
+            mariadb: args.mariadb.clone(),
             embedded: false,
             embedded_etcd: false,
             etcd_tls: None,
@@ -54,9 +60,11 @@ impl Targets {
             _etcd_three: None,
             _redis: Vec::new(),
             _postgres: None,
+            _mariadb: None,
         };
-        // etcd is also the lock of the fenced-write workload.
-        if targets.etcd.is_none() && (wants("etcd") || wants("postgres")) {
+        // etcd (and Redis) are also the locks of the fenced-write workloads.
+        let fenced_writes = wants("postgres") || wants("mariadb");
+        if targets.etcd.is_none() && (wants("etcd") || fenced_writes) {
             let members = if args.cluster { 3 } else { 1 };
             eprintln!(
                 "starting a local {members}-member etcd (fsync {})",
@@ -106,7 +114,7 @@ impl Targets {
                 }
             }
         }
-        if targets.redis.is_none() && (wants("redis") || wants("postgres")) {
+        if targets.redis.is_none() && (wants("redis") || fenced_writes) {
             eprintln!("starting a local redis-server");
             let server = RedisServer::start().await?;
             targets.redis = Some(server.url());
@@ -130,6 +138,14 @@ impl Targets {
             let database = server.create_database().await?;
             targets.postgres = Some(server.connection_string(&database));
             targets._postgres = Some(server);
+            targets.embedded = true;
+        }
+        if targets.mariadb.is_none() && wants("mariadb") {
+            eprintln!("starting a local mariadbd");
+            let server = MariaDbServer::start().await?;
+            let database = server.create_database().await?;
+            targets.mariadb = Some(server.url(&database));
+            targets._mariadb = Some(server);
             targets.embedded = true;
         }
         Ok(targets)

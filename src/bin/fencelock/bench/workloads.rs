@@ -41,7 +41,7 @@ impl Runner<'_> {
         Ok(())
     }
 
-    fn step(&self, what: &str) {
+    pub(super) fn step(&self, what: &str) {
         self.progress.set_message(what.to_owned());
         // Without a terminal the bar is hidden: say what runs, a line per step, so that a
         // log shows progress instead of minutes of silence.
@@ -55,7 +55,7 @@ impl Runner<'_> {
         }
     }
 
-    fn done(&mut self, cell: Cell) {
+    pub(super) fn done(&mut self, cell: Cell) {
         self.progress.inc(1);
         self.cells.push(cell);
     }
@@ -572,7 +572,7 @@ fn resident_bytes() -> Option<u64> {
 }
 
 /// Releases, counting a lock found lost as a failed cycle.
-async fn release<G: LockGuard>(guard: G) -> BoxResult<()> {
+pub(super) async fn release<G: LockGuard>(guard: G) -> BoxResult<()> {
     match guard.release().await? {
         fencelock::ReleaseOutcome::Released => Ok(()),
         _ => Err("the lock was lost before its release".into()),
