@@ -19,7 +19,7 @@
 //! | `redis` | `redis`: the Redis lock, its semaphore, Redlock | redis-rs |
 //! | `postgres` | `postgres`: the fence, idempotency and compare-and-set helpers, advisory locks | tokio-postgres |
 //! | `mysql` | `mysql`: the fence, idempotency and compare-and-set helpers for MariaDB/MySQL | mysql_async |
-//! | `testkit` | `testkit`: real servers on loopback for tests (all three backends) | tempfile, rcgen |
+//! | `testkit` | `testkit`: real servers on loopback for tests (every backend, MariaDB) | tempfile, rcgen |
 //!
 //! The core types ([`FencingToken`], [`LockBackend`], [`LockError`], [`TlsConfig`]) are
 //! always there.
@@ -36,6 +36,7 @@
 //! | `docs/primitives.md` | semaphores, leader election, read-write locks |
 //! | `docs/redis.md` | the Redis configuration the token needs; etcd or Redis: what each promises |
 //! | `docs/fencing-postgres.md` | fenced writes on PostgreSQL, the helpers, advisory locks |
+//! | `docs/mysql.md` | fenced writes on MariaDB and MySQL: the statements and why, isolation levels, TLS |
 //! | `docs/security.md` | TLS and mutual TLS, least-privilege users, what each mistake says |
 //! | `docs/features.md` | the cargo features and what each compiles |
 //! | `docs/run.md` | `fencelock run`: a command under a lock |
@@ -116,6 +117,8 @@ mod doctests {
     struct GuideFeatures;
     #[doc = include_str!("../docs/fencing-postgres.md")]
     struct GuideFencingPostgres;
+    #[doc = include_str!("../docs/mysql.md")]
+    struct GuideMysql;
     #[doc = include_str!("../docs/operating.md")]
     struct GuideOperating;
     #[doc = include_str!("../docs/primitives.md")]

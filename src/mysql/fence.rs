@@ -127,6 +127,7 @@ impl Fence {
 
     /// Creates the fence table (InnoDB) if it does not exist. Call it once (at deploy or
     /// start-up); writes never create schema implicitly.
+    #[tracing::instrument(skip_all, fields(table = self.table.sql()))]
     pub async fn ensure_schema(&self, conn: &mut impl Queryable) -> Result<(), FenceError> {
         let sql = format!(
             "CREATE TABLE IF NOT EXISTS {} (\
@@ -236,6 +237,7 @@ impl Fence {
 
     /// The newest token seen for `resource`, if any (a plain read: outside a
     /// transaction, the latest committed value).
+    #[tracing::instrument(skip(self, conn), fields(table = self.table.sql()))]
     pub async fn current(
         &self,
         conn: &mut impl Queryable,

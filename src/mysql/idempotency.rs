@@ -61,6 +61,7 @@ impl IdempotencyKeys {
     }
 
     /// Creates the table (InnoDB) if it does not exist (explicitly, once).
+    #[tracing::instrument(skip_all, fields(table = self.table.sql()))]
     pub async fn ensure_schema(&self, conn: &mut impl Queryable) -> Result<(), FenceError> {
         let sql = format!(
             "CREATE TABLE IF NOT EXISTS {} (\
