@@ -11,26 +11,60 @@ use fencelock::FencingToken;
 use fencelock::mysql::{Fence, FenceError};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, IsolationLevel};
+use tokio::sync::oneshot;
 
 use crate::support::{DECREMENT, Db, LEVELS};
 
-/// Begins a fenced transaction with `token` on a connection of its own, writes, and
-/// commits when `go` fires.
+/// A fenced writer on a connection of its own: begins with `token`, writes, tells
+/// `passed` (if any) that it holds the fence, and commits when `go` (if any) fires.
 async fn fenced(
     fence: Arc<Fence>,
     mut conn: Conn,
     token: u64,
-    go: Option<tokio::sync::oneshot::Receiver<()>>,
+    passed: Option<oneshot::Sender<()>>,
+    go: Option<oneshot::Receiver<()>>,
 ) -> Result<(), FenceError> {
     let mut tx = fence
         .begin(&mut conn, "SKU-1", FencingToken::new(token))
         .await?;
     tx.exec_drop(DECREMENT, (format!("holder-{token}"),))
         .await?;
+    if let Some(passed) = passed {
+        let _ = passed.send(());
+    }
     if let Some(go) = go {
         let _ = go.await;
     }
     tx.commit().await
+}
+
+/// Waits until another connection to this test's database has been running one
+/// statement for over 200 ms while the holder sits idle in its open transaction: a writer
+/// queued behind the fence row, not merely slow to start. (PROCESSLIST, not InnoDB's
+/// INNODB_TRX: that one is a cache InnoDB refreshes only after 100 ms without readers,
+/// which tests polling in parallel never leave it.)
+async fn until_a_writer_waits_for_the_lock(db: &mut Db) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: Option<u64> = db
+            .conn
+            .exec_first(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+                 WHERE DB = ? AND ID <> CONNECTION_ID() \
+                   AND COMMAND IN ('Query', 'Execute') AND TIME_MS > 200",
+                (&db.name,),
+            )
+            .await
+            .expect("PROCESSLIST");
+        if waiting.unwrap_or(0) > 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no writer waited for the fence row within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn a_stale_writer_waits_for_the_newer_holder_then_loses(level: IsolationLevel) {
@@ -39,25 +73,31 @@ async fn a_stale_writer_waits_for_the_newer_holder_then_loses(level: IsolationLe
     let fence = Arc::new(Fence::new());
     fence.ensure_schema(&mut db.conn).await.expect("schema");
 
-    // The newer holder (12) has passed the fence and written, not yet committed.
-    let (commit_newer, go) = tokio::sync::oneshot::channel();
+    // The newer holder (12) passes the fence and writes, and does not commit yet.
+    let (passed, newer_passed) = oneshot::channel();
+    let (commit_newer, go) = oneshot::channel();
     let newer = tokio::spawn(fenced(
         fence.clone(),
         db.connect_at(level).await,
         12,
+        Some(passed),
         Some(go),
     ));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !newer.is_finished(),
-        "{level:?}: the newer holder waits for its signal"
-    );
-    // The stale one (11) arrives now: it must wait on the fence row, not pass it.
-    let stale = tokio::spawn(fenced(fence.clone(), db.connect_at(level).await, 11, None));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    newer_passed
+        .await
+        .expect("the newer holder passes the fence");
+    // The stale one (11) arrives now: it must queue on the fence row, not pass it.
+    let stale = tokio::spawn(fenced(
+        fence.clone(),
+        db.connect_at(level).await,
+        11,
+        None,
+        None,
+    ));
+    until_a_writer_waits_for_the_lock(&mut db).await;
     assert!(
         !stale.is_finished(),
-        "{level:?}: the stale writer must wait while the newer holder's transaction is open"
+        "{level:?}: the stale writer is queued"
     );
     commit_newer.send(()).expect("signal");
     newer
@@ -93,19 +133,29 @@ async fn a_newer_writer_waits_for_the_older_then_wins() {
         db.inventory().await;
         let fence = Arc::new(Fence::new());
         fence.ensure_schema(&mut db.conn).await.expect("schema");
-        let (commit_older, go) = tokio::sync::oneshot::channel();
+        let (passed, older_passed) = oneshot::channel();
+        let (commit_older, go) = oneshot::channel();
         let older = tokio::spawn(fenced(
             fence.clone(),
             db.connect_at(level).await,
             11,
+            Some(passed),
             Some(go),
         ));
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let newer = tokio::spawn(fenced(fence.clone(), db.connect_at(level).await, 12, None));
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        older_passed
+            .await
+            .expect("the older holder passes the fence");
+        let newer = tokio::spawn(fenced(
+            fence.clone(),
+            db.connect_at(level).await,
+            12,
+            None,
+            None,
+        ));
+        until_a_writer_waits_for_the_lock(&mut db).await;
         assert!(
             !newer.is_finished(),
-            "{level:?}: the newer writer waits for the row"
+            "{level:?}: the newer writer is queued"
         );
         commit_older.send(()).expect("signal");
         older
