@@ -21,10 +21,12 @@ pub enum Backend {
     Redlock,
     /// PostgreSQL advisory locks.
     Postgres,
+    /// A ZooKeeper ensemble.
+    ZooKeeper,
 }
 
 impl Backend {
-    /// The backend's name: `etcd`, `redis`, `redlock` or `postgres` (also its `backend`
+    /// The backend's name: `etcd`, `redis`, `redlock`, `postgres` or `zookeeper` (also its `backend`
     /// label in [`crate::metrics`]).
     #[must_use]
     pub const fn as_str(self) -> &'static str {
@@ -33,6 +35,7 @@ impl Backend {
             Self::Redis => "redis",
             Self::Redlock => "redlock",
             Self::Postgres => "postgres",
+            Self::ZooKeeper => "zookeeper",
         }
     }
 }

@@ -18,6 +18,7 @@
 //! | `etcd` (default) | `etcd`: lock, semaphore, read-write lock, election | etcd-client, tonic |
 //! | `redis` | `redis`: the Redis lock, its semaphore, Redlock | redis-rs |
 //! | `postgres` | `postgres`: the fence, idempotency and compare-and-set helpers, advisory locks | tokio-postgres |
+//! | `zookeeper` | `zookeeper`: the ZooKeeper lock (Curator's recipe, czxid token) | zookeeper-client |
 //! | `testkit` | `testkit`: real servers on loopback for tests (all three backends) | tempfile, rcgen |
 //!
 //! The core types ([`FencingToken`], [`LockBackend`], [`LockError`], [`TlsConfig`]) are
@@ -25,7 +26,12 @@
 #![warn(missing_docs)]
 // Without a backend only the core types remain, and the backends' shared parts are unused.
 #![cfg_attr(
-    not(any(feature = "etcd", feature = "redis", feature = "postgres")),
+    not(any(
+        feature = "etcd",
+        feature = "redis",
+        feature = "postgres",
+        feature = "zookeeper"
+    )),
     allow(dead_code)
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -33,7 +39,7 @@
 mod backend;
 mod error;
 // The lease deadline of the lease-based backends.
-#[cfg(any(feature = "etcd", feature = "redis"))]
+#[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper"))]
 mod lease_clock;
 mod loss;
 pub mod metrics;
@@ -41,6 +47,11 @@ mod name;
 mod options;
 #[cfg(any(feature = "etcd", feature = "redis"))]
 mod retry;
+// Used by the etcd, Redis and PostgreSQL connectors (the ZooKeeper backend has no TLS).
+#[cfg_attr(
+    not(any(feature = "etcd", feature = "redis", feature = "postgres")),
+    allow(dead_code)
+)]
 mod tls;
 mod token;
 
@@ -56,6 +67,9 @@ pub mod redis;
 #[cfg(feature = "testkit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod testkit;
+#[cfg(feature = "zookeeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
+pub mod zookeeper;
 
 pub use backend::{LockBackend, LockGuard, ReleaseOutcome};
 pub use error::{Backend, BoxError, LockError};

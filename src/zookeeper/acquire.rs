@@ -1,0 +1,215 @@
+//! One acquisition: join the queue, wait behind the predecessor, or leave cleanly.
+
+use std::sync::Arc;
+
+use zookeeper_client::{Acls, CreateMode, Error as ZkError};
+
+use super::error::RequestError;
+use super::guard::ZooKeeperGuard;
+use super::node::{NodeRef, protected_id, queue};
+use super::session::Session;
+use crate::{FencingToken, LockError, LossReason};
+
+/// Our node while the acquisition runs: removed (in the background) if the acquisition
+/// ends without a guard, found by its id if the create's answer never came.
+struct Entry {
+    session: Arc<Session>,
+    node: NodeRef,
+    armed: bool,
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        if self.armed {
+            self.node.clone().remove_in_background(self.session.clone());
+        }
+    }
+}
+
+/// How many times a create is tried again after its outcome turned out unknown (and our
+/// node was not found), or after the lock's node vanished between the `mkdir` and the
+/// create (a container node the server removed when it was empty).
+const CREATE_ATTEMPTS: usize = 5;
+
+/// Joins the queue of `name` in `session` and waits (`wait`) or not for the lock.
+///
+/// # Cancel safety
+///
+/// Cancel safe. Requests are sent when they are made, so once the create is made the
+/// node may exist: from then on an armed [`Entry`] removes it if this future is dropped,
+/// finding it by its protected-mode id if the create's answer never came. The removal
+/// queues behind the create in the session, and is retried until confirmed or the
+/// session is gone (which removes the node).
+#[tracing::instrument(skip(session, namespace), fields(backend = "zookeeper", session = format_args!("{:#x}", session.id)))]
+pub(crate) async fn acquire(
+    session: Arc<Session>,
+    namespace: &str,
+    name: &str,
+    wait: bool,
+) -> Result<Option<ZooKeeperGuard>, LockError> {
+    let fail = |err: RequestError, operation| err.into_lock_error(operation, Some(name));
+    let dir = format!("{namespace}/{name}");
+    let mut entry = Entry {
+        session: session.clone(),
+        node: NodeRef {
+            dir: dir.clone(),
+            id: protected_id(),
+            path: None,
+        },
+        armed: true,
+    };
+    let (path, token, mut children) = join(&session, &mut entry.node)
+        .await
+        .map_err(|err| fail(err, "acquire"))?;
+    entry.node.path = Some(path.clone());
+    let mine = path.rsplit('/').next().unwrap_or_default().to_owned();
+    loop {
+        let contenders = match children.take() {
+            Some(children) => queue(children),
+            None => queue(list(&session, &dir).await.map_err(|e| fail(e, "wait"))?),
+        };
+        let Some(place) = contenders.iter().position(|child| *child == mine) else {
+            // Our node is gone: deleted by someone, or the session ended.
+            let reason = session.loss.current().unwrap_or(LossReason::KeyDeleted);
+            return Err(LockError::LeaseLost {
+                lock: Some(name.to_owned()),
+                reason,
+            });
+        };
+        if place == 0 {
+            if !session.usable() {
+                let reason = session.loss.current().unwrap_or(LossReason::Expired);
+                return Err(LockError::LeaseLost {
+                    lock: Some(name.to_owned()),
+                    reason,
+                });
+            }
+            entry.armed = false;
+            let guard = ZooKeeperGuard::new(
+                session.clone(),
+                name.to_owned(),
+                entry.node.clone(),
+                path,
+                token,
+            );
+            return Ok(Some(guard));
+        }
+        if !wait {
+            // Leave the queue before answering, so that the caller's next attempt does
+            // not find this one ahead of it. On failure the entry retries in the
+            // background.
+            if entry.node.remove(&session).await.is_ok() {
+                entry.armed = false;
+            }
+            return Ok(None);
+        }
+        // Watch only the predecessor: one waiter wakes per release (no herd).
+        let predecessor = format!("{dir}/{}", contenders[place - 1]);
+        let watched = session
+            .call(|client| async move { client.check_and_watch_stat(&predecessor).await })
+            .await
+            .map_err(|err| fail(err, "wait"))?;
+        let (Some(_), watcher) = watched else {
+            continue;
+        };
+        tokio::select! {
+            _ = watcher.changed() => {}
+            reason = session.loss.wait() => {
+                return Err(LockError::LeaseLost { lock: Some(name.to_owned()), reason });
+            }
+        }
+    }
+}
+
+/// Creates our node (the lock's node first if it is missing), with the queue as it
+/// stands right after the create when the answer came (`None` if it must be read).
+/// Returns the node's path and its czxid.
+async fn join(
+    session: &Session,
+    node: &mut NodeRef,
+) -> Result<(String, FencingToken, Option<Vec<String>>), RequestError> {
+    let prefix = format!("{}/{}{}", node.dir, node.id, super::node::LOCK_MARK);
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let client = session.client()?;
+        let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        // Both requests are sent now, in this order, on one session: the listing sees
+        // the create. One round trip for both.
+        let create = client.create(&prefix, b"", &options);
+        let listing = client.list_children(&node.dir);
+        let timeout = session.request_timeout;
+        let (created, listed) = tokio::join!(
+            super::error::timed(timeout, create),
+            super::error::timed(timeout, listing)
+        );
+        match created {
+            Ok((stat, sequence)) => {
+                let path = format!("{prefix}{sequence}");
+                return Ok((path, czxid(stat.czxid)?, listed.ok()));
+            }
+            Err(RequestError::Server(ZkError::NoNode)) if attempts < CREATE_ATTEMPTS => {
+                let dir = node.dir.clone();
+                let mkdir = session
+                    .call(|client| async move {
+                        let options = CreateMode::Container.with_acls(Acls::anyone_all());
+                        client.mkdir(&dir, &options).await
+                    })
+                    .await;
+                match mkdir {
+                    Ok(()) | Err(RequestError::Server(ZkError::NodeExists)) => {}
+                    Err(err) => return Err(err),
+                }
+            }
+            Err(err) if err.outcome_unknown() && attempts < CREATE_ATTEMPTS => {
+                // Protected mode: the create may have been applied. Look for it.
+                if let Some(path) = find_patiently(session, node).await? {
+                    let stat_path = path.clone();
+                    let stat = session
+                        .call(|client| async move { client.check_stat(&stat_path).await })
+                        .await?;
+                    let Some(stat) = stat else {
+                        return Err(RequestError::Server(ZkError::NoNode));
+                    };
+                    return Ok((path, czxid(stat.czxid)?, None));
+                }
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// Looks for our node until an answer comes, while the session lives: a connection
+/// that broke once is likely to break the first look too.
+async fn find_patiently(session: &Session, node: &NodeRef) -> Result<Option<String>, RequestError> {
+    let mut pause = std::time::Duration::from_millis(50);
+    loop {
+        match node.find(session).await {
+            Err(err) if err.outcome_unknown() && session.usable() => {
+                tracing::debug!(%err, "looking for our node failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(1));
+            }
+            found => return found,
+        }
+    }
+}
+
+async fn list(session: &Session, dir: &str) -> Result<Vec<String>, RequestError> {
+    let dir = dir.to_owned();
+    session
+        .call(|client| async move { client.list_children(&dir).await })
+        .await
+}
+
+fn czxid(zxid: i64) -> Result<FencingToken, RequestError> {
+    u64::try_from(zxid)
+        .ok()
+        .filter(|z| *z > 0)
+        .map(FencingToken::new)
+        .ok_or_else(|| {
+            RequestError::Server(ZkError::UnexpectedError(format!(
+                "the server reported czxid {zxid} for a node it created"
+            )))
+        })
+}
