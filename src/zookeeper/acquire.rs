@@ -66,7 +66,15 @@ pub(crate) async fn acquire(
     loop {
         let contenders = match children.take() {
             Some(children) => queue(children),
-            None => queue(list(&session, &dir).await.map_err(|e| fail(e, "wait"))?),
+            None => {
+                let dir = dir.clone();
+                let listed = patiently(&session, move |client| {
+                    let dir = dir.clone();
+                    async move { client.list_children(&dir).await }
+                })
+                .await;
+                queue(listed.map_err(|e| fail(e, "wait"))?)
+            }
         };
         let Some(place) = contenders.iter().position(|child| *child == mine) else {
             // Our node is gone: deleted by someone, or the session ended.
@@ -105,10 +113,12 @@ pub(crate) async fn acquire(
         }
         // Watch only the predecessor: one waiter wakes per release (no herd).
         let predecessor = format!("{dir}/{}", contenders[place - 1]);
-        let watched = session
-            .call(|client| async move { client.check_and_watch_stat(&predecessor).await })
-            .await
-            .map_err(|err| fail(err, "wait"))?;
+        let watched = patiently(&session, move |client| {
+            let predecessor = predecessor.clone();
+            async move { client.check_and_watch_stat(&predecessor).await }
+        })
+        .await
+        .map_err(|err| fail(err, "wait"))?;
         let (Some(_), watcher) = watched else {
             continue;
         };
@@ -195,11 +205,25 @@ async fn find_patiently(session: &Session, node: &NodeRef) -> Result<Option<Stri
     }
 }
 
-async fn list(session: &Session, dir: &str) -> Result<Vec<String>, RequestError> {
-    let dir = dir.to_owned();
-    session
-        .call(|client| async move { client.list_children(&dir).await })
-        .await
+/// Runs a read until it is answered, while the session lives: a read is safe to repeat,
+/// and a connection that broke (a member that died, a leader election) comes back
+/// within the session timeout if the session is to survive at all.
+async fn patiently<T, F, Fut>(session: &Session, read: F) -> Result<T, RequestError>
+where
+    F: Fn(zookeeper_client::Client) -> Fut,
+    Fut: std::future::Future<Output = Result<T, ZkError>>,
+{
+    let mut pause = std::time::Duration::from_millis(20);
+    loop {
+        match session.call(&read).await {
+            Err(err) if err.outcome_unknown() && session.usable() => {
+                tracing::debug!(%err, "a read failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_millis(500));
+            }
+            answer => return answer,
+        }
+    }
 }
 
 fn czxid(zxid: i64) -> Result<FencingToken, RequestError> {

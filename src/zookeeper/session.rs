@@ -59,9 +59,9 @@ impl Session {
     ) -> Result<Arc<Self>, LockError> {
         let clock = Clock::BOOT;
         let sent = clock.now();
-        let connector = Client::connector()
-            .with_session_timeout(ttl)
-            .with_fail_eagerly();
+        // Not failing eagerly: during an election every member refuses sessions for a
+        // moment; the client cycles through them until the connect timeout.
+        let connector = Client::connector().with_session_timeout(ttl);
         let client =
             match tokio::time::timeout(config.connect_timeout, connector.connect(&config.hosts))
                 .await

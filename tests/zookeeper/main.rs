@@ -8,5 +8,6 @@ mod cancel_safety;
 mod conformance;
 mod cut_off_holder;
 mod invalid_input;
+mod leader_failover;
 mod protected_mode;
 mod token_is_czxid;
