@@ -69,7 +69,7 @@ impl ZooKeeperLocker {
                 sessions: Mutex::new(HashMap::new()),
             }),
         };
-        locker.session(&LockOptions::new()).await?;
+        locker.session_for(&LockOptions::new()).await?;
         Ok(locker)
     }
 
@@ -81,7 +81,10 @@ impl ZooKeeperLocker {
 
     /// The session for a lock with `options`: the shared one for its TTL, or a new one
     /// of its own for a lock without renewal.
-    async fn session(&self, options: &LockOptions) -> Result<Arc<Session>, LockError> {
+    pub(crate) async fn session_for(
+        &self,
+        options: &LockOptions,
+    ) -> Result<Arc<Session>, LockError> {
         let config = &self.inner.config;
         if !options.renews() {
             return Session::open(config, options.ttl(), false).await;
@@ -107,7 +110,7 @@ impl ZooKeeperLocker {
         options.validate(MIN_TTL)?;
         let started = Instant::now();
         let attempt = async {
-            let session = self.session(options).await?;
+            let session = self.session_for(options).await?;
             acquire(session, &self.inner.config.namespace, name, wait).await
         };
         let result = match options.wait_timeout().filter(|_| wait) {

@@ -70,10 +70,12 @@ mod acquire;
 mod config;
 mod error;
 mod guard;
+mod inspect;
 mod locker;
 mod node;
 mod session;
 
 pub use config::ZooKeeperConfig;
 pub use guard::ZooKeeperGuard;
+pub use inspect::{ZooKeeperEntry, ZooKeeperLockState};
 pub use locker::{MIN_TTL, ZooKeeperLocker};
