@@ -14,6 +14,7 @@ use clap::Args;
 use fencelock::etcd::EtcdLocker;
 use fencelock::postgres::PgAdvisoryLocker;
 use fencelock::redis::{RedisLocker, RedlockLocker};
+use fencelock::zookeeper::ZooKeeperLocker;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use targets::Targets;
@@ -21,7 +22,7 @@ use workloads::Runner;
 
 pub type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
-const BACKENDS: [&str; 4] = ["etcd", "redis", "redlock", "postgres"];
+const BACKENDS: [&str; 5] = ["etcd", "redis", "redlock", "postgres", "zookeeper"];
 
 /// Options of `fencelock bench`.
 #[derive(Debug, Args)]
@@ -42,7 +43,7 @@ pub struct BenchArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "etcd,redis,redlock,postgres"
+        default_value = "etcd,redis,redlock,postgres,zookeeper"
     )]
     pub backends: Vec<String>,
     /// Locks held by one client in the renewal workload (0 skips it); it also measures the
@@ -181,8 +182,16 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         }
         _ => None,
     };
+    let zookeeper = match targets.zookeeper_config() {
+        Some(config) if wants("zookeeper") => Some(ZooKeeperLocker::connect(config).await?),
+        _ => None,
+    };
+    let zookeeper_three = match &targets.zookeeper_three {
+        Some(config) if wants("zookeeper") => Some(ZooKeeperLocker::connect(config.clone()).await?),
+        _ => None,
+    };
     // The versions the servers report of themselves, not those of binaries on PATH.
-    let versions = report::ServerVersions::ask(
+    let mut versions = report::ServerVersions::ask(
         etcd.as_ref().map(|locks| locks.client().clone()),
         redis.as_ref().map(RedisLocker::connection),
         targets
@@ -192,6 +201,9 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
             .map(|conn| (conn, postgres_tls.as_ref())),
     )
     .await;
+    if let Some(hosts) = targets.zookeeper.as_deref().filter(|_| wants("zookeeper")) {
+        versions.zookeeper = workloads::zookeeper_version(hosts).await;
+    }
     runner.progress.suspend(|| eprintln!("{}", versions.line()));
     let environment = report::environment(&args, &targets, versions);
 
@@ -218,6 +230,14 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         }
         if let Some(locks) = &postgres {
             runner.distinct("postgres", locks.clone(), &c).await?;
+        }
+        if let Some(locks) = &zookeeper {
+            runner.distinct("zookeeper", locks.clone(), &c).await?;
+        }
+        if let (Some(locks), true) = (&zookeeper_three, c[0] > 1) {
+            runner
+                .distinct("zookeeper 3 members", locks.clone(), &c)
+                .await?;
         }
     }
     if let (true, Some(locks)) = (wants("etcd"), &etcd) {
@@ -252,6 +272,14 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
     if let Some(locks) = &postgres {
         runner.contended("postgres", locks.clone()).await?;
     }
+    if let Some(locks) = &zookeeper {
+        runner.contended("zookeeper", locks.clone()).await?;
+    }
+    if let Some(locks) = &zookeeper_three {
+        runner
+            .contended("zookeeper 3 members", locks.clone())
+            .await?;
+    }
     if let Some(conn) = targets.postgres.as_deref().filter(|_| wants("postgres")) {
         let tls = postgres_tls.as_ref();
         if let Some(locks) = &etcd {
@@ -262,6 +290,11 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         if let Some(locks) = &redis {
             runner
                 .fenced_write("redis", locks.clone(), conn, tls)
+                .await?;
+        }
+        if let Some(locks) = &zookeeper {
+            runner
+                .fenced_write("zookeeper", locks.clone(), conn, tls)
                 .await?;
         }
     }
@@ -297,6 +330,17 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
                     locks.clone(),
                     count,
                     "EVALSHA calls (one per 1,000 locks per tick)",
+                )
+                .await?;
+        }
+        if let (Some(locks), Some(hosts)) = (&zookeeper, targets.zookeeper.clone()) {
+            let count = move || workloads::zookeeper_packets(hosts.clone());
+            runner
+                .renewal(
+                    "zookeeper",
+                    locks.clone(),
+                    count,
+                    "packets the server received (mntr): the session's pings and our heartbeats",
                 )
                 .await?;
         }
@@ -370,9 +414,16 @@ fn planned_cells(args: &BenchArgs) -> u64 {
     }
     if wants("postgres") {
         cells += 4;
+        if wants("zookeeper") {
+            cells += 2;
+        }
+    }
+    if wants("zookeeper") && args.endpoints.zookeeper.is_none() {
+        // The 3-member rows: lock cycles at every concurrency above 1, handoffs.
+        cells += args.concurrency.iter().filter(|c| **c > 1).count() + w;
     }
     if args.renewal_locks > 0 {
-        cells += ["etcd", "redis", "redlock"]
+        cells += ["etcd", "redis", "redlock", "zookeeper"]
             .iter()
             .filter(|b| wants(b))
             .count();

@@ -20,6 +20,7 @@ pub struct Environment {
     pub etcd: String,
     pub redis: String,
     pub postgres: String,
+    pub zookeeper: String,
     pub cell_duration_s: f64,
     pub fencelock: String,
 }
@@ -34,12 +35,14 @@ pub fn environment(args: &BenchArgs, targets: &Targets, versions: ServerVersions
             "given endpoints".into()
         },
         fsync: format!(
-            "etcd fsync {}; redis without persistence; postgres fsync off (local servers)",
+            "etcd fsync {}; redis without persistence; postgres fsync off; zookeeper \
+             forceSync=no (local servers)",
             on_off(args.fsync)
         ),
         etcd: versions.etcd,
         redis: versions.redis,
         postgres: versions.postgres,
+        zookeeper: versions.zookeeper,
         cell_duration_s: args.duration.as_secs_f64(),
         fencelock: env!("CARGO_PKG_VERSION").into(),
     }
@@ -52,6 +55,8 @@ pub struct ServerVersions {
     pub etcd: String,
     pub redis: String,
     pub postgres: String,
+    /// Filled in by the caller (ZooKeeper's `srvr` answer).
+    pub zookeeper: String,
 }
 
 const NOT_USED: &str = "not used";
@@ -99,12 +104,16 @@ impl ServerVersions {
             etcd,
             redis,
             postgres,
+            zookeeper: NOT_USED.into(),
         }
     }
 
     /// One line for the terminal.
     pub fn line(&self) -> String {
-        format!("servers: {}; {}; {}", self.etcd, self.redis, self.postgres)
+        format!(
+            "servers: {}; {}; {}; {}",
+            self.etcd, self.redis, self.postgres, self.zookeeper
+        )
     }
 }
 
@@ -374,8 +383,8 @@ impl Outcome {
         let env = &self.environment;
         let _ = write!(
             out,
-            "\nservers: {}; {}; {}\n",
-            env.etcd, env.redis, env.postgres
+            "\nservers: {}; {}; {}; {}\n",
+            env.etcd, env.redis, env.postgres, env.zookeeper
         );
         let _ = writeln!(
             out,

@@ -4,7 +4,10 @@ use std::time::Duration;
 
 use fencelock::etcd::EtcdConfig;
 use fencelock::redis::RedisConfig;
-use fencelock::testkit::{EtcdCluster, EtcdClusterBuilder, PostgresServer, RedisServer, TestPki};
+use fencelock::testkit::{
+    EtcdCluster, EtcdClusterBuilder, PostgresServer, RedisServer, TestPki, ZooKeeperCluster,
+};
+use fencelock::zookeeper::ZooKeeperConfig;
 
 use super::{BenchArgs, BoxResult};
 
@@ -18,6 +21,11 @@ pub struct Targets {
     pub redis: Option<String>,
     pub redlock: Option<Vec<String>>,
     pub postgres: Option<String>,
+    /// The ZooKeeper connect string.
+    pub zookeeper: Option<String>,
+    /// A local 3-member ensemble beside the standalone server; only when ZooKeeper is
+    /// local.
+    pub zookeeper_three: Option<ZooKeeperConfig>,
     pub embedded: bool,
     embedded_etcd: bool,
     /// A second local etcd serving mutual TLS (a throwaway PKI), for the TLS rows beside
@@ -32,6 +40,7 @@ pub struct Targets {
     _etcd_three: Option<EtcdCluster>,
     _redis: Vec<RedisServer>,
     _postgres: Option<PostgresServer>,
+    _zookeeper: Vec<ZooKeeperCluster>,
 }
 
 impl Targets {
@@ -45,6 +54,8 @@ impl Targets {
             redis: args.endpoints.redis.clone(),
             redlock: args.endpoints.redlock.clone(),
             postgres: args.endpoints.postgres.clone(),
+            zookeeper: args.endpoints.zookeeper.clone(),
+            zookeeper_three: None,
             embedded: false,
             embedded_etcd: false,
             etcd_tls: None,
@@ -54,6 +65,7 @@ impl Targets {
             _etcd_three: None,
             _redis: Vec::new(),
             _postgres: None,
+            _zookeeper: Vec::new(),
         };
         // etcd is also the lock of the fenced-write workload.
         if targets.etcd.is_none() && (wants("etcd") || wants("postgres")) {
@@ -124,6 +136,15 @@ impl Targets {
             targets.redlock = Some(urls);
             targets.embedded = true;
         }
+        if targets.zookeeper.is_none() && wants("zookeeper") {
+            eprintln!("starting a local ZooKeeper, and a 3-member ensemble for the cluster rows");
+            let single = ZooKeeperCluster::single().await?;
+            let three = ZooKeeperCluster::start(3).await?;
+            targets.zookeeper = Some(single.connect_string());
+            targets.zookeeper_three = Some(zookeeper_config(&three.connect_string()));
+            targets._zookeeper = vec![single, three];
+            targets.embedded = true;
+        }
         if targets.postgres.is_none() && wants("postgres") {
             eprintln!("starting a local postgres");
             let server = PostgresServer::start().await?;
@@ -169,12 +190,22 @@ impl Targets {
         })
     }
 
+    pub fn zookeeper_config(&self) -> Option<ZooKeeperConfig> {
+        self.zookeeper.as_deref().map(zookeeper_config)
+    }
+
     fn with_redis_tls(&self, config: RedisConfig) -> RedisConfig {
         match self.tls.redis.tls() {
             Some(tls) => config.with_tls(tls),
             None => config,
         }
     }
+}
+
+fn zookeeper_config(hosts: &str) -> ZooKeeperConfig {
+    ZooKeeperConfig::new(hosts)
+        .with_namespace("/bench")
+        .with_request_timeout(Duration::from_secs(10))
 }
 
 pub fn on_off(flag: bool) -> &'static str {
