@@ -167,11 +167,14 @@ async fn monitor(
 ) {
     let mut states = client.state_watcher();
     let every = timeout / 3;
+    // A heartbeat that hangs must not keep the next one from going out: give up on it
+    // when the next is due.
+    let answer_wait = request_timeout.min(every);
     let reason = loop {
         let beat = async {
             tokio::time::sleep(every).await;
             let sent = lease.now();
-            (sent, timed(request_timeout, client.check_stat("/")).await)
+            (sent, timed(answer_wait, client.check_stat("/")).await)
         };
         tokio::select! {
             state = states.changed() => match state {

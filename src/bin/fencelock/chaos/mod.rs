@@ -1,4 +1,4 @@
-//! Fault-injection experiments (scenarios S1-S8, listed in the README's "What happens under
+//! Fault-injection experiments on etcd, Redis, Redlock and ZooKeeper (scenarios S1-S8, listed in the README's "What happens under
 //! faults"): worker processes that take a
 //! lock and update shared PostgreSQL rows with and without fencing, a runner that injects
 //! the faults and collects what the workers report, and the checker that turns that record
@@ -41,7 +41,7 @@ pub struct ChaosArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "etcd,redis,redlock"
+        default_value = "etcd,redis,redlock,zookeeper"
     )]
     pub backends: Vec<ChaosBackend>,
     /// Upper bound on one scenario run; a run still waiting then is reported as an error.
