@@ -74,7 +74,6 @@ impl ZooKeeperLocker {
     }
 
     /// The configuration.
-    #[must_use]
     pub fn config(&self) -> &ZooKeeperConfig {
         &self.inner.config
     }

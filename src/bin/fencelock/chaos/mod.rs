@@ -1,5 +1,5 @@
-//! Fault-injection experiments on etcd, Redis, Redlock and ZooKeeper (scenarios S1-S8, listed in the README's "What happens under
-//! faults"): worker processes that take a
+//! Fault-injection experiments on etcd, Redis, Redlock and ZooKeeper (scenarios S1-S8,
+//! listed in the README's "What happens under faults"): worker processes that take a
 //! lock and update shared PostgreSQL rows with and without fencing, a runner that injects
 //! the faults and collects what the workers report, and the checker that turns that record
 //! into counts (also usable on its own as `fencelock check-log`).
