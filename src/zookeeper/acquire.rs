@@ -76,6 +76,23 @@ pub(crate) async fn acquire(
                 queue(listed.map_err(|e| fail(e, "wait"))?)
             }
         };
+        // A node with our id that is not ours: a create whose outcome was unknown, found
+        // missing, and applied after all. It would queue us behind ourselves for as long
+        // as the session lives: remove it (the next listing shows it gone).
+        if let Some(orphan) = contenders
+            .iter()
+            .find(|child| child.starts_with(&entry.node.id) && **child != mine)
+        {
+            let orphan = format!("{dir}/{orphan}");
+            tracing::warn!(%orphan, "removing a second node of this acquisition");
+            let deleted = session
+                .call(|client| async move { client.delete(&orphan, None).await })
+                .await;
+            match deleted {
+                Ok(()) | Err(RequestError::Server(ZkError::NoNode)) => continue,
+                Err(err) => return Err(fail(err, "wait")),
+            }
+        }
         let Some(place) = contenders.iter().position(|child| *child == mine) else {
             // Our node is gone: deleted by someone, or the session ended.
             let reason = session.loss.current().unwrap_or(LossReason::KeyDeleted);

@@ -2,6 +2,7 @@
 //! measured in the same run, with ratios computed inside the run.
 
 mod driver;
+mod kazoo;
 mod report;
 mod stats;
 mod targets;
@@ -233,6 +234,13 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         }
         if let Some(locks) = &zookeeper {
             runner.distinct("zookeeper", locks.clone(), &c).await?;
+            if let (1, Some(hosts)) = (c[0], &targets.zookeeper) {
+                // The peer: Python's kazoo lock, one cycle after another.
+                let path = format!("/bench-kazoo/{}", runner.run);
+                if let Some(cell) = kazoo::cycles(hosts, &path, args.duration).await? {
+                    runner.cells.push(cell);
+                }
+            }
         }
         if let (Some(locks), true) = (&zookeeper_three, c[0] > 1) {
             runner

@@ -259,6 +259,21 @@ impl Outcome {
                     holds: r >= goal,
                 });
             }
+            if let (Some(zk), Some(kazoo)) = (
+                self.cell("distinct keys", "zookeeper", c),
+                self.cell("distinct keys", "zookeeper kazoo Lock", c),
+            ) {
+                ratios.push(ratio(
+                    format!("zookeeper lock / Python kazoo Lock cycles/s, c={c}"),
+                    zk.per_second / kazoo.per_second,
+                ));
+            }
+            if let (Some(etcd), Some(zk)) = (etcd, self.cell("distinct keys", "zookeeper", c)) {
+                ratios.push(ratio(
+                    format!("etcd / zookeeper lock cycles/s, c={c}"),
+                    etcd.per_second / zk.per_second,
+                ));
+            }
             if let (Some(etcd), Some(redis)) = (etcd, redis) {
                 ratios.push(ratio(
                     format!("etcd / redis lock cycles/s, c={c}"),
