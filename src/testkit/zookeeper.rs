@@ -94,6 +94,49 @@ impl ZooKeeperCluster {
         }
     }
 
+    /// One standalone server for the whole process, started on first use (on a runtime
+    /// of its own, so any test may call this), for tests that do not break it: a JVM
+    /// takes about a second to start. It dies with the process; its files are removed
+    /// when the process exits normally.
+    ///
+    /// # Panics
+    ///
+    /// If the server cannot be started (as a test's `expect` would).
+    pub fn shared() -> &'static Self {
+        static SERVER: std::sync::OnceLock<ZooKeeperCluster> = std::sync::OnceLock::new();
+        extern "C" fn remove_files() {
+            if let Some(server) = SERVER.get() {
+                for member in &server.members {
+                    if let Some(process) = &member.process {
+                        let _ = process.signal(libc::SIGKILL);
+                    }
+                }
+                let _ = std::fs::remove_dir_all(server.dir.path());
+            }
+        }
+        SERVER.get_or_init(|| {
+            let started = std::thread::spawn(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| TestkitError::io("starting a runtime", e))?
+                    .block_on(Self::single())
+            })
+            .join();
+            match started {
+                Ok(Ok(server)) => {
+                    // SAFETY: registers a plain function with no arguments, once.
+                    unsafe {
+                        libc::atexit(remove_files);
+                    }
+                    server
+                }
+                Ok(Err(err)) => panic!("cannot start the shared ZooKeeper server: {err}"),
+                Err(_) => panic!("the thread starting the shared ZooKeeper server panicked"),
+            }
+        })
+    }
+
     fn prepare(members: usize, java: PathBuf, jar: PathBuf) -> Result<Self, TestkitError> {
         let dir = tempfile::Builder::new()
             .prefix("fencelock-zookeeper-")

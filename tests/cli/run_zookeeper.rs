@@ -4,7 +4,6 @@
 //! granted the lock; `locks` shows the holder and its waiter in queue order.
 
 use std::process::Stdio;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use fencelock::testkit::{FaultProxy, ZooKeeperCluster};
@@ -15,22 +14,9 @@ use tokio::process::Command;
 
 use crate::support::{assert_one_at_a_time, last_sign_of_life, life_script, next_line, now_ns};
 
-/// One standalone server for these tests (none of them breaks it), started on a runtime
-/// of its own; it dies with the test binary.
+/// The standalone server these tests share (none of them breaks it).
 fn zookeeper() -> &'static ZooKeeperCluster {
-    static SERVER: OnceLock<ZooKeeperCluster> = OnceLock::new();
-    SERVER.get_or_init(|| {
-        std::thread::spawn(|| {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime")
-                .block_on(ZooKeeperCluster::single())
-                .expect("start zookeeper")
-        })
-        .join()
-        .expect("starting thread")
-    })
+    ZooKeeperCluster::shared()
 }
 
 /// `fencelock <subcommand> --backend zookeeper --zookeeper <hosts> --namespace <ns>`.

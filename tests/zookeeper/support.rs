@@ -1,7 +1,6 @@
 //! Helpers shared by the ZooKeeper tests.
 
 use std::future::Future;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -9,22 +8,9 @@ use fencelock::testkit::ZooKeeperCluster;
 use fencelock::zookeeper::ZooKeeperLocker;
 use zookeeper_client::Client;
 
-/// The standalone server the tests that do not break it share. Started once, on a
-/// runtime of its own (each test has its own runtime); it dies with the test binary.
+/// The standalone server the tests that do not break it share.
 pub fn shared() -> &'static ZooKeeperCluster {
-    static SERVER: OnceLock<ZooKeeperCluster> = OnceLock::new();
-    SERVER.get_or_init(|| {
-        std::thread::spawn(|| {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime")
-                .block_on(ZooKeeperCluster::single())
-                .expect("start zookeeper")
-        })
-        .join()
-        .expect("starting thread")
-    })
+    ZooKeeperCluster::shared()
 }
 
 /// A namespace no other test uses.
