@@ -6,7 +6,7 @@ use zookeeper_client::{Acls, CreateMode, Error as ZkError};
 
 use super::error::RequestError;
 use super::guard::ZooKeeperGuard;
-use super::node::{NodeRef, protected_id, queue};
+use super::node::{Mark, NodeRef, parse, protected_id, queue};
 use super::session::Session;
 use crate::{FencingToken, LockError, LossReason};
 
@@ -45,6 +45,7 @@ pub(crate) async fn acquire(
     session: Arc<Session>,
     namespace: &str,
     name: &str,
+    mark: Mark,
     wait: bool,
 ) -> Result<Option<ZooKeeperGuard>, LockError> {
     let fail = |err: RequestError, operation| err.into_lock_error(operation, Some(name));
@@ -58,7 +59,7 @@ pub(crate) async fn acquire(
         },
         armed: true,
     };
-    let (path, token, mut children) = join(&session, &mut entry.node)
+    let (path, token, mut children) = join(&session, &mut entry.node, mark)
         .await
         .map_err(|err| fail(err, "acquire"))?;
     entry.node.path = Some(path.clone());
@@ -101,7 +102,16 @@ pub(crate) async fn acquire(
                 reason,
             });
         };
-        if place == 0 {
+        // Whom we wait for: the node just before ours; for a reader, the last node
+        // before ours that excludes readers (a writer, a mutex contender).
+        let blocker = if mark.excludes_readers() {
+            place.checked_sub(1)
+        } else {
+            contenders[..place]
+                .iter()
+                .rposition(|child| parse(child).is_none_or(|(kind, _)| kind.excludes_readers()))
+        };
+        let Some(blocker) = blocker else {
             if !session.usable() {
                 let reason = session.loss.current().unwrap_or(LossReason::Expired);
                 return Err(LockError::LeaseLost {
@@ -118,7 +128,7 @@ pub(crate) async fn acquire(
                 token,
             );
             return Ok(Some(guard));
-        }
+        };
         if !wait {
             // Leave the queue before answering, so that the caller's next attempt does
             // not find this one ahead of it. On failure the entry retries in the
@@ -128,8 +138,9 @@ pub(crate) async fn acquire(
             }
             return Ok(None);
         }
-        // Watch only the predecessor: one waiter wakes per release (no herd).
-        let predecessor = format!("{dir}/{}", contenders[place - 1]);
+        // Watch only the blocker: one waiter wakes per release (no herd; the readers
+        // behind one writer wake together).
+        let predecessor = format!("{dir}/{}", contenders[blocker]);
         let watched = patiently(&session, move |client| {
             let predecessor = predecessor.clone();
             async move { client.check_and_watch_stat(&predecessor).await }
@@ -154,8 +165,9 @@ pub(crate) async fn acquire(
 async fn join(
     session: &Session,
     node: &mut NodeRef,
+    mark: Mark,
 ) -> Result<(String, FencingToken, Option<Vec<String>>), RequestError> {
-    let prefix = format!("{}/{}{}", node.dir, node.id, super::node::LOCK_MARK);
+    let prefix = format!("{}/{}{}", node.dir, node.id, mark.as_str());
     let mut attempts = 0;
     loop {
         attempts += 1;

@@ -4,7 +4,7 @@ use zookeeper_client::Error as ZkError;
 
 use super::ZooKeeperLocker;
 use super::error::RequestError;
-use super::node::queue;
+use super::node::{parse, queue};
 use crate::{FencingToken, LockError, LockOptions, validate_name};
 
 /// One lock's queue, first in line first: the holder, then the waiters.
@@ -27,8 +27,10 @@ pub struct ZooKeeperEntry {
     pub token: FencingToken,
     /// The session that owns the node (`ephemeralOwner`).
     pub session_id: i64,
-    /// Whether it holds the lock (first in line).
+    /// Whether it holds the lock: first in line, or a reader with no writer ahead.
     pub holds: bool,
+    /// Whether it is a reader of the read-write lock of the same name.
+    pub reader: bool,
 }
 
 impl ZooKeeperLocker {
@@ -50,7 +52,10 @@ impl ZooKeeperLocker {
             other => other.map_err(fail)?,
         };
         let mut entries = Vec::new();
+        // Whether an exclusive node (a lock contender, a writer) was seen yet.
+        let mut exclusive_ahead = false;
         for child in queue(children) {
+            let exclusive = parse(&child).is_none_or(|(mark, _)| mark.excludes_readers());
             let path = format!("{dir}/{child}");
             let stat = {
                 let path = path.clone();
@@ -61,8 +66,12 @@ impl ZooKeeperLocker {
             };
             // Gone between the listing and now: no longer in the queue.
             let Some(stat) = stat else { continue };
+            // First in line, or a reader with no writer ahead (readers share).
+            let holds = entries.is_empty() || (!exclusive && !exclusive_ahead);
+            exclusive_ahead |= exclusive;
             entries.push(ZooKeeperEntry {
-                holds: entries.is_empty(),
+                holds,
+                reader: !exclusive,
                 path,
                 token: FencingToken::new(u64::try_from(stat.czxid).unwrap_or(0)),
                 session_id: stat.ephemeral_owner,

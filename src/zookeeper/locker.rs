@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
 use super::acquire::acquire;
+use super::node::Mark;
+use super::rwlock::ZooKeeperRwLock;
 use super::session::Session;
 use super::{ZooKeeperConfig, ZooKeeperGuard};
 use crate::{LockBackend, LockError, LockOptions, validate_name};
@@ -73,6 +75,11 @@ impl ZooKeeperLocker {
         Ok(locker)
     }
 
+    /// A read-write lock under `name` (see [`ZooKeeperRwLock`]).
+    pub fn rwlock(&self, name: &str) -> Result<ZooKeeperRwLock, LockError> {
+        ZooKeeperRwLock::new(self.clone(), name)
+    }
+
     /// The configuration.
     pub fn config(&self) -> &ZooKeeperConfig {
         &self.inner.config
@@ -99,10 +106,11 @@ impl ZooKeeperLocker {
         Ok(session)
     }
 
-    async fn acquire(
+    pub(crate) async fn acquire(
         &self,
         name: &str,
         options: &LockOptions,
+        mark: Mark,
         wait: bool,
     ) -> Result<Option<ZooKeeperGuard>, LockError> {
         validate_name(name)?;
@@ -110,7 +118,7 @@ impl ZooKeeperLocker {
         let started = Instant::now();
         let attempt = async {
             let session = self.session_for(options).await?;
-            acquire(session, &self.inner.config.namespace, name, wait).await
+            acquire(session, &self.inner.config.namespace, name, mark, wait).await
         };
         let result = match options.wait_timeout().filter(|_| wait) {
             Some(limit) => match tokio::time::timeout(limit, attempt).await {
@@ -132,7 +140,7 @@ impl LockBackend for ZooKeeperLocker {
 
     #[tracing::instrument(skip(self, options), fields(backend = "zookeeper"))]
     async fn lock(&self, name: &str, options: &LockOptions) -> Result<ZooKeeperGuard, LockError> {
-        self.acquire(name, options, true)
+        self.acquire(name, options, Mark::Lock, true)
             .await?
             .ok_or_else(|| LockError::Backend {
                 backend: crate::Backend::ZooKeeper,
@@ -148,6 +156,6 @@ impl LockBackend for ZooKeeperLocker {
         name: &str,
         options: &LockOptions,
     ) -> Result<Option<ZooKeeperGuard>, LockError> {
-        self.acquire(name, options, false).await
+        self.acquire(name, options, Mark::Lock, false).await
     }
 }

@@ -14,8 +14,48 @@ use zookeeper_client::Error as ZkError;
 use super::error::RequestError;
 use super::session::Session;
 
-/// What every lock node name carries before its sequence number (Curator's lock name).
-pub(crate) const LOCK_MARK: &str = "-lock-";
+/// What a contender's node name carries before its sequence number: Curator's lock names
+/// (`InterProcessMutex`'s `lock-`, `InterProcessReadWriteLock`'s `__READ__` and
+/// `__WRIT__`), after the protected id and a dash.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mark {
+    /// A mutex contender: excludes everyone.
+    Lock,
+    /// A reader of a read-write lock: shares with other readers.
+    Read,
+    /// A writer of a read-write lock: excludes everyone.
+    Write,
+}
+
+impl Mark {
+    const ALL: [Mark; 3] = [Mark::Lock, Mark::Read, Mark::Write];
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Lock => "-lock-",
+            Self::Read => "-__READ__",
+            Self::Write => "-__WRIT__",
+        }
+    }
+
+    /// Whether a node of this kind keeps a reader behind it waiting.
+    pub(crate) fn excludes_readers(self) -> bool {
+        self != Self::Read
+    }
+}
+
+/// The kind and sequence number of a contender's node name, if it is one.
+pub(crate) fn parse(node: &str) -> Option<(Mark, u64)> {
+    let (mark, at) = Mark::ALL
+        .iter()
+        .filter_map(|mark| node.rfind(mark.as_str()).map(|at| (*mark, at)))
+        .max_by_key(|(_, at)| *at)?;
+    let digits = &node[at + mark.as_str().len()..];
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((mark, digits.parse().ok()?))
+}
 
 /// A fresh protected-mode id, `_c_<uuid v4>`.
 pub(crate) fn protected_id() -> String {
@@ -44,11 +84,7 @@ pub(crate) fn protected_id() -> String {
 
 /// The sequence number of a contender's node name, if it is one.
 pub(crate) fn sequence(node: &str) -> Option<u64> {
-    let (_, digits) = node.rsplit_once(LOCK_MARK)?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
+    parse(node).map(|(_, sequence)| sequence)
 }
 
 /// The contenders among `children`, in queue order (by sequence number).
@@ -149,6 +185,26 @@ mod tests {
             queue(children),
             vec!["_c_a-lock-0000000002", "_c_b-lock-0000000010"]
         );
+    }
+
+    #[test]
+    fn readers_writers_and_locks_share_one_queue() {
+        let children = vec![
+            "_c_b-__WRIT__0000000003".to_owned(),
+            "_c_a-__READ__0000000001".to_owned(),
+            "_c_c-lock-0000000002".to_owned(),
+        ];
+        let queued = queue(children);
+        assert_eq!(
+            queued,
+            vec![
+                "_c_a-__READ__0000000001",
+                "_c_c-lock-0000000002",
+                "_c_b-__WRIT__0000000003"
+            ]
+        );
+        assert_eq!(parse(&queued[0]), Some((Mark::Read, 1)));
+        assert_eq!(parse(&queued[2]), Some((Mark::Write, 3)));
     }
 
     #[test]

@@ -10,4 +10,5 @@ mod cut_off_holder;
 mod invalid_input;
 mod leader_failover;
 mod protected_mode;
+mod rwlock;
 mod token_is_czxid;

@@ -312,13 +312,15 @@ async fn zookeeper_report(args: &LocksArgs) -> Result<String, LockError> {
 
 /// `{"backend": "zookeeper", "namespace": "/fencelock", "locks": [{"name": ...,
 /// "holders": [ENTRY], "waiters": [ENTRY, ...]}]}` with
-/// `ENTRY = {"path": ..., "token": czxid, "session_id": ...}`.
+/// `ENTRY = {"path": ..., "token": czxid, "session_id": ..., "role": "exclusive" |
+/// "reader"}` (readers of a read-write lock share it).
 fn zookeeper_json(namespace: &str, states: &[ZooKeeperLockState]) -> String {
     let entry = |e: &ZooKeeperEntry| {
         json!({
             "path": e.path,
             "token": e.token.get(),
             "session_id": format!("{:#x}", e.session_id),
+            "role": if e.reader { "reader" } else { "exclusive" },
         })
     };
     let locks: Vec<Value> = states
