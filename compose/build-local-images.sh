@@ -8,6 +8,9 @@
 #   fencelock/redis:local       redis-server 7.0 and redis-sentinel
 #   fencelock/postgres:local    PostgreSQL 15, with an entrypoint that initialises the
 #                               cluster from POSTGRES_* like the official image's
+#   fencelock/zookeeper:local   ZooKeeper 3.8 (installed on top of the base, so that an
+#                               existing base image serves), configured from ZOO_MY_ID
+#                               and ZOO_SERVERS like the official image
 #
 # SUITE=trixie builds the same from Debian 13 instead, tagged :trixie: etcd 3.5, Redis 8.0
 # with its Sentinel, PostgreSQL 17 (`. compose/trixie-images.env` selects them).
@@ -62,7 +65,12 @@ if ! have "$base"; then
   echo "built $base in $((SECONDS - started)) s" >&2
 fi
 
-for server in etcd redis postgres; do
+servers=(etcd redis postgres)
+# ZooKeeper 3.8 from bookworm only (the trixie suite's compose runs use this image too).
+if [ "$suite" = bookworm ]; then
+  servers+=(zookeeper)
+fi
+for server in "${servers[@]}"; do
   image="fencelock/${server}:${tag}"
   if have "$image"; then
     continue

@@ -23,11 +23,13 @@ pub enum Backend {
     Postgres,
     /// MariaDB or MySQL (fenced storage only; no lock backend).
     MySql,
+    /// A ZooKeeper ensemble.
+    ZooKeeper,
 }
 
 impl Backend {
-    /// The backend's name: `etcd`, `redis`, `redlock`, `postgres` or `mysql` (also its
-    /// `backend` label in [`crate::metrics`]).
+    /// The backend's name: `etcd`, `redis`, `redlock`, `postgres`, `mysql` or `zookeeper`
+    /// (also its `backend` label in [`crate::metrics`]).
     #[must_use]
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -36,6 +38,7 @@ impl Backend {
             Self::Redlock => "redlock",
             Self::Postgres => "postgres",
             Self::MySql => "mysql",
+            Self::ZooKeeper => "zookeeper",
         }
     }
 }

@@ -147,7 +147,7 @@ impl LeaseClock {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads the clock.
-    #[cfg(feature = "etcd")]
+    #[cfg(any(feature = "etcd", feature = "zookeeper"))]
     pub(crate) async fn passed(&self) {
         loop {
             let left = self.remaining();

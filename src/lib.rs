@@ -19,6 +19,7 @@
 //! | `redis` | `redis`: the Redis lock, its semaphore, Redlock | redis-rs |
 //! | `postgres` | `postgres`: the fence, idempotency and compare-and-set helpers, advisory locks | tokio-postgres |
 //! | `mysql` | `mysql`: the fence, idempotency and compare-and-set helpers for MariaDB/MySQL | mysql_async |
+//! | `zookeeper` | `zookeeper`: the ZooKeeper lock (Curator's recipe, czxid token) | zookeeper-client |
 //! | `testkit` | `testkit`: real servers on loopback for tests (every backend, MariaDB) | tempfile, rcgen |
 //!
 //! The core types ([`FencingToken`], [`LockBackend`], [`LockError`], [`TlsConfig`]) are
@@ -35,6 +36,7 @@
 //! | `docs/etcd.md` | the etcd lock: sessions, FIFO waiting, holders that follow their key, cancel safety, group commit, Go's `etcdctl lock` on the same queue |
 //! | `docs/primitives.md` | semaphores, leader election, read-write locks |
 //! | `docs/redis.md` | the Redis configuration the token needs; etcd or Redis: what each promises |
+//! | `docs/zookeeper.md` | the ZooKeeper lock: Curator's recipe, why the czxid is the token, sessions and loss, what is not offered |
 //! | `docs/fencing-postgres.md` | fenced writes on PostgreSQL, the helpers, advisory locks |
 //! | `docs/mysql.md` | fenced writes on MariaDB and MySQL: the statements and why, isolation levels, TLS |
 //! | `docs/security.md` | TLS and mutual TLS, least-privilege users, what each mistake says |
@@ -52,7 +54,12 @@
 // Without a lock backend only the core types remain, and the backends' shared parts are
 // unused (`mysql` alone is storage: no lock).
 #![cfg_attr(
-    not(any(feature = "etcd", feature = "redis", feature = "postgres")),
+    not(any(
+        feature = "etcd",
+        feature = "redis",
+        feature = "postgres",
+        feature = "zookeeper"
+    )),
     allow(dead_code)
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -60,7 +67,7 @@
 mod backend;
 mod error;
 // The lease deadline of the lease-based backends.
-#[cfg(any(feature = "etcd", feature = "redis"))]
+#[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper"))]
 mod lease_clock;
 mod loss;
 pub mod metrics;
@@ -68,6 +75,11 @@ mod name;
 mod options;
 #[cfg(any(feature = "etcd", feature = "redis"))]
 mod retry;
+// Used by the etcd, Redis and PostgreSQL connectors (the ZooKeeper backend has no TLS).
+#[cfg_attr(
+    not(any(feature = "etcd", feature = "redis", feature = "postgres")),
+    allow(dead_code)
+)]
 mod tls;
 mod token;
 
@@ -86,6 +98,9 @@ pub mod redis;
 #[cfg(feature = "testkit")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testkit")))]
 pub mod testkit;
+#[cfg(feature = "zookeeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
+pub mod zookeeper;
 
 pub use backend::{LockBackend, LockGuard, ReleaseOutcome};
 pub use error::{Backend, BoxError, LockError};
@@ -117,6 +132,8 @@ mod doctests {
     struct GuideMysql;
     #[doc = include_str!("../docs/operating.md")]
     struct GuideOperating;
+    #[doc = include_str!("../docs/zookeeper.md")]
+    struct GuideZookeeper;
     #[doc = include_str!("../docs/primitives.md")]
     struct GuidePrimitives;
     #[doc = include_str!("../docs/redis.md")]

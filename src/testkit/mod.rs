@@ -1,4 +1,4 @@
-//! A real-server harness: etcd, Redis and PostgreSQL processes on free loopback ports, and
+//! A real-server harness: etcd, Redis, PostgreSQL and ZooKeeper processes on free loopback ports, and
 //! the faults to inject.
 //!
 //! Enabled by the `testkit` feature. The crate's own tests use it, the CLI's benchmark and
@@ -33,6 +33,7 @@ mod process;
 mod proxy;
 mod redis;
 pub mod soak;
+mod zookeeper;
 
 pub use clock::{JumpingClock, LIBFAKETIME_ENV};
 pub use cluster::{HARNESS_ENV, SelectedEtcdCluster};
@@ -49,6 +50,7 @@ pub use postgres::{PG_BIN_DIR_ENV, PostgresServer};
 pub use process::{ProcessOptions, ServerProcess, free_port};
 pub use proxy::FaultProxy;
 pub use redis::{REDIS_BIN_ENV, RedisServer};
+pub use zookeeper::{JAVA_BIN_ENV, TICK, ZOOKEEPER_JAR_ENV, ZooKeeperCluster};
 
 use std::time::Duration;
 

@@ -10,6 +10,7 @@ mod partition;
 mod redis_failover;
 mod soak;
 mod unfenced_updates;
+mod zookeeper_with_fencing;
 
 use std::process::Command;
 

@@ -6,7 +6,7 @@ use super::{chaos, count, lost, row};
 #[test]
 fn a_paused_holder_loses_unfenced_updates_and_none_behind_the_fence() {
     let (rows, success) = chaos(&["--scenario", "S2"]);
-    for backend in ["etcd", "redis", "redlock"] {
+    for backend in ["etcd", "redis", "redlock", "zookeeper"] {
         let r = row(&rows, "S2", backend);
         assert!(lost(r, "unfenced") >= 1, "no unfenced update lost: {r:#}");
         assert_eq!(lost(r, "fenced"), 0, "{r:#}");

@@ -20,5 +20,6 @@ mod run_stderr_stuck;
 mod run_terminal;
 mod run_tls;
 mod run_watchdog_term;
+mod run_zookeeper;
 mod support;
 mod usage;

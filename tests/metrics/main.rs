@@ -8,3 +8,4 @@ mod etcd;
 mod postgres;
 mod recorded;
 mod redis;
+mod zookeeper;

@@ -2,7 +2,7 @@
 
 use clap::Args;
 
-/// `--etcd`, `--redis`, `--redlock`, `--postgres`: shared by `bench` and `chaos`.
+/// `--etcd`, `--redis`, `--redlock`, `--zookeeper`, `--postgres`: shared by `bench` and `chaos`.
 #[derive(Clone, Debug, Default, Args)]
 pub struct Endpoints {
     /// Existing etcd endpoints instead of a local etcd (comma-separated).
@@ -14,6 +14,10 @@ pub struct Endpoints {
     /// Existing Redis masters for Redlock instead of 3 local ones (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub redlock: Option<Vec<String>>,
+    /// An existing ZooKeeper ensemble instead of the local ones (connect string,
+    /// host:port[,host:port...]).
+    #[arg(long)]
+    pub zookeeper: Option<String>,
     /// An existing PostgreSQL instead of a local one (libpq connection string).
     #[arg(long)]
     pub postgres: Option<String>,

@@ -1,7 +1,8 @@
 //! `fencelock locks`: who holds which etcd lock, with which token and lease, and who waits
 //! behind them, in queue order (a table, or JSON with `--json`); on Redis, as far as Redis
 //! can tell: the holder's owner value and remaining `PX`, and the last token handed out
-//! (waiters leave no trace there).
+//! (waiters leave no trace there); on ZooKeeper, every contender's node in queue order,
+//! with its czxid token and session.
 //!
 //! JSON schema (`--json`, etcd):
 //!
@@ -25,6 +26,7 @@ use clap::{Args, ValueEnum};
 use fencelock::LockError;
 use fencelock::etcd::{EtcdLocker, LockState, QueueEntry, Role};
 use fencelock::redis::{RedisLockState, RedisLocker};
+use fencelock::zookeeper::{ZooKeeperEntry, ZooKeeperLockState, ZooKeeperLocker};
 use serde_json::{Value, json};
 
 /// Where the locks live.
@@ -34,6 +36,8 @@ enum LocksBackend {
     Etcd,
     /// A single Redis server: holders only.
     Redis,
+    /// A ZooKeeper ensemble: holders and waiters, in queue order.
+    Zookeeper,
 }
 
 /// Options of `fencelock locks`.
@@ -76,6 +80,9 @@ async fn report(args: &LocksArgs) -> Result<String, (u8, String)> {
     }
     if args.backend == LocksBackend::Redis {
         return redis_report(args).await.map_err(failed);
+    }
+    if args.backend == LocksBackend::Zookeeper {
+        return zookeeper_report(args).await.map_err(failed);
     }
     let config = args.service.etcd_config().map_err(|err| (2, err))?;
     let locks = EtcdLocker::connect(config).await.map_err(failed)?;
@@ -285,5 +292,84 @@ fn redis_table(states: &[RedisLockState]) -> String {
         "(Redis keeps no queue: waiters are not visible. last token: the last one the lock's \
          counter handed out, at least the holder's.)\n",
     );
+    out
+}
+
+async fn zookeeper_report(args: &LocksArgs) -> Result<String, LockError> {
+    let config = args.service.zookeeper_config();
+    let namespace = config.namespace().to_owned();
+    let locks = ZooKeeperLocker::connect(config).await?;
+    let states = match &args.lock {
+        Some(name) => vec![locks.inspect(name).await?],
+        None => locks.inspect_all().await?,
+    };
+    Ok(if args.json {
+        zookeeper_json(&namespace, &states)
+    } else {
+        zookeeper_table(&states)
+    })
+}
+
+/// `{"backend": "zookeeper", "namespace": "/fencelock", "locks": [{"name": ...,
+/// "holders": [ENTRY], "waiters": [ENTRY, ...]}]}` with
+/// `ENTRY = {"path": ..., "token": czxid, "session_id": ..., "role": "exclusive" |
+/// "reader"}` (readers of a read-write lock share it).
+fn zookeeper_json(namespace: &str, states: &[ZooKeeperLockState]) -> String {
+    let entry = |e: &ZooKeeperEntry| {
+        json!({
+            "path": e.path,
+            "token": e.token.get(),
+            "session_id": format!("{:#x}", e.session_id),
+            "role": if e.reader { "reader" } else { "exclusive" },
+        })
+    };
+    let locks: Vec<Value> = states
+        .iter()
+        .map(|state| {
+            let (holders, waiters): (Vec<_>, Vec<_>) = state.entries.iter().partition(|e| e.holds);
+            json!({
+                "name": state.name,
+                "holders": holders.into_iter().map(entry).collect::<Vec<_>>(),
+                "waiters": waiters.into_iter().map(entry).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let report = json!({ "backend": "zookeeper", "namespace": namespace, "locks": locks });
+    format!(
+        "{}\n",
+        serde_json::to_string_pretty(&report).unwrap_or_default()
+    )
+}
+
+fn zookeeper_table(states: &[ZooKeeperLockState]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    if states.iter().all(|s| s.entries.is_empty()) {
+        out.push_str("no lock is held or waited for\n");
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "{:<24} {:<10} {:>14} {:<18}  node",
+        "lock", "state", "token (czxid)", "session"
+    );
+    for state in states {
+        for (place, entry) in state.entries.iter().enumerate() {
+            let position = if entry.holds {
+                "holds".to_owned()
+            } else {
+                format!("waits #{place}")
+            };
+            let _ = writeln!(
+                out,
+                "{:<24} {:<10} {:>14} {:<18x}  {}",
+                state.name,
+                position,
+                entry.token.get(),
+                entry.session_id,
+                entry.path
+            );
+        }
+    }
     out
 }

@@ -1,10 +1,11 @@
 //! Where the locks live, for the commands that use a given lock service (`run`, `locks`):
-//! the etcd endpoints, the Redis server, the namespace, and TLS and credentials for each,
+//! the etcd endpoints, the Redis server, the ZooKeeper ensemble, the namespace, and TLS and credentials for each,
 //! and the client configurations made from them.
 
 use clap::Args;
 use fencelock::etcd::EtcdConfig;
 use fencelock::redis::RedisConfig;
+use fencelock::zookeeper::ZooKeeperConfig;
 
 /// `--etcd`, `--redis`, `--namespace` and the TLS flags of both services.
 #[derive(Clone, Debug, Args)]
@@ -31,7 +32,11 @@ pub struct ServiceArgs {
     /// holders) or its token counter (tokens start again at 1).
     #[arg(long, env = "FENCELOCK_REDIS_ALLOW_EVICTION")]
     pub redis_allow_eviction: bool,
-    /// Key namespace (the key prefix on Redis).
+    /// The ZooKeeper ensemble, for --backend zookeeper (its connect string,
+    /// host:port[,host:port...]; plaintext: the ZooKeeper backend has no TLS).
+    #[arg(long, default_value = "127.0.0.1:2181", env = "FENCELOCK_ZOOKEEPER")]
+    pub zookeeper: String,
+    /// Key namespace (the key prefix on Redis; the node /<namespace> on ZooKeeper).
     #[arg(long, default_value = "fencelock")]
     pub namespace: String,
     #[command(flatten)]
@@ -45,6 +50,17 @@ impl ServiceArgs {
     pub fn etcd_config(&self) -> Result<EtcdConfig, String> {
         let config = EtcdConfig::new(self.etcd.clone()).with_namespace(&self.namespace);
         self.security.apply(config)
+    }
+
+    /// The ZooKeeper client configuration: the namespace becomes the node
+    /// `/<namespace>` (kept as is if it starts with '/').
+    pub fn zookeeper_config(&self) -> ZooKeeperConfig {
+        let namespace = if self.namespace.starts_with('/') {
+            self.namespace.clone()
+        } else {
+            format!("/{}", self.namespace)
+        };
+        ZooKeeperConfig::new(&self.zookeeper).with_namespace(namespace)
     }
 
     /// The Redis client configuration for `urls` (one server, or Redlock's masters).

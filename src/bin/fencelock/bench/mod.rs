@@ -2,6 +2,7 @@
 //! measured in the same run, with ratios computed inside the run.
 
 mod driver;
+mod kazoo;
 mod mariadb;
 mod report;
 mod stats;
@@ -15,6 +16,7 @@ use clap::Args;
 use fencelock::etcd::EtcdLocker;
 use fencelock::postgres::PgAdvisoryLocker;
 use fencelock::redis::{RedisLocker, RedlockLocker};
+use fencelock::zookeeper::ZooKeeperLocker;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use targets::Targets;
@@ -22,7 +24,7 @@ use workloads::Runner;
 
 pub type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
-const BACKENDS: [&str; 4] = ["etcd", "redis", "redlock", "postgres"];
+const BACKENDS: [&str; 5] = ["etcd", "redis", "redlock", "postgres", "zookeeper"];
 /// Storage without a lock of its own: only the fenced-write rows (locked by etcd and Redis).
 const STORES: [&str; 1] = ["mariadb"];
 
@@ -46,7 +48,7 @@ pub struct BenchArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "etcd,redis,redlock,postgres,mariadb"
+        default_value = "etcd,redis,redlock,postgres,zookeeper,mariadb"
     )]
     pub backends: Vec<String>,
     /// Locks held by one client in the renewal workload (0 skips it); it also measures the
@@ -188,8 +190,16 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         }
         _ => None,
     };
+    let zookeeper = match targets.zookeeper_config() {
+        Some(config) if wants("zookeeper") => Some(ZooKeeperLocker::connect(config).await?),
+        _ => None,
+    };
+    let zookeeper_three = match &targets.zookeeper_three {
+        Some(config) if wants("zookeeper") => Some(ZooKeeperLocker::connect(config.clone()).await?),
+        _ => None,
+    };
     // The versions the servers report of themselves, not those of binaries on PATH.
-    let versions = report::ServerVersions::ask(
+    let mut versions = report::ServerVersions::ask(
         etcd.as_ref().map(|locks| locks.client().clone()),
         redis.as_ref().map(RedisLocker::connection),
         targets
@@ -200,6 +210,9 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         targets.mariadb.as_deref().filter(|_| wants("mariadb")),
     )
     .await;
+    if let Some(hosts) = targets.zookeeper.as_deref().filter(|_| wants("zookeeper")) {
+        versions.zookeeper = workloads::zookeeper_version(hosts).await;
+    }
     runner.progress.suspend(|| eprintln!("{}", versions.line()));
     let environment = report::environment(&args, &targets, versions);
 
@@ -226,6 +239,21 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         }
         if let Some(locks) = &postgres {
             runner.distinct("postgres", locks.clone(), &c).await?;
+        }
+        if let Some(locks) = &zookeeper {
+            runner.distinct("zookeeper", locks.clone(), &c).await?;
+            if let (1, Some(hosts)) = (c[0], &targets.zookeeper) {
+                // The peer: Python's kazoo lock, one cycle after another.
+                let path = format!("/bench-kazoo/{}", runner.run);
+                if let Some(cell) = kazoo::cycles(hosts, &path, args.duration).await? {
+                    runner.cells.push(cell);
+                }
+            }
+        }
+        if let (Some(locks), true) = (&zookeeper_three, c[0] > 1) {
+            runner
+                .distinct("zookeeper 3 members", locks.clone(), &c)
+                .await?;
         }
     }
     if let (true, Some(locks)) = (wants("etcd"), &etcd) {
@@ -260,6 +288,14 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
     if let Some(locks) = &postgres {
         runner.contended("postgres", locks.clone()).await?;
     }
+    if let Some(locks) = &zookeeper {
+        runner.contended("zookeeper", locks.clone()).await?;
+    }
+    if let Some(locks) = &zookeeper_three {
+        runner
+            .contended("zookeeper 3 members", locks.clone())
+            .await?;
+    }
     if let Some(conn) = targets.postgres.as_deref().filter(|_| wants("postgres")) {
         let tls = postgres_tls.as_ref();
         if let Some(locks) = &etcd {
@@ -270,6 +306,11 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         if let Some(locks) = &redis {
             runner
                 .fenced_write("redis", locks.clone(), conn, tls)
+                .await?;
+        }
+        if let Some(locks) = &zookeeper {
+            runner
+                .fenced_write("zookeeper", locks.clone(), conn, tls)
                 .await?;
         }
     }
@@ -317,6 +358,17 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
                     locks.clone(),
                     count,
                     "EVALSHA calls (one per 1,000 locks per tick)",
+                )
+                .await?;
+        }
+        if let (Some(locks), Some(hosts)) = (&zookeeper, targets.zookeeper.clone()) {
+            let count = move || workloads::zookeeper_packets(hosts.clone());
+            runner
+                .renewal(
+                    "zookeeper",
+                    locks.clone(),
+                    count,
+                    "packets the server received (mntr): the session's pings and our heartbeats",
                 )
                 .await?;
         }
@@ -390,12 +442,19 @@ fn planned_cells(args: &BenchArgs) -> u64 {
     }
     if wants("postgres") {
         cells += 4;
+        if wants("zookeeper") {
+            cells += 2;
+        }
+    }
+    if wants("zookeeper") && args.endpoints.zookeeper.is_none() {
+        // The 3-member rows: lock cycles at every concurrency above 1, handoffs.
+        cells += args.concurrency.iter().filter(|c| **c > 1).count() + w;
     }
     if wants("mariadb") {
         cells += 4;
     }
     if args.renewal_locks > 0 {
-        cells += ["etcd", "redis", "redlock"]
+        cells += ["etcd", "redis", "redlock", "zookeeper"]
             .iter()
             .filter(|b| wants(b))
             .count();

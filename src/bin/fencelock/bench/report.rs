@@ -21,6 +21,7 @@ pub struct Environment {
     pub redis: String,
     pub postgres: String,
     pub mariadb: String,
+    pub zookeeper: String,
     pub cell_duration_s: f64,
     pub fencelock: String,
 }
@@ -36,13 +37,14 @@ pub fn environment(args: &BenchArgs, targets: &Targets, versions: ServerVersions
         },
         fsync: format!(
             "etcd fsync {}; redis without persistence; postgres fsync off; mariadb no log \
-             flush at commit (local servers)",
+             flush at commit; zookeeper forceSync=no (local servers)",
             on_off(args.fsync)
         ),
         etcd: versions.etcd,
         redis: versions.redis,
         postgres: versions.postgres,
         mariadb: versions.mariadb,
+        zookeeper: versions.zookeeper,
         cell_duration_s: args.duration.as_secs_f64(),
         fencelock: env!("CARGO_PKG_VERSION").into(),
     }
@@ -56,6 +58,8 @@ pub struct ServerVersions {
     pub redis: String,
     pub postgres: String,
     pub mariadb: String,
+    /// Filled in by the caller (ZooKeeper's `srvr` answer).
+    pub zookeeper: String,
 }
 
 const NOT_USED: &str = "not used";
@@ -111,14 +115,15 @@ impl ServerVersions {
             redis,
             postgres,
             mariadb,
+            zookeeper: NOT_USED.into(),
         }
     }
 
     /// One line for the terminal.
     pub fn line(&self) -> String {
         format!(
-            "servers: {}; {}; {}; {}",
-            self.etcd, self.redis, self.postgres, self.mariadb
+            "servers: {}; {}; {}; {}; {}",
+            self.etcd, self.redis, self.postgres, self.mariadb, self.zookeeper
         )
     }
 }
@@ -279,6 +284,21 @@ impl Outcome {
                     holds: r >= goal,
                 });
             }
+            if let (Some(zk), Some(kazoo)) = (
+                self.cell("distinct keys", "zookeeper", c),
+                self.cell("distinct keys", "zookeeper kazoo Lock", c),
+            ) {
+                ratios.push(ratio(
+                    format!("zookeeper lock / Python kazoo Lock cycles/s, c={c}"),
+                    zk.per_second / kazoo.per_second,
+                ));
+            }
+            if let (Some(etcd), Some(zk)) = (etcd, self.cell("distinct keys", "zookeeper", c)) {
+                ratios.push(ratio(
+                    format!("etcd / zookeeper lock cycles/s, c={c}"),
+                    etcd.per_second / zk.per_second,
+                ));
+            }
             if let (Some(etcd), Some(redis)) = (etcd, redis) {
                 ratios.push(ratio(
                     format!("etcd / redis lock cycles/s, c={c}"),
@@ -417,8 +437,8 @@ impl Outcome {
         let env = &self.environment;
         let _ = write!(
             out,
-            "\nservers: {}; {}; {}; {}\n",
-            env.etcd, env.redis, env.postgres, env.mariadb
+            "\nservers: {}; {}; {}; {}; {}\n",
+            env.etcd, env.redis, env.postgres, env.mariadb, env.zookeeper
         );
         let _ = writeln!(
             out,

@@ -6,7 +6,9 @@ use fencelock::etcd::EtcdConfig;
 use fencelock::redis::RedisConfig;
 use fencelock::testkit::{
     EtcdCluster, EtcdClusterBuilder, MariaDbServer, PostgresServer, RedisServer, TestPki,
+    ZooKeeperCluster,
 };
+use fencelock::zookeeper::ZooKeeperConfig;
 
 use super::{BenchArgs, BoxResult};
 
@@ -22,6 +24,11 @@ pub struct Targets {
     pub postgres: Option<String>,
     /// A `mysql://` URL, for the MariaDB fenced-write rows.
     pub mariadb: Option<String>,
+    /// The ZooKeeper connect string.
+    pub zookeeper: Option<String>,
+    /// A local 3-member ensemble beside the standalone server; only when ZooKeeper is
+    /// local.
+    pub zookeeper_three: Option<ZooKeeperConfig>,
     pub embedded: bool,
     embedded_etcd: bool,
     /// A second local etcd serving mutual TLS (a throwaway PKI), for the TLS rows beside
@@ -37,6 +44,7 @@ pub struct Targets {
     _redis: Vec<RedisServer>,
     _postgres: Option<PostgresServer>,
     _mariadb: Option<MariaDbServer>,
+    _zookeeper: Vec<ZooKeeperCluster>,
 }
 
 impl Targets {
@@ -51,6 +59,8 @@ impl Targets {
             redlock: args.endpoints.redlock.clone(),
             postgres: args.endpoints.postgres.clone(),
             mariadb: args.mariadb.clone(),
+            zookeeper: args.endpoints.zookeeper.clone(),
+            zookeeper_three: None,
             embedded: false,
             embedded_etcd: false,
             etcd_tls: None,
@@ -61,6 +71,7 @@ impl Targets {
             _redis: Vec::new(),
             _postgres: None,
             _mariadb: None,
+            _zookeeper: Vec::new(),
         };
         // etcd (and Redis) are also the locks of the fenced-write workloads.
         let fenced_writes = wants("postgres") || wants("mariadb");
@@ -132,6 +143,15 @@ impl Targets {
             targets.redlock = Some(urls);
             targets.embedded = true;
         }
+        if targets.zookeeper.is_none() && wants("zookeeper") {
+            eprintln!("starting a local ZooKeeper, and a 3-member ensemble for the cluster rows");
+            let single = ZooKeeperCluster::single().await?;
+            let three = ZooKeeperCluster::start(3).await?;
+            targets.zookeeper = Some(single.connect_string());
+            targets.zookeeper_three = Some(zookeeper_config(&three.connect_string()));
+            targets._zookeeper = vec![single, three];
+            targets.embedded = true;
+        }
         if targets.postgres.is_none() && wants("postgres") {
             eprintln!("starting a local postgres");
             let server = PostgresServer::start().await?;
@@ -185,12 +205,22 @@ impl Targets {
         })
     }
 
+    pub fn zookeeper_config(&self) -> Option<ZooKeeperConfig> {
+        self.zookeeper.as_deref().map(zookeeper_config)
+    }
+
     fn with_redis_tls(&self, config: RedisConfig) -> RedisConfig {
         match self.tls.redis.tls() {
             Some(tls) => config.with_tls(tls),
             None => config,
         }
     }
+}
+
+fn zookeeper_config(hosts: &str) -> ZooKeeperConfig {
+    ZooKeeperConfig::new(hosts)
+        .with_namespace("/bench")
+        .with_request_timeout(Duration::from_secs(10))
 }
 
 pub fn on_off(flag: bool) -> &'static str {

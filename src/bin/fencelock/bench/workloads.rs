@@ -615,3 +615,43 @@ pub async fn redis_evalsha(connections: Vec<redis::aio::ConnectionManager>) -> B
     }
     Ok(total)
 }
+
+/// A four-letter command's answer from the first server of a ZooKeeper connect string.
+async fn zookeeper_four_letter(hosts: &str, command: &str) -> BoxResult<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = hosts.split(',').next().unwrap_or_default().trim();
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(address).await?;
+        stream.write_all(command.as_bytes()).await?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await?;
+        Ok::<_, std::io::Error>(answer)
+    };
+    Ok(tokio::time::timeout(Duration::from_secs(5), exchange).await??)
+}
+
+/// `zookeeper 3.8.0`, from the server's `srvr` answer (the command must be whitelisted,
+/// as on the local servers).
+pub async fn zookeeper_version(hosts: &str) -> String {
+    match zookeeper_four_letter(hosts, "srvr").await {
+        Ok(answer) => answer
+            .lines()
+            .find_map(|line| line.strip_prefix("Zookeeper version: "))
+            .map_or_else(
+                || "zookeeper (no version in srvr)".into(),
+                |v| format!("zookeeper {}", v.split(['-', ',']).next().unwrap_or(v)),
+            ),
+        Err(err) => format!("unknown: {err}"),
+    }
+}
+
+/// Packets the first server of the connect string has received (`mntr`'s
+/// `zk_packets_received`): what keeping the sessions alive costs it.
+pub async fn zookeeper_packets(hosts: String) -> BoxResult<f64> {
+    let answer = zookeeper_four_letter(&hosts, "mntr").await?;
+    answer
+        .lines()
+        .find_map(|line| line.strip_prefix("zk_packets_received"))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .ok_or_else(|| "no zk_packets_received in mntr (is mntr whitelisted?)".into())
+}

@@ -1,5 +1,5 @@
-//! Fault-injection experiments (scenarios S1-S8, listed in the guide's `docs/chaos.md`):
-//! worker processes that take a
+//! Fault-injection experiments on etcd, Redis, Redlock and ZooKeeper (scenarios S1-S8,
+//! listed in the guide's `docs/chaos.md`): worker processes that take a
 //! lock and update shared PostgreSQL rows with and without fencing, a runner that injects
 //! the faults and collects what the workers report, and the checker that turns that record
 //! into counts (also usable on its own as `fencelock check-log`).
@@ -41,7 +41,7 @@ pub struct ChaosArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "etcd,redis,redlock"
+        default_value = "etcd,redis,redlock,zookeeper"
     )]
     pub backends: Vec<ChaosBackend>,
     /// Upper bound on one scenario run; a run still waiting then is reported as an error.

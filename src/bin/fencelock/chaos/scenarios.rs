@@ -89,11 +89,11 @@ impl Scenario {
 
     /// The backends it applies to, among `selected`.
     pub fn backends(self, selected: &[ChaosBackend]) -> Vec<ChaosBackend> {
-        use ChaosBackend::{Etcd, Naive, Redis, Redlock};
+        use ChaosBackend::{Etcd, Naive, Redis, Redlock, Zookeeper};
         let applicable: &[ChaosBackend] = match self {
-            Self::S1 | Self::S2 | Self::S6 => &[Etcd, Redis, Redlock],
-            Self::S3 => &[Etcd, Redis, Redlock, Naive],
-            Self::S4 => &[Etcd, Redis],
+            Self::S1 | Self::S2 | Self::S6 => &[Etcd, Redis, Redlock, Zookeeper],
+            Self::S3 => &[Etcd, Redis, Redlock, Naive, Zookeeper],
+            Self::S4 => &[Etcd, Redis, Zookeeper],
             Self::S5 => &[Redlock],
             Self::S7 => &[Redis],
             Self::S8 => &[Etcd],
@@ -128,6 +128,10 @@ impl Scenario {
                 topology: Topology::EtcdCluster,
                 ..plan
             },
+            Self::S4 if backend == ChaosBackend::Zookeeper => Plan {
+                topology: Topology::ZooKeeperEnsemble,
+                ..plan
+            },
             // Long sections, so that the holder is still at work when a waiter reaches
             // the promoted replica.
             Self::S4 | Self::S7 => Plan {
@@ -159,7 +163,9 @@ impl Scenario {
             (Self::S2, _) => "paused holder's fenced write rejected; unfenced updates lost",
             (Self::S3, ChaosBackend::Naive) => "deletes the next owner's lock (reproduced)",
             (Self::S3, _) => "never deletes another owner's lock",
-            (Self::S4, ChaosBackend::Etcd) => "no second holder; tokens keep increasing",
+            (Self::S4, ChaosBackend::Etcd | ChaosBackend::Zookeeper) => {
+                "no second holder; tokens keep increasing"
+            }
             (Self::S4, _) => "a second holder appears (reproduced)",
             (Self::S5, _) => "two holders at once (reproduced)",
             (Self::S6, _) => "guard reports lost before the next grant; write rejected",
@@ -183,7 +189,7 @@ impl Scenario {
             (Self::S2, _) => fenced_safe && lost.unfenced > 0 && finding.ok,
             (Self::S3, ChaosBackend::Naive) => verdict.foreign_deletes > 0,
             (Self::S3, _) => fenced_safe && verdict.foreign_deletes == 0,
-            (Self::S4, ChaosBackend::Etcd) => fenced_safe && orderly,
+            (Self::S4, ChaosBackend::Etcd | ChaosBackend::Zookeeper) => fenced_safe && orderly,
             (Self::S4 | Self::S5, _) => verdict.overlapping > 0,
             (Self::S6, _) => fenced_safe && finding.ok,
             (Self::S7, _) => verdict.token_inversions > 0 && verdict.stale_accepted == 0,
@@ -207,6 +213,9 @@ impl Scenario {
             }),
             Self::S4 | Self::S7 if backend == ChaosBackend::Etcd => {
                 leader_killed(fleet, stage).await
+            }
+            Self::S4 if backend == ChaosBackend::Zookeeper => {
+                zookeeper_leader_killed(fleet, stage).await
             }
             Self::S4 | Self::S7 => master_failover(fleet, stage).await,
             Self::S5 => clock_jump(fleet, stage).await,
@@ -313,6 +322,29 @@ async fn leader_killed(fleet: &mut Fleet, stage: &mut Stage) -> BoxResult<Findin
     Ok(Finding {
         note: format!(
             "leader m{leader} killed while {} held token {token}",
+            client_name(holder)
+        ),
+        ok: true,
+    })
+}
+
+/// S4 (ZooKeeper): SIGKILL the leader of the 3-member ensemble while a lock is held;
+/// restart it after a few more sections.
+async fn zookeeper_leader_killed(fleet: &mut Fleet, stage: &mut Stage) -> BoxResult<Finding> {
+    let ensemble = stage
+        .zookeeper
+        .as_mut()
+        .ok_or("no local ZooKeeper ensemble")?;
+    fleet.sections_more(2).await?;
+    let (holder, token) = fleet.at_work(|_| true).await?;
+    let leader = ensemble.leader().await?;
+    ensemble.kill(leader)?;
+    fleet.sections_more(4).await?;
+    ensemble.restart(leader).await?;
+    fleet.sections_more(2).await?;
+    Ok(Finding {
+        note: format!(
+            "leader member {leader} killed while {} held token {token}",
             client_name(holder)
         ),
         ok: true,

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use fencelock::testkit::{EtcdCluster, FaultProxy, JumpingClock, RedisServer};
+use fencelock::testkit::{EtcdCluster, FaultProxy, JumpingClock, RedisServer, ZooKeeperCluster};
 
 use super::worker::ChaosBackend;
 use crate::bench::BoxResult;
@@ -20,6 +20,8 @@ pub enum Topology {
     RedisWithReplica,
     /// Three local Redlock masters, the second on a clock that can jump.
     RedlockWithClock,
+    /// A local 3-member ZooKeeper ensemble whose leader the run kills.
+    ZooKeeperEnsemble,
 }
 
 /// The lock service of one run.
@@ -33,6 +35,7 @@ pub struct Stage {
     pub etcd: Option<EtcdCluster>,
     pub redis: Vec<RedisServer>,
     pub clock: Option<JumpingClock>,
+    pub zookeeper: Option<ZooKeeperCluster>,
 }
 
 impl Stage {
@@ -50,11 +53,16 @@ impl Stage {
             etcd: None,
             redis: Vec::new(),
             clock: None,
+            zookeeper: None,
         };
         let given_endpoints = match backend {
             ChaosBackend::Etcd => given.etcd.clone(),
             ChaosBackend::Redis | ChaosBackend::Naive => given.redis.clone().map(|u| vec![u]),
             ChaosBackend::Redlock => given.redlock.clone(),
+            ChaosBackend::Zookeeper => given
+                .zookeeper
+                .as_ref()
+                .map(|hosts| hosts.split(',').map(str::to_owned).collect()),
         };
         if let Some(endpoints) = given_endpoints {
             if topology != Topology::Any {
@@ -88,6 +96,16 @@ impl Stage {
                 stage.endpoints = vec![server.url()];
                 stage.redis = vec![server];
             }
+            (ChaosBackend::Zookeeper, topology) => {
+                let members = if topology == Topology::ZooKeeperEnsemble {
+                    3
+                } else {
+                    1
+                };
+                let ensemble = ZooKeeperCluster::start(members).await?;
+                stage.endpoints = (0..members).map(|i| ensemble.address(i)).collect();
+                stage.zookeeper = Some(ensemble);
+            }
             (ChaosBackend::Redlock, topology) => {
                 let clock = match topology {
                     Topology::RedlockWithClock => Some(JumpingClock::new()?),
@@ -113,9 +131,17 @@ pub async fn proxied(endpoints: &[String]) -> BoxResult<(Vec<FaultProxy>, Vec<St
     let mut proxies = Vec::new();
     let mut rewritten = Vec::new();
     for endpoint in endpoints {
-        let (scheme, rest) = endpoint
-            .split_once("://")
-            .ok_or_else(|| format!("not a URL: {endpoint}"))?;
+        // ZooKeeper members are bare host:port.
+        let Some((scheme, rest)) = endpoint.split_once("://") else {
+            let upstream: SocketAddr = tokio::net::lookup_host(endpoint.as_str())
+                .await?
+                .next()
+                .ok_or_else(|| format!("cannot resolve {endpoint}"))?;
+            let proxy = FaultProxy::start(upstream).await?;
+            rewritten.push(proxy.address().to_string());
+            proxies.push(proxy);
+            continue;
+        };
         let (host_port, path) = rest.split_once('/').unwrap_or((rest, ""));
         let upstream: SocketAddr = tokio::net::lookup_host(host_port)
             .await?

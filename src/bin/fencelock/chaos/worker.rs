@@ -15,6 +15,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use fencelock::etcd::{EtcdConfig, EtcdLocker};
 use fencelock::redis::{RedisConfig, RedisLocker, RedlockLocker};
+use fencelock::zookeeper::{ZooKeeperConfig, ZooKeeperLocker};
 use fencelock::{FencingToken, LockBackend, LockGuard, LockOptions, ReleaseOutcome};
 use serde::Serialize;
 use tokio::io::AsyncReadExt;
@@ -38,6 +39,8 @@ pub enum ChaosBackend {
     Redlock,
     /// The naive Redis lock (unconditional `DEL`), baseline of S3 only.
     Naive,
+    /// ZooKeeper lock (Curator's recipe), czxid token.
+    Zookeeper,
 }
 
 impl ChaosBackend {
@@ -48,6 +51,7 @@ impl ChaosBackend {
             Self::Redis => "redis",
             Self::Redlock => "redlock",
             Self::Naive => "naive",
+            Self::Zookeeper => "zookeeper",
         }
     }
 
@@ -58,6 +62,7 @@ impl ChaosBackend {
             Self::Redis => "redis",
             Self::Redlock => "redlock",
             Self::Naive => "naive redis",
+            Self::Zookeeper => "zookeeper",
         }
     }
 }
@@ -69,7 +74,8 @@ pub struct WorkerArgs {
     #[arg(long, value_enum)]
     pub backend: ChaosBackend,
     /// Lock service endpoints: etcd members, Redis servers in failover order (the first
-    /// that reports itself master is used), or the Redlock masters.
+    /// that reports itself master is used), the Redlock masters, or ZooKeeper members
+    /// (host:port).
     #[arg(long, value_delimiter = ',', required = true)]
     pub endpoints: Vec<String>,
     /// PostgreSQL connection string of the shared rows.
@@ -168,6 +174,23 @@ pub async fn work(args: WorkerArgs) -> ExitCode {
             serve(
                 || async {
                     RedlockLocker::connect(config.clone())
+                        .await
+                        .map(|locks| Library(locks, WAIT))
+                },
+                &mut store,
+                &args,
+                &out,
+            )
+            .await
+        }
+        ChaosBackend::Zookeeper => {
+            let config = ZooKeeperConfig::new(args.endpoints.join(","))
+                .with_namespace("/fencelock-chaos")
+                .with_connect_timeout(Duration::from_secs(2))
+                .with_request_timeout(Duration::from_secs(1));
+            serve(
+                || async {
+                    ZooKeeperLocker::connect(config.clone())
                         .await
                         .map(|locks| Library(locks, WAIT))
                 },

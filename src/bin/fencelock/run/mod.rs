@@ -6,7 +6,9 @@
 //! is the lock key's create revision: it never repeats. `--backend redis` and
 //! `--backend redlock` hold the same lock on Redis, under the same rules below; their
 //! token is a counter that a Redis failover can repeat (Redlock's is not a fencing token
-//! at all), which is what the comparison with etcd is about.
+//! at all), which is what the comparison with etcd is about. `--backend zookeeper` holds
+//! Curator's lock recipe on a ZooKeeper ensemble; its token is the lock node's czxid,
+//! which never repeats either, and its lease is the session timeout the server grants.
 //!
 //! # The guarantee
 //!
@@ -44,6 +46,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use fencelock::etcd::EtcdLocker;
 use fencelock::redis::{RedisGuard, RedisLocker, RedlockLocker};
+use fencelock::zookeeper::ZooKeeperLocker;
 use fencelock::{LockBackend, LockError, LockGuard, LockOptions, ReleaseOutcome};
 
 use crate::bench::parse_duration;
@@ -126,6 +129,9 @@ pub enum RunBackend {
     Redis,
     /// Redlock over several Redis masters (`--redis URL,URL,URL`).
     Redlock,
+    /// A ZooKeeper ensemble (`--zookeeper host:port,...`): the token is the lock node's
+    /// czxid, which never repeats; the TTL is the session timeout asked for.
+    Zookeeper,
 }
 
 /// How long before the lease deadline SIGKILL goes out: covers this process's own timer
@@ -234,6 +240,7 @@ async fn run_inner(args: RunArgs) -> Result<u8, Failure> {
     let min_ttl = match args.backend {
         RunBackend::Etcd => fencelock::etcd::MIN_TTL,
         RunBackend::Redis | RunBackend::Redlock => fencelock::redis::MIN_TTL,
+        RunBackend::Zookeeper => fencelock::zookeeper::MIN_TTL,
     };
     options
         .validate(min_ttl)
@@ -257,6 +264,7 @@ async fn run_inner(args: RunArgs) -> Result<u8, Failure> {
         RunBackend::Etcd => on_etcd(&args, &options, task).await,
         RunBackend::Redis => on_redis(&args, &options, task).await,
         RunBackend::Redlock => on_redlock(&args, &options, task).await,
+        RunBackend::Zookeeper => on_zookeeper(&args, &options, task).await,
     }
 }
 
@@ -484,6 +492,40 @@ async fn on_redlock(args: &RunArgs, options: &LockOptions, task: Task<'_>) -> Re
     )
     .await?;
     Ok(on_redis_guard(guard, args.ttl, task).await)
+}
+
+async fn on_zookeeper(
+    args: &RunArgs,
+    options: &LockOptions,
+    task: Task<'_>,
+) -> Result<u8, Failure> {
+    if args.permits.is_some() {
+        return Err(Failure::usage(
+            "--permits: the ZooKeeper backend has no semaphore; use --backend etcd or redis",
+        ));
+    }
+    let locks = ZooKeeperLocker::connect(args.service.zookeeper_config())
+        .await
+        .map_err(Failure::from_lock_error)?;
+    let guard = take_in_time(
+        |options| {
+            let locks = &locks;
+            async move { locks.lock(&args.lock, &options).await }
+        },
+        options,
+        task.needed_at_start(args.ttl),
+    )
+    .await?;
+    // The lease is the session timeout the server granted, which may differ from --ttl.
+    let ttl = guard.session_timeout();
+    let path = guard.path().to_owned();
+    let (ran, code) = task.run_under(&guard, &path, ttl).await;
+    if ran == Ran::Lost {
+        // Its session is gone or its node was deleted: nothing to release.
+        drop(guard);
+        return Ok(code);
+    }
+    Ok(within_ttl(ttl, release(guard, ran, code), code).await)
 }
 
 /// Runs the command under a Redis (or Redlock) lock, then releases it.

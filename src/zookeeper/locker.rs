@@ -1,0 +1,161 @@
+//! The ZooKeeper lock behind the common trait, and the sessions it runs on.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Mutex;
+
+use super::acquire::acquire;
+use super::node::Mark;
+use super::rwlock::ZooKeeperRwLock;
+use super::session::Session;
+use super::{ZooKeeperConfig, ZooKeeperGuard};
+use crate::{LockBackend, LockError, LockOptions, validate_name};
+
+/// The smallest TTL (requested session timeout) accepted. A server grants no less than
+/// two of its ticks (4 s with the default `tickTime=2000`): a smaller TTL is raised by
+/// the server, and the guard reports the granted timeout
+/// ([`ZooKeeperGuard::session_timeout`]).
+pub const MIN_TTL: Duration = Duration::from_millis(200);
+
+/// The lock recipe of Curator's `InterProcessMutex` and kazoo's `Lock` on a ZooKeeper
+/// ensemble, fenced by the lock node's `czxid`.
+///
+/// Each contender creates an ephemeral sequential node under `<namespace>/<name>/`; the
+/// lowest sequence number holds the lock, every other contender watches only the node
+/// just before its own (FIFO, no herd). The nodes live in a ZooKeeper session: locks
+/// taken with the same TTL share one session (the TTL is the session timeout asked
+/// for), kept alive by the client; a lock taken without renewal gets a session of its
+/// own, closed when its TTL runs out.
+///
+/// ```no_run
+/// use fencelock::zookeeper::{ZooKeeperConfig, ZooKeeperLocker};
+/// use fencelock::{LockBackend, LockGuard, LockOptions};
+///
+/// # async fn run() -> Result<(), fencelock::LockError> {
+/// let locks = ZooKeeperLocker::connect(ZooKeeperConfig::new("127.0.0.1:2181")).await?;
+/// let guard = locks.lock("inventory:sku-1", &LockOptions::new()).await?;
+/// println!("token {}", guard.token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ZooKeeperLocker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ZooKeeperConfig,
+    /// The shared session per TTL, replaced once lost.
+    sessions: Mutex<HashMap<Duration, Arc<Session>>>,
+}
+
+impl std::fmt::Debug for ZooKeeperLocker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZooKeeperLocker")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ZooKeeperLocker {
+    /// Checks the configuration and opens a session (with the default TTL, 10 s), so
+    /// that an unreachable ensemble shows now rather than at the first lock.
+    #[tracing::instrument(fields(backend = "zookeeper"))]
+    pub async fn connect(config: ZooKeeperConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        let locker = Self {
+            inner: Arc::new(Inner {
+                config,
+                sessions: Mutex::new(HashMap::new()),
+            }),
+        };
+        locker.session_for(&LockOptions::new()).await?;
+        Ok(locker)
+    }
+
+    /// A read-write lock under `name` (see [`ZooKeeperRwLock`]).
+    pub fn rwlock(&self, name: &str) -> Result<ZooKeeperRwLock, LockError> {
+        ZooKeeperRwLock::new(self.clone(), name)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ZooKeeperConfig {
+        &self.inner.config
+    }
+
+    /// The session for a lock with `options`: the shared one for its TTL, or a new one
+    /// of its own for a lock without renewal.
+    pub(crate) async fn session_for(
+        &self,
+        options: &LockOptions,
+    ) -> Result<Arc<Session>, LockError> {
+        let config = &self.inner.config;
+        if !options.renews() {
+            return Session::open(config, options.ttl(), false).await;
+        }
+        let mut sessions = self.inner.sessions.lock().await;
+        if let Some(session) = sessions.get(&options.ttl()) {
+            if session.usable() {
+                return Ok(session.clone());
+            }
+        }
+        let session = Session::open(config, options.ttl(), true).await?;
+        sessions.insert(options.ttl(), session.clone());
+        Ok(session)
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        name: &str,
+        options: &LockOptions,
+        mark: Mark,
+        wait: bool,
+    ) -> Result<Option<ZooKeeperGuard>, LockError> {
+        validate_name(name)?;
+        options.validate(MIN_TTL)?;
+        let started = Instant::now();
+        let attempt = async {
+            let session = self.session_for(options).await?;
+            acquire(session, &self.inner.config.namespace, name, mark, wait).await
+        };
+        let result = match options.wait_timeout().filter(|_| wait) {
+            Some(limit) => match tokio::time::timeout(limit, attempt).await {
+                Ok(result) => result,
+                Err(_) => Err(LockError::WaitTimeout {
+                    name: name.to_owned(),
+                    waited: limit,
+                }),
+            },
+            None => attempt.await,
+        };
+        crate::metrics::acquisition(crate::Backend::ZooKeeper, name, started, &result);
+        result
+    }
+}
+
+impl LockBackend for ZooKeeperLocker {
+    type Guard = ZooKeeperGuard;
+
+    #[tracing::instrument(skip(self, options), fields(backend = "zookeeper"))]
+    async fn lock(&self, name: &str, options: &LockOptions) -> Result<ZooKeeperGuard, LockError> {
+        self.acquire(name, options, Mark::Lock, true)
+            .await?
+            .ok_or_else(|| LockError::Backend {
+                backend: crate::Backend::ZooKeeper,
+                operation: "acquire",
+                lock: Some(name.to_owned()),
+                source: "a waiting acquisition returned without the lock".into(),
+            })
+    }
+
+    #[tracing::instrument(skip(self, options), fields(backend = "zookeeper"))]
+    async fn try_lock(
+        &self,
+        name: &str,
+        options: &LockOptions,
+    ) -> Result<Option<ZooKeeperGuard>, LockError> {
+        self.acquire(name, options, Mark::Lock, false).await
+    }
+}

@@ -1,0 +1,202 @@
+//! One ZooKeeper session: the "lease" every lock node of it lives by.
+//!
+//! A lock node is ephemeral: the server deletes it when the session that created it ends
+//! (expired, closed). So the session plays the part of etcd's lease, and its loss is
+//! broadcast to every guard of it. The server expires a session that it has not heard
+//! from for the negotiated session timeout; this side keeps a local deadline on the
+//! boot-time clock ([`LeaseClock`]): the moment the last *answered* heartbeat was sent,
+//! plus that timeout. The server cannot have expired the session before it, so a guard
+//! is trusted until then, and reported lost at it when no answer came in between (cut
+//! off, paused), before the server hands the lock to anyone else.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use zookeeper_client::{Client, Error as ZkError, SessionState};
+
+use super::ZooKeeperConfig;
+use super::error::{RequestError, timed};
+use crate::lease_clock::{Clock, ClockInstant, LeaseClock};
+use crate::loss::{LossNotifier, LossWatch, loss_channel};
+use crate::{Backend, LockError, LossReason};
+
+/// The session's client handle; `None` once this side gave the session up.
+type Shared = Arc<RwLock<Option<Client>>>;
+
+/// One session, shared by the locks taken with the same TTL (or owned by one lock taken
+/// without renewal). Dropping the last handle closes it.
+pub(crate) struct Session {
+    /// `None` once closed by this side: later requests fail with `ClientClosed`.
+    client: Shared,
+    pub(crate) loss: LossWatch,
+    pub(crate) clock: Arc<LeaseClock>,
+    pub(crate) request_timeout: Duration,
+    /// The session timeout the server granted.
+    pub(crate) timeout: Duration,
+    /// The ZooKeeper session id (hex in messages).
+    pub(crate) id: i64,
+    monitor: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &format_args!("{:#x}", self.id))
+            .field("timeout", &self.timeout)
+            .field("lost", &self.loss.current())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// Opens a session asking for `ttl` as its timeout. With `renew` off, the session
+    /// (and every lock in it) ends `ttl` after it was opened, however alive this side is.
+    #[tracing::instrument(skip(config), fields(backend = "zookeeper"))]
+    pub(crate) async fn open(
+        config: &ZooKeeperConfig,
+        ttl: Duration,
+        renew: bool,
+    ) -> Result<Arc<Self>, LockError> {
+        let clock = Clock::BOOT;
+        let sent = clock.now();
+        // Not failing eagerly: during an election every member refuses sessions for a
+        // moment; the client cycles through them until the connect timeout.
+        let connector = Client::connector().with_session_timeout(ttl);
+        let client =
+            match tokio::time::timeout(config.connect_timeout, connector.connect(&config.hosts))
+                .await
+            {
+                Ok(Ok(client)) => client,
+                Ok(Err(err)) => {
+                    return Err(RequestError::Server(err).into_lock_error("connect", None));
+                }
+                Err(_) => {
+                    return Err(LockError::Timeout {
+                        backend: Backend::ZooKeeper,
+                        operation: "connect",
+                        lock: None,
+                        after: config.connect_timeout,
+                    });
+                }
+            };
+        let timeout = client.session_timeout();
+        // Without renewal the lock ends with its TTL, whatever the server granted.
+        let hard_end = (!renew).then(|| sent + ttl);
+        let first = cap(sent + timeout, hard_end);
+        let lease = Arc::new(LeaseClock::new(clock, first));
+        let (notifier, loss) = loss_channel(Backend::ZooKeeper);
+        let id = client.session_id().0;
+        let shared: Shared = Arc::new(RwLock::new(Some(client.clone())));
+        let monitor = tokio::spawn(monitor(
+            client,
+            shared.clone(),
+            notifier,
+            lease.clone(),
+            timeout,
+            config.request_timeout,
+            hard_end,
+        ));
+        tracing::debug!(
+            session = format_args!("{id:#x}"),
+            ?timeout,
+            "session opened"
+        );
+        Ok(Arc::new(Self {
+            client: shared,
+            loss,
+            clock: lease,
+            request_timeout: config.request_timeout,
+            timeout,
+            id,
+            monitor,
+        }))
+    }
+
+    /// A handle for one request; `ClientClosed` once the session was given up.
+    pub(crate) fn client(&self) -> Result<Client, RequestError> {
+        self.client
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .ok_or(RequestError::Server(ZkError::ClientClosed))
+    }
+
+    /// Whether new acquisitions may still use this session.
+    pub(crate) fn usable(&self) -> bool {
+        self.loss.current().is_none() && !self.clock.has_passed()
+    }
+
+    /// Runs `request` on this session with the request timeout.
+    pub(crate) async fn call<T, F, Fut>(&self, request: F) -> Result<T, RequestError>
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ZkError>>,
+    {
+        let client = self.client()?;
+        timed(self.request_timeout, request(client)).await
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // The monitor holds a client handle: without it the last handle goes and the
+        // session is closed on the server (its lock nodes deleted).
+        self.monitor.abort();
+    }
+}
+
+fn cap(deadline: ClockInstant, hard_end: Option<ClockInstant>) -> ClockInstant {
+    match hard_end {
+        Some(end) => deadline.min(end),
+        None => deadline,
+    }
+}
+
+/// Keeps the local deadline (a heartbeat every third of the timeout), and marks the loss:
+/// the server reports the session expired or closed, or the local deadline passes.
+/// After a loss the session is closed from this side too, so that a lock this side has
+/// reported lost is really given up (the client library would otherwise keep pinging).
+async fn monitor(
+    client: Client,
+    shared: Shared,
+    notifier: LossNotifier,
+    lease: Arc<LeaseClock>,
+    timeout: Duration,
+    request_timeout: Duration,
+    hard_end: Option<ClockInstant>,
+) {
+    let mut states = client.state_watcher();
+    let every = timeout / 3;
+    // A heartbeat that hangs must not keep the next one from going out: give up on it
+    // when the next is due.
+    let answer_wait = request_timeout.min(every);
+    let reason = loop {
+        let beat = async {
+            tokio::time::sleep(every).await;
+            let sent = lease.now();
+            (sent, timed(answer_wait, client.check_stat("/")).await)
+        };
+        tokio::select! {
+            state = states.changed() => match state {
+                SessionState::Expired | SessionState::AuthFailed => break LossReason::Revoked,
+                SessionState::Closed => break LossReason::Closed,
+                _ => {}
+            },
+            () = lease.passed() => break LossReason::Expired,
+            (sent, answer) = beat => match answer {
+                Ok(_) => lease.extend_to(cap(sent + timeout, hard_end)),
+                Err(err) => match err.session_gone() {
+                    Some(reason) => break reason,
+                    None => tracing::debug!(%err, "heartbeat failed"),
+                },
+            },
+        }
+    };
+    tracing::debug!(%reason, "session lost");
+    notifier.mark(reason);
+    shared
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
+    drop(client);
+}

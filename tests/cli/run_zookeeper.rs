@@ -1,0 +1,221 @@
+//! `fencelock run --backend zookeeper` and `fencelock locks --backend zookeeper`: one
+//! invocation at a time with increasing czxid tokens; a node deleted under the command
+//! stops it (76); cut off from ZooKeeper, the command is dead before anyone else is
+//! granted the lock; `locks` shows the holder and its waiter in queue order.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use fencelock::testkit::{FaultProxy, ZooKeeperCluster};
+use fencelock::zookeeper::ZooKeeperLocker;
+use fencelock::{LockBackend, LockGuard, LockOptions};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+use crate::support::{assert_one_at_a_time, last_sign_of_life, life_script, next_line, now_ns};
+
+/// The standalone server these tests share (none of them breaks it).
+fn zookeeper() -> &'static ZooKeeperCluster {
+    ZooKeeperCluster::shared()
+}
+
+/// `fencelock <subcommand> --backend zookeeper --zookeeper <hosts> --namespace <ns>`.
+fn fencelock_on(subcommand: &str, hosts: &str, ns: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_fencelock"));
+    command.args([
+        subcommand,
+        "--backend",
+        "zookeeper",
+        "--zookeeper",
+        hosts,
+        "--namespace",
+        ns,
+    ]);
+    command.stderr(Stdio::null()).kill_on_drop(true);
+    command
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_zookeeper_concurrent_invocations_run_one_at_a_time_with_increasing_tokens() {
+    let hosts = zookeeper().connect_string();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("log");
+    let script = format!(
+        "echo start $FENCELOCK_TOKEN >> {log}; sleep 0.2; echo end $FENCELOCK_TOKEN >> {log}",
+        log = log.display()
+    );
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let mut command = fencelock_on("run", &hosts, "cli-zk");
+        command.args([
+            "--lock", "nightly", "--ttl", "2s", "--", "sh", "-c", &script,
+        ]);
+        runs.push(command.status());
+    }
+    for run in runs {
+        let status = tokio::time::timeout(Duration::from_secs(20), run)
+            .await
+            .expect("finishes")
+            .expect("runs");
+        assert!(status.success(), "{status}");
+    }
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert_one_at_a_time(&text, 3, "zookeeper");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_zookeeper_the_command_is_stopped_when_its_node_is_gone() {
+    let cluster = zookeeper();
+    let mut fencelock = fencelock_on("run", &cluster.connect_string(), "cli-zk-gone")
+        .args(["--lock", "cron", "--ttl", "2s", "--grace", "300ms", "--"])
+        .args([
+            "sh",
+            "-c",
+            "echo key=$FENCELOCK_KEY; sleep 30; echo finished",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut lines = BufReader::new(fencelock.stdout.take().expect("stdout")).lines();
+    let first = next_line(&mut lines).await;
+    let node = first.strip_prefix("key=").expect("key line").to_owned();
+    assert!(node.starts_with("/cli-zk-gone/cron/_c_"), "{node}");
+
+    // An operator deletes the holder's node.
+    let admin = cluster.client().await.expect("admin");
+    admin.delete(&node, None).await.expect("delete the node");
+
+    let status = tokio::time::timeout(Duration::from_secs(10), fencelock.wait())
+        .await
+        .expect("fencelock exits")
+        .expect("status");
+    assert_eq!(
+        status.code(),
+        Some(76),
+        "exit status says the lock was lost"
+    );
+    let rest = lines.next_line().await.expect("read");
+    assert_eq!(rest, None, "the command was stopped before it finished");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_zookeeper_cut_off_the_command_is_dead_before_the_next_grant() {
+    let cluster = zookeeper();
+    let ns = "cli-zk-cut";
+    let next = ZooKeeperLocker::connect(cluster.config(ns))
+        .await
+        .expect("connect");
+    let proxy = FaultProxy::start(cluster.address(0).parse().expect("address"))
+        .await
+        .expect("proxy");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let life = dir.path().join("life");
+    let script = life_script(&life);
+    let mut fencelock = fencelock_on("run", &proxy.address().to_string(), ns)
+        .args(["--lock", "job", "--ttl", "2s", "--grace", "300ms", "--"])
+        .args(["sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut lines = BufReader::new(fencelock.stdout.take().expect("stdout")).lines();
+    assert_eq!(next_line(&mut lines).await, "running");
+    proxy.cut();
+
+    // The server expires the session; the next client is granted the lock then.
+    let granted = next
+        .lock(
+            "job",
+            &LockOptions::new().with_wait_timeout(Duration::from_secs(15)),
+        )
+        .await
+        .expect("the lock passes on");
+    let grant = now_ns();
+    let status = tokio::time::timeout(Duration::from_secs(20), fencelock.wait())
+        .await
+        .expect("fencelock exits")
+        .expect("status");
+    let last = last_sign_of_life(&life);
+    assert!(
+        last < grant,
+        "the command wrote {} ms after the next grant",
+        (last - grant) / 1_000_000
+    );
+    assert_eq!(status.code(), Some(76), "the lock was lost");
+    drop(granted);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_on_zookeeper_shows_the_holder_and_its_waiter() {
+    let cluster = zookeeper();
+    let ns = "cli-zk-locks";
+    let holder = ZooKeeperLocker::connect(cluster.config(ns))
+        .await
+        .expect("connect");
+    let waiter = ZooKeeperLocker::connect(cluster.config(ns))
+        .await
+        .expect("connect");
+    let held = holder
+        .lock("payments", &LockOptions::new())
+        .await
+        .expect("lock");
+    let queued = tokio::spawn(async move { waiter.lock("payments", &LockOptions::new()).await });
+    // Wait (by a child watch) until the waiter's node is in the queue.
+    let admin = cluster.client().await.expect("admin");
+    loop {
+        let (children, _, watcher) = admin
+            .get_and_watch_children(&format!("/{ns}/payments"))
+            .await
+            .expect("watch");
+        if children.len() == 2 {
+            break;
+        }
+        tokio::time::timeout(Duration::from_secs(10), watcher.changed())
+            .await
+            .expect("the waiter joins");
+    }
+
+    let output = fencelock_on("locks", &cluster.connect_string(), ns)
+        .arg("--json")
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .expect("fencelock locks");
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let locks = report["locks"].as_array().expect("locks");
+    assert_eq!(locks.len(), 1, "{out}");
+    assert_eq!(locks[0]["name"], "payments");
+    let holders = locks[0]["holders"].as_array().expect("holders");
+    let waiters = locks[0]["waiters"].as_array().expect("waiters");
+    assert_eq!(holders.len(), 1, "{out}");
+    assert_eq!(waiters.len(), 1, "{out}");
+    assert_eq!(holders[0]["path"], held.path());
+    assert_eq!(holders[0]["token"], held.token().get());
+    assert!(
+        waiters[0]["token"].as_u64() > Some(held.token().get()),
+        "the waiter's czxid is later: {out}"
+    );
+
+    let table = fencelock_on("locks", &cluster.connect_string(), ns)
+        .output()
+        .await
+        .expect("fencelock locks");
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.contains("holds") && text.contains("waits #1"),
+        "{text}"
+    );
+
+    let _ = held.release().await;
+    let next = tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("the waiter is granted")
+        .expect("task")
+        .expect("lock");
+    let _ = next.release().await;
+}
