@@ -57,6 +57,14 @@ pub enum FenceError {
         reason: String,
     },
 
+    /// Transaction options the fence cannot keep its promise under: with a consistent
+    /// snapshot (`START TRANSACTION WITH CONSISTENT SNAPSHOT`) the read view is fixed
+    /// before the fence row's lock is waited for, so the transaction would read data older
+    /// than the previous holder's commit and could overwrite it (a lost update with tokens
+    /// in order).
+    #[error("unsupported transaction options: {0}")]
+    UnsupportedOptions(&'static str),
+
     /// The database failed (connection lost, SQL error, deadlock, ...). The transaction
     /// was not committed.
     #[error("database error: {0}")]
@@ -68,6 +76,25 @@ pub enum FenceError {
 const ER_LOCK_DEADLOCK: u16 = 1213;
 /// InnoDB's "Lock wait timeout exceeded": the statement was rolled back.
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+/// MariaDB's "Record has changed since last read" (`innodb_snapshot_isolation`, the
+/// default from MariaDB 11.8): the transaction must be run again.
+const ER_CHECKREAD: u16 = 1020;
+/// MySQL's "Statement aborted because lock(s) could not be acquired immediately and
+/// NOWAIT is set".
+const ER_LOCK_NOWAIT: u16 = 3572;
+/// MariaDB's "Query execution was interrupted (max_statement_time exceeded)".
+const ER_STATEMENT_TIMEOUT: u16 = 1969;
+/// MySQL's "Query execution was interrupted, maximum statement execution time exceeded".
+const ER_QUERY_TIMEOUT: u16 = 3024;
+/// The server errors after which the whole transaction may succeed when run again.
+const RETRYABLE: [u16; 6] = [
+    ER_LOCK_DEADLOCK,
+    ER_LOCK_WAIT_TIMEOUT,
+    ER_CHECKREAD,
+    ER_LOCK_NOWAIT,
+    ER_STATEMENT_TIMEOUT,
+    ER_QUERY_TIMEOUT,
+];
 
 impl FenceError {
     /// The write was refused because a newer token was seen (the fence worked).
@@ -88,14 +115,15 @@ impl FenceError {
         matches!(self, Self::NotFound { .. })
     }
 
-    /// InnoDB gave up on a lock (a deadlock, or `innodb_lock_wait_timeout`): nothing was
-    /// committed, and running the whole transaction again may succeed.
+    /// The server gave up on the transaction or a statement of it (a deadlock,
+    /// `innodb_lock_wait_timeout`, MariaDB's snapshot-isolation conflict 1020, MySQL's
+    /// `NOWAIT`, a statement time limit): roll back and run the whole transaction again,
+    /// from `begin`: it may succeed.
     #[must_use]
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            Self::Database(mysql_async::Error::Server(server))
-                if server.code == ER_LOCK_DEADLOCK || server.code == ER_LOCK_WAIT_TIMEOUT
+            Self::Database(mysql_async::Error::Server(server)) if RETRYABLE.contains(&server.code)
         )
     }
 }

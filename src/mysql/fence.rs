@@ -134,7 +134,7 @@ impl Fence {
                resource VARBINARY({MAX_KEY}) NOT NULL PRIMARY KEY, \
                token BIGINT UNSIGNED NULL, \
                writes BIGINT UNSIGNED NOT NULL DEFAULT 0, \
-               updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)\
+               updated_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)\
              ) ENGINE=InnoDB",
             self.table.sql()
         );
@@ -179,6 +179,12 @@ impl Fence {
         token: FencingToken,
     ) -> Result<FencedTransaction<'a>, FenceError> {
         check_key(resource)?;
+        if options.consistent_snapshot() {
+            return Err(FenceError::UnsupportedOptions(
+                "a consistent snapshot is taken before the fence row's lock is waited for, \
+                 so the transaction would read data older than the previous holder's commit",
+            ));
+        }
         let mut tx = conn.start_transaction(options).await?;
         if let Err(err) = self.check(&mut tx, resource, token).await {
             // Free the fence row now rather than at the connection's next command.

@@ -66,7 +66,7 @@ impl IdempotencyKeys {
         let sql = format!(
             "CREATE TABLE IF NOT EXISTS {} (\
                `key` VARBINARY({MAX_KEY}) NOT NULL PRIMARY KEY, \
-               claimed_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)\
+               claimed_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)\
              ) ENGINE=InnoDB",
             self.table.sql()
         );

@@ -60,3 +60,26 @@ async fn keys_that_cannot_be_stored_exactly_are_refused() {
         .expect("255 bytes");
     tx.commit().await.expect("commit");
 }
+
+/// A consistent snapshot would be taken before the fence row's lock is waited for: the
+/// transaction would read data older than the previous holder's commit and could
+/// overwrite it with tokens in order (a lost update). Refused before anything is sent.
+#[tokio::test]
+async fn a_consistent_snapshot_is_refused() {
+    let mut db = Db::start().await;
+    let fence = Fence::new();
+    fence.ensure_schema(&mut db.conn).await.expect("schema");
+    let mut options = mysql_async::TxOpts::default();
+    options.with_consistent_snapshot(true);
+    let err = fence
+        .begin_with(&mut db.conn, options, "snapshot", FencingToken::new(1))
+        .await
+        .expect_err("refused");
+    assert!(matches!(err, FenceError::UnsupportedOptions(_)), "{err}");
+    // Nothing was started: the connection takes a fenced transaction at once.
+    let tx = fence
+        .begin(&mut db.conn, "snapshot", FencingToken::new(1))
+        .await
+        .expect("begin");
+    tx.commit().await.expect("commit");
+}
