@@ -368,11 +368,7 @@ async fn zookeeper_leader_killed(fleet: &mut Fleet, stage: &mut Stage) -> BoxRes
 /// Unlike etcd, whose new leader renews every lease, a ZooKeeper client cannot know that
 /// the new leader restarted its session's timeout, so it gives the lock up on its own
 /// deadline: safe, and a second holder follows.
-fn held_through_election(
-    sections: &[Section],
-    client: &str,
-    token: u64,
-) -> (bool, String) {
+fn held_through_election(sections: &[Section], client: &str, token: u64) -> (bool, String) {
     let Some(held) = sections
         .iter()
         .find(|s| s.client == client && s.token == token)
