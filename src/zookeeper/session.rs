@@ -192,7 +192,13 @@ async fn monitor(
             () = lease.passed() => break LossReason::Expired,
             (sent, answer) = &mut beat => {
                 match answer {
-                    Ok(()) => lease.extend_to(cap(sent + timeout, hard_end)),
+                    Ok(()) => {
+                        if !lease.extend_to(cap(sent + timeout, hard_end)) {
+                            // Answered after the deadline passed: the guard already
+                            // reported the lock gone; it is not revived.
+                            break LossReason::Expired;
+                        }
+                    }
                     Err(err) => match err.session_gone() {
                         Some(reason) => break reason,
                         None => tracing::debug!(%err, "heartbeat failed"),
