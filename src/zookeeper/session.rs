@@ -5,9 +5,21 @@
 //! broadcast to every guard of it. The server expires a session that it has not heard
 //! from for the negotiated session timeout; this side keeps a local deadline on the
 //! boot-time clock ([`LeaseClock`]): the moment the last *answered* heartbeat was sent,
-//! plus that timeout. The server cannot have expired the session before it, so a guard
-//! is trusted until then, and reported lost at it when no answer came in between (cut
-//! off, paused), before the server hands the lock to anyone else.
+//! plus that timeout. A guard is trusted until then, and reported lost at it when no
+//! answer came in between (cut off, paused).
+//!
+//! That deadline comes before the server can expire the session and hand the lock to
+//! anyone else when the server answering the heartbeat is standalone, or is in touch with
+//! the ensemble's leader. Not otherwise: the heartbeat is a read (`exists`), which a
+//! follower answers alone, and a follower cut off from the leader keeps answering for up
+//! to `syncLimit × tickTime` before it drops its clients. Meanwhile the leader, which no
+//! longer hears of the session, expires it and grants the lock to another session, while
+//! this side keeps extending its deadline: the holder can believe it holds the lock for up
+//! to `syncLimit × tickTime` after the leader expired its session (plus the timeout's
+//! remainder). Fencing still refuses its writes: the next holder's token is larger.
+//! (Closing the window would take a heartbeat through the leader, `sync`, with the
+//! deadline taken from the previous confirmed heartbeat's send time, or a margin of at
+//! least `syncLimit × tickTime` subtracted from the deadline; not done yet.)
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
