@@ -119,10 +119,15 @@ impl LeaseClock {
         self.clock.now()
     }
 
-    /// Moves the deadline forward (never back).
-    pub(crate) fn extend_to(&self, deadline: ClockInstant) {
+    /// Moves the deadline forward (never back), unless it has already passed: a lease
+    /// reported gone (`has_passed`) is never revived by a renewal answered late. Returns
+    /// whether the deadline had not passed (the caller marks the loss otherwise).
+    pub(crate) fn extend_to(&self, deadline: ClockInstant) -> bool {
         self.deadline_nanos
-            .fetch_max(deadline.nanos(), Ordering::AcqRel);
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
+                (self.now().nanos() < current).then_some(current.max(deadline.nanos()))
+            })
+            .is_ok()
     }
 
     /// The deadline.
@@ -211,6 +216,28 @@ mod tests {
         assert_eq!(lease.deadline(), start + Duration::from_secs(3));
         lease.extend_to(start + Duration::from_secs(7));
         assert_eq!(lease.deadline(), start + Duration::from_secs(7));
+    }
+
+    static LATE_CLOCK: AtomicU64 = AtomicU64::new(7_000_000_000);
+    fn late_clock() -> Duration {
+        Duration::from_nanos(LATE_CLOCK.load(Ordering::SeqCst))
+    }
+
+    #[test]
+    fn a_passed_deadline_is_not_revived_by_a_late_answer() {
+        let clock = Clock::from_source(late_clock);
+        let start = clock.now();
+        let lease = LeaseClock::new(clock, start + Duration::from_secs(3));
+        // A renewal sent at start + 2 s is answered at start + 4 s, after the deadline.
+        LATE_CLOCK.fetch_add(4_000_000_000, Ordering::SeqCst);
+        assert!(lease.has_passed());
+        assert!(!lease.extend_to(start + Duration::from_secs(2) + Duration::from_secs(3)));
+        assert!(lease.has_passed(), "the lease was revived");
+        assert_eq!(lease.deadline(), start + Duration::from_secs(3));
+        // Before the deadline an extension still works.
+        let fresh = LeaseClock::new(clock, clock.now() + Duration::from_secs(3));
+        assert!(fresh.extend_to(clock.now() + Duration::from_secs(5)));
+        assert_eq!(fresh.remaining(), Duration::from_secs(5));
     }
 
     static WAKING_CLOCK: AtomicU64 = AtomicU64::new(9_000_000_000);

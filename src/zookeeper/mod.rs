@@ -41,7 +41,11 @@
 //!   (one every third of the session timeout) plus the session timeout, on the boot-time
 //!   clock. A holder cut off from the ensemble ("suspended" in Curator's words) learns
 //!   it has lost the lock *before* the server can expire its session and hand the lock
-//!   on; the session is then closed from this side too;
+//!   on, when its server is standalone or in touch with the leader; the session is then
+//!   closed from this side too. The heartbeat is a read a follower answers alone: with a
+//!   follower partitioned from the leader, the holder can believe it holds the lock for
+//!   up to `syncLimit × tickTime` after the leader expired its session and granted the
+//!   lock elsewhere. Fencing still refuses its writes (the next token is larger);
 //! - its node is deleted under a live session (`KeyDeleted`).
 //!
 //! # Cancel safety and protected mode

@@ -5,9 +5,21 @@
 //! broadcast to every guard of it. The server expires a session that it has not heard
 //! from for the negotiated session timeout; this side keeps a local deadline on the
 //! boot-time clock ([`LeaseClock`]): the moment the last *answered* heartbeat was sent,
-//! plus that timeout. The server cannot have expired the session before it, so a guard
-//! is trusted until then, and reported lost at it when no answer came in between (cut
-//! off, paused), before the server hands the lock to anyone else.
+//! plus that timeout. A guard is trusted until then, and reported lost at it when no
+//! answer came in between (cut off, paused).
+//!
+//! That deadline comes before the server can expire the session and hand the lock to
+//! anyone else when the server answering the heartbeat is standalone, or is in touch with
+//! the ensemble's leader. Not otherwise: the heartbeat is a read (`exists`), which a
+//! follower answers alone, and a follower cut off from the leader keeps answering for up
+//! to `syncLimit × tickTime` before it drops its clients. Meanwhile the leader, which no
+//! longer hears of the session, expires it and grants the lock to another session, while
+//! this side keeps extending its deadline: the holder can believe it holds the lock for up
+//! to `syncLimit × tickTime` after the leader expired its session (plus the timeout's
+//! remainder). Fencing still refuses its writes: the next holder's token is larger.
+//! (Closing the window would take a heartbeat through the leader, `sync`, with the
+//! deadline taken from the previous confirmed heartbeat's send time, or a margin of at
+//! least `syncLimit × tickTime` subtracted from the deadline; not done yet.)
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -152,10 +164,15 @@ fn cap(deadline: ClockInstant, hard_end: Option<ClockInstant>) -> ClockInstant {
     }
 }
 
-/// Keeps the local deadline (a heartbeat every third of the timeout), and marks the loss:
-/// the server reports the session expired or closed, or the local deadline passes.
+/// Keeps the local deadline (a heartbeat every third of the timeout, one right after the
+/// session opens and one on every reconnection), and marks the loss: the server reports
+/// the session expired or closed, or the local deadline passes.
 /// After a loss the session is closed from this side too, so that a lock this side has
 /// reported lost is really given up (the client library would otherwise keep pinging).
+///
+/// The heartbeat's schedule lives outside the loop: a session state event (disconnected,
+/// reconnected) must not restart it, or a connection that drops and comes back within
+/// the timeout would push the next heartbeat past the local deadline (a false loss).
 async fn monitor(
     client: Client,
     shared: Shared,
@@ -170,26 +187,37 @@ async fn monitor(
     // A heartbeat that hangs must not keep the next one from going out: give up on it
     // when the next is due.
     let answer_wait = request_timeout.min(every);
+    let beat = heartbeat(client.clone(), lease.clone(), Duration::ZERO, answer_wait);
+    let mut beat = std::pin::pin!(beat);
     let reason = loop {
-        let beat = async {
-            tokio::time::sleep(every).await;
-            let sent = lease.now();
-            (sent, timed(answer_wait, client.check_stat("/")).await)
-        };
         tokio::select! {
             state = states.changed() => match state {
                 SessionState::Expired | SessionState::AuthFailed => break LossReason::Revoked,
                 SessionState::Closed => break LossReason::Closed,
+                // Reconnected: confirm the session at once (a heartbeat in flight on the
+                // broken connection is not waited for).
+                SessionState::SyncConnected => {
+                    beat.set(heartbeat(client.clone(), lease.clone(), Duration::ZERO, answer_wait));
+                }
                 _ => {}
             },
             () = lease.passed() => break LossReason::Expired,
-            (sent, answer) = beat => match answer {
-                Ok(_) => lease.extend_to(cap(sent + timeout, hard_end)),
-                Err(err) => match err.session_gone() {
-                    Some(reason) => break reason,
-                    None => tracing::debug!(%err, "heartbeat failed"),
-                },
-            },
+            (sent, answer) = &mut beat => {
+                match answer {
+                    Ok(()) => {
+                        if !lease.extend_to(cap(sent + timeout, hard_end)) {
+                            // Answered after the deadline passed: the guard already
+                            // reported the lock gone; it is not revived.
+                            break LossReason::Expired;
+                        }
+                    }
+                    Err(err) => match err.session_gone() {
+                        Some(reason) => break reason,
+                        None => tracing::debug!(%err, "heartbeat failed"),
+                    },
+                }
+                beat.set(heartbeat(client.clone(), lease.clone(), every, answer_wait));
+            }
         }
     };
     tracing::debug!(%reason, "session lost");
@@ -199,4 +227,17 @@ async fn monitor(
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .take();
     drop(client);
+}
+
+/// One heartbeat `after` from now: its send time on the lease's clock, and its answer.
+async fn heartbeat(
+    client: Client,
+    lease: Arc<LeaseClock>,
+    after: Duration,
+    answer_wait: Duration,
+) -> (ClockInstant, Result<(), RequestError>) {
+    tokio::time::sleep(after).await;
+    let sent = lease.now();
+    let answer = timed(answer_wait, client.check_stat("/")).await;
+    (sent, answer.map(drop))
 }

@@ -10,5 +10,6 @@ mod cut_off_holder;
 mod invalid_input;
 mod leader_failover;
 mod protected_mode;
+mod reconnect_keeps_lock;
 mod rwlock;
 mod token_is_czxid;
