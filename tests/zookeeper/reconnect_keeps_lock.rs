@@ -23,7 +23,7 @@ async fn a_connection_lost_and_regained_within_the_timeout_keeps_the_lock() {
     let config = cluster.config(&ns).with_hosts(proxy.address().to_string());
     let locker = ZooKeeperLocker::connect(config).await.expect("connect");
     // The session timeout T: heartbeats every T/3 from the session's opening.
-    let t = Duration::from_secs(6);
+    let t = Duration::from_secs(9);
     let options = LockOptions::new().with_ttl(t);
     let before = Instant::now();
     let guard = locker.lock("res", &options).await.expect("lock");
@@ -34,17 +34,21 @@ async fn a_connection_lost_and_regained_within_the_timeout_keeps_the_lock() {
     // The connection breaks 0.3 T after that heartbeat, before the next one ...
     sleep_until(beat + t * 3 / 10).await;
     proxy.sever();
-    // ... and the client's reconnection hangs (its connect request held) until 0.68 T,
-    // the session still alive on the server. (The client library gives up on a
-    // connection that does not answer within 0.4 T, and a refused one is retried with
-    // a growing back-off: holding it gives a reconnection at a known moment.)
+    // ... and the client's reconnection hangs (its connect requests held) until 0.82 T,
+    // the session still alive on the server. The reconnection must land after 2T/3 (so
+    // that a schedule restarted by it would beat only past the deadline at T) and before
+    // T (the session's end): 0.82 T is the middle of that window, 0.15 T (1.35 s) from
+    // either edge, so that a loaded machine's scheduling delays do not move it out. (The
+    // client library gives up on a connection that does not answer within 0.4 T and
+    // connects again; the attempt in flight at 0.82 T goes through then. An earlier
+    // version aimed at 0.68 T, 0.01 T inside the window, and failed under load.)
     proxy.hold_new_connections();
-    sleep_until(beat + t * 68 / 100).await;
+    sleep_until(beat + t * 82 / 100).await;
     proxy.resume();
 
     // The local deadline of the last heartbeat answered before the cut is `beat` + T:
     // without a heartbeat on reconnection (or with the schedule restarted by the state
-    // events, the next at 0.68 T + T/3 > T), the guard reports the lock lost then.
+    // events, the next at 0.82 T + T/3 > T), the guard reports the lock lost then.
     let lost = tokio::time::timeout(t, guard.lost()).await;
     assert!(
         lost.is_err(),
