@@ -22,7 +22,7 @@ use tokio::time::Instant;
 /// ```no_run
 /// # async fn run() -> std::io::Result<()> {
 /// use fencelock::testkit::FaultProxy;
-/// let proxy = FaultProxy::start("127.0.0.1:2379".parse().unwrap()).await?;
+/// let proxy = FaultProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], 2379))).await?;
 /// // Point one client at proxy.address() ...
 /// proxy.pause();  // ... its bytes stop flowing, its connections stay open
 /// proxy.resume(); // ... and flow again
