@@ -1,7 +1,8 @@
 //! What fencelock reports about its locks, through the [`metrics`](https://docs.rs/metrics)
 //! facade: install any recorder (a Prometheus exporter, StatsD, ...) and these appear;
-//! with none installed, a report allocates nothing (static labels) and goes to the facade's
-//! no-op recorder; the locks held and their losses are counted with atomics.
+//! with none installed, the reports of every acquisition, release and hold allocate nothing
+//! (their label sets are built once per process) and go to the facade's no-op recorder; the
+//! locks held and their losses are counted with atomics.
 //!
 //! | name | kind | unit | labels | what |
 //! |---|---|---|---|---|
@@ -31,6 +32,8 @@ use std::time::Instant;
 
 use crate::{Backend, LockError, LossReason};
 
+mod static_key;
+
 /// Metric names, for dashboards and tests.
 pub mod names {
     /// Histogram: seconds from an acquisition's call to its result.
@@ -55,6 +58,12 @@ pub mod names {
 
 static LOCK_NAMES: AtomicBool = AtomicBool::new(false);
 
+/// The label sets of the reports made on every acquisition, release and hold, built once
+/// each (see [`static_key`]).
+static BACKEND_LABELS: static_key::BackendLabels = static_key::BackendLabels::new();
+static ACQUIRE_LABELS: static_key::OutcomeLabels<4> = static_key::OutcomeLabels::new();
+static RELEASE_LABELS: static_key::OutcomeLabels<4> = static_key::OutcomeLabels::new();
+
 /// Adds a `lock` label (the lock's name) to `fencelock_acquire_seconds` and
 /// `fencelock_grants_total` from now on, process-wide. Off by default: only for a small,
 /// fixed set of lock names, since every name becomes a series of its own.
@@ -72,16 +81,16 @@ pub(crate) fn acquisition<T>(
     started: Instant,
     result: &Result<Option<T>, LockError>,
 ) {
-    let outcome = match result {
-        Ok(Some(_)) => "acquired",
-        Ok(None) => "busy",
-        Err(err) if err.is_wait_timeout() => "timeout",
-        Err(_) => "error",
+    let (outcome_index, outcome) = match result {
+        Ok(Some(_)) => (0, "acquired"),
+        Ok(None) => (1, "busy"),
+        Err(err) if err.is_wait_timeout() => (2, "timeout"),
+        Err(_) => (3, "error"),
     };
-    let backend_label = backend.as_str();
     let waited = started.elapsed().as_secs_f64();
     let granted = matches!(result, Ok(Some(_)));
     if LOCK_NAMES.load(Ordering::Relaxed) {
+        let backend_label = backend.as_str();
         let lock = name.to_owned();
         ::metrics::histogram!(
             names::ACQUIRE_SECONDS,
@@ -95,14 +104,10 @@ pub(crate) fn acquisition<T>(
                 .increment(1);
         }
     } else {
-        ::metrics::histogram!(
-            names::ACQUIRE_SECONDS,
-            "backend" => backend_label,
-            "outcome" => outcome,
-        )
-        .record(waited);
+        let labels = ACQUIRE_LABELS.get(backend, outcome_index, "outcome", outcome);
+        static_key::histogram(names::ACQUIRE_SECONDS, labels).record(waited);
         if granted {
-            ::metrics::counter!(names::GRANTS, "backend" => backend_label).increment(1);
+            static_key::counter(names::GRANTS, BACKEND_LABELS.get(backend)).increment(1);
         }
     }
     if let Err(err) = result {
@@ -156,14 +161,14 @@ pub(crate) enum Release {
 
 /// Counts a release.
 pub(crate) fn release(backend: Backend, outcome: Release) {
-    let outcome = match outcome {
-        Release::Released => "released",
-        Release::NotHeld => "not_held",
-        Release::Failed => "error",
-        Release::Dropped => "dropped",
+    let (index, outcome) = match outcome {
+        Release::Released => (0, "released"),
+        Release::NotHeld => (1, "not_held"),
+        Release::Failed => (2, "error"),
+        Release::Dropped => (3, "dropped"),
     };
-    ::metrics::counter!(names::RELEASES, "backend" => backend.as_str(), "outcome" => outcome)
-        .increment(1);
+    let labels = RELEASE_LABELS.get(backend, index, "outcome", outcome);
+    static_key::counter(names::RELEASES, labels).increment(1);
 }
 
 /// Counts renewals of leases: `ok` confirmed, `failed` not (an error, no answer, or no
@@ -217,7 +222,7 @@ impl Holding {
     /// Starts a hold on a lease whose guards `holders` counts.
     pub(crate) fn start(backend: Backend, holders: Arc<AtomicUsize>) -> Self {
         holders.fetch_add(1, Ordering::Relaxed);
-        ::metrics::gauge!(names::LOCKS_HELD, "backend" => backend.as_str()).increment(1.0);
+        static_key::gauge(names::LOCKS_HELD, BACKEND_LABELS.get(backend)).increment(1.0);
         Self {
             backend,
             since: Instant::now(),
@@ -244,9 +249,9 @@ impl Drop for Holding {
         if !self.left.swap(true, Ordering::AcqRel) {
             self.holders.fetch_sub(1, Ordering::Relaxed);
         }
-        let backend = self.backend.as_str();
-        ::metrics::gauge!(names::LOCKS_HELD, "backend" => backend).decrement(1.0);
-        ::metrics::histogram!(names::HOLD_SECONDS, "backend" => backend)
+        let labels = BACKEND_LABELS.get(self.backend);
+        static_key::gauge(names::LOCKS_HELD, labels).decrement(1.0);
+        static_key::histogram(names::HOLD_SECONDS, labels)
             .record(self.since.elapsed().as_secs_f64());
     }
 }

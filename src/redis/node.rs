@@ -288,10 +288,12 @@ impl Node {
             .arg(millis(ttl))
             .cmd("INCR")
             .arg(counter);
-        let (set, token): (Option<String>, i64) = self
+        // The `SET` answers `OK` or nil: read as a value, not a `String` (an allocation
+        // per attempt for two known bytes).
+        let (set, token): (redis::Value, i64) = self
             .call("acquire", Some(lock), pipe.query_async(&mut conn))
             .await?;
-        if set.is_some() {
+        if set != redis::Value::Nil {
             return match u64::try_from(token) {
                 Ok(token) => Ok(Attempt::Granted(FencingToken::new(token), 0)),
                 Err(_) => Err(malformed(self.backend, "acquire", lock)),
