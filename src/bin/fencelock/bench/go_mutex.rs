@@ -44,6 +44,7 @@ enum Mode {
 }
 
 impl Mode {
+    /// The program's `-mode` value.
     fn flag(self) -> &'static str {
         match self {
             Self::Distinct => "distinct",
@@ -96,6 +97,8 @@ impl GoMutex {
         }
     }
 
+    /// Writes the program into a new temp dir and builds it there; the error is the
+    /// build's last lines of stderr.
     async fn compile() -> BoxResult<Self> {
         let dir = tempfile::Builder::new()
             .prefix("fencelock-go-mutex-")
