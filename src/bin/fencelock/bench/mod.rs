@@ -2,6 +2,7 @@
 //! measured in the same run, with ratios computed inside the run.
 
 mod driver;
+mod go_mutex;
 mod kazoo;
 mod mariadb;
 mod report;
@@ -131,9 +132,21 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
     }
     args.metrics.start()?;
     let wants = |name: &str| args.backends.iter().any(|b| b == name);
+    // The peer of the etcd rows, built before any server starts: its build is in no cell.
+    let go_peer = match &args.endpoints.etcd {
+        _ if !wants("etcd") => None,
+        Some(given) if !go_mutex::reachable(given, &args.endpoints.tls) => {
+            eprintln!(
+                "skipping the Go concurrency.Mutex peer: it runs only against plaintext etcd \
+                 endpoints without credentials"
+            );
+            None
+        }
+        _ => go_mutex::GoMutex::build().await,
+    };
     let targets = Targets::prepare(&args).await?;
 
-    let cells = planned_cells(&args);
+    let cells = planned_cells(&args, go_peer.is_some());
     let progress = ProgressBar::new(cells);
     progress.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
@@ -214,7 +227,10 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         versions.zookeeper = workloads::zookeeper_version(hosts).await;
     }
     runner.progress.suspend(|| eprintln!("{}", versions.line()));
-    let environment = report::environment(&args, &targets, versions);
+    let mut environment = report::environment(&args, &targets, versions);
+    if let Some(peer) = &go_peer {
+        environment.go_peer.clone_from(&peer.version);
+    }
 
     // Each concurrency level runs every subject back to back, ceiling first, so that a
     // ratio compares cells measured minutes apart at most, on the same server state.
@@ -223,6 +239,10 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         if let (true, Some(locks)) = (wants("etcd"), &etcd) {
             runner.etcd_ceilings(locks.client().clone(), &c).await?;
             runner.distinct("etcd", locks.clone(), &c).await?;
+            if let (Some(peer), Some(endpoints)) = (&go_peer, &targets.etcd) {
+                // The peer: Go's concurrency.Mutex, against the same etcd.
+                runner.go_distinct(peer, endpoints, c[0]).await?;
+            }
         }
         if let Some(locks) = &etcd_tls {
             runner.distinct("etcd TLS", locks.clone(), &c).await?;
@@ -257,10 +277,18 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         }
     }
     if let (true, Some(locks)) = (wants("etcd"), &etcd) {
-        runner.contended("etcd", locks.clone()).await?;
+        // Each waiter count: the etcd lock, then Go's concurrency.Mutex.
+        for &w in &args.waiters {
+            runner.contended("etcd", locks.clone(), &[w]).await?;
+            if let (Some(peer), Some(endpoints)) = (&go_peer, &targets.etcd) {
+                runner.go_contended(peer, endpoints, w).await?;
+            }
+        }
     }
     if let Some(locks) = &etcd_three {
-        runner.contended("etcd 3 members", locks.clone()).await?;
+        runner
+            .contended("etcd 3 members", locks.clone(), &args.waiters)
+            .await?;
     }
     let readable = targets
         .etcd_metrics
@@ -280,20 +308,28 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         }
     }
     if let (true, Some(locks)) = (wants("redis"), &redis) {
-        runner.contended("redis", locks.clone()).await?;
+        runner
+            .contended("redis", locks.clone(), &args.waiters)
+            .await?;
     }
     if let Some(locks) = &redlock {
-        runner.contended("redlock", locks.clone()).await?;
+        runner
+            .contended("redlock", locks.clone(), &args.waiters)
+            .await?;
     }
     if let Some(locks) = &postgres {
-        runner.contended("postgres", locks.clone()).await?;
+        runner
+            .contended("postgres", locks.clone(), &args.waiters)
+            .await?;
     }
     if let Some(locks) = &zookeeper {
-        runner.contended("zookeeper", locks.clone()).await?;
+        runner
+            .contended("zookeeper", locks.clone(), &args.waiters)
+            .await?;
     }
     if let Some(locks) = &zookeeper_three {
         runner
-            .contended("zookeeper 3 members", locks.clone())
+            .contended("zookeeper 3 members", locks.clone(), &args.waiters)
             .await?;
     }
     if let Some(conn) = targets.postgres.as_deref().filter(|_| wants("postgres")) {
@@ -411,8 +447,9 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
     Ok(true)
 }
 
-/// How many progress steps the run will take.
-fn planned_cells(args: &BenchArgs) -> u64 {
+/// How many progress steps the run will take (`go_peer`: the Go concurrency.Mutex peer
+/// was built, and runs beside the etcd lock at every concurrency and waiter count).
+fn planned_cells(args: &BenchArgs, go_peer: bool) -> u64 {
     let wants = |name: &str| args.backends.iter().any(|b| b == name);
     let c = args.concurrency.len();
     let w = args.waiters.len();
@@ -428,6 +465,9 @@ fn planned_cells(args: &BenchArgs) -> u64 {
                 cells += args.concurrency.iter().filter(|c| **c > 1).count() + w;
             }
         }
+    }
+    if wants("etcd") && go_peer {
+        cells += c + w;
     }
     if wants("redis") {
         cells += c;

@@ -6,6 +6,7 @@ use std::path::Path;
 use plotters::prelude::*;
 use serde::Serialize;
 
+use super::go_mutex::SUBJECT as GO;
 use super::stats::{Cell, Renewal};
 use super::targets::{Targets, on_off};
 use super::{BenchArgs, BoxResult};
@@ -22,6 +23,8 @@ pub struct Environment {
     pub postgres: String,
     pub mariadb: String,
     pub zookeeper: String,
+    /// The Go peer of the etcd rows (Go's and the etcd client's versions), or "not used".
+    pub go_peer: String,
     pub cell_duration_s: f64,
     pub fencelock: String,
 }
@@ -45,6 +48,7 @@ pub fn environment(args: &BenchArgs, targets: &Targets, versions: ServerVersions
         postgres: versions.postgres,
         mariadb: versions.mariadb,
         zookeeper: versions.zookeeper,
+        go_peer: NOT_USED.into(),
         cell_duration_s: args.duration.as_secs_f64(),
         fencelock: env!("CARGO_PKG_VERSION").into(),
     }
@@ -267,6 +271,23 @@ impl Outcome {
                     holds: r >= goal,
                 });
             }
+            if let (Some(etcd), Some(go)) = (etcd, self.cell("distinct keys", GO, c)) {
+                let r = etcd.per_second / go.per_second;
+                ratios.push(ratio(
+                    format!("etcd lock / Go concurrency.Mutex cycles/s, c={c}"),
+                    r,
+                ));
+                let goal = match c {
+                    0 | 1 => 1.0,
+                    2..=8 => 1.2,
+                    _ => 1.5,
+                };
+                bars.push(Bar {
+                    bar: format!("etcd lock cycles/s >= {goal}x Go's concurrency.Mutex (c={c})"),
+                    measured: format!("{r:.2}x ({:.0} vs {:.0}/s)", etcd.per_second, go.per_second),
+                    holds: r >= goal,
+                });
+            }
             if let (Some(redis), Some(bare)) = (redis, redis_bare) {
                 let r = redis.per_second / bare.per_second;
                 ratios.push(ratio(
@@ -333,6 +354,30 @@ impl Outcome {
                 ),
                 r,
             ));
+        }
+        for w in self.concurrencies("contended") {
+            if let (Some(etcd), Some(go)) = (
+                self.cell("contended", "etcd", w),
+                self.cell("contended", GO, w),
+            ) {
+                let r = etcd.per_second / go.per_second;
+                ratios.push(ratio(
+                    format!("etcd lock / Go concurrency.Mutex cycles/s, contended, {w} waiters"),
+                    r,
+                ));
+                if w == 8 {
+                    bars.push(Bar {
+                        bar:
+                            "etcd lock cycles/s >= 10x Go's concurrency.Mutex, one name, 8 waiters"
+                                .into(),
+                        measured: format!(
+                            "{r:.2}x ({:.0} vs {:.0}/s)",
+                            etcd.per_second, go.per_second
+                        ),
+                        holds: r >= 10.0,
+                    });
+                }
+            }
         }
         let put = self.cell("ceiling", "etcd put", 1).map(|c| c.p50_us);
         for w in self.concurrencies("handoff") {
@@ -440,9 +485,12 @@ impl Outcome {
             "\nservers: {}; {}; {}; {}; {}\n",
             env.etcd, env.redis, env.postgres, env.mariadb, env.zookeeper
         );
+        if env.go_peer != NOT_USED {
+            let _ = writeln!(out, "Go concurrency.Mutex peer: {}", env.go_peer);
+        }
         let _ = writeln!(
             out,
-            "\n{:<14} {:<20} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6}",
+            "\n{:<14} {:<25} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6}",
             "workload",
             "subject",
             "conc",
@@ -455,7 +503,7 @@ impl Outcome {
         );
         for c in &self.cells {
             let [workload, subject, rest @ ..] = c.columns();
-            let _ = write!(out, "{workload:<14} {subject:<20}");
+            let _ = write!(out, "{workload:<14} {subject:<25}");
             for (value, width) in rest.iter().zip([5, 10, 9, 9, 9, 9, 6]) {
                 let _ = write!(out, " {value:>width$}");
             }

@@ -30,7 +30,7 @@ impl Runner<'_> {
     /// state, as a cluster with auto-compaction is: without it, every cycle's revisions
     /// pile up and each cell runs against a bigger store than the one before it, which
     /// would favour whatever runs first.
-    async fn settle(&self) -> BoxResult<()> {
+    pub(super) async fn settle(&self) -> BoxResult<()> {
         for client in &self.etcd_clusters {
             match fencelock::testkit::compact_now(&mut client.clone()).await {
                 // Nothing written since the last compaction: nothing to do.
@@ -287,13 +287,18 @@ impl Runner<'_> {
         Ok(())
     }
 
-    /// One key, `w` waiters: cycles per second and the handoff latency (release by one
-    /// holder to the next holder running).
-    pub async fn contended<B>(&mut self, subject: &str, locks: B) -> BoxResult<()>
+    /// One key, `w` waiters for every `w` of `waiters`: cycles per second and the handoff
+    /// latency (release by one holder to the next holder running).
+    pub async fn contended<B>(
+        &mut self,
+        subject: &str,
+        locks: B,
+        waiters: &[usize],
+    ) -> BoxResult<()>
     where
         B: LockBackend + Clone + 'static,
     {
-        for &w in &self.args.waiters {
+        for &w in waiters {
             self.step(&format!("{subject} contended, {w} waiters"));
             if subject.starts_with("etcd") {
                 self.settle().await?;

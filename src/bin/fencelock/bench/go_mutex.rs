@@ -1,0 +1,365 @@
+//! Go's etcd lock as a peer of the etcd rows: `go.etcd.io/etcd/clientv3/concurrency`'s
+//! `Mutex` (etcd 3.4's client, the lock most etcd users run), built from Debian's
+//! `golang-go` and `golang-etcd-server-dev` when the run starts, then run as a process in
+//! the distinct-keys and contended etcd cells. The program is
+//! `benches/go_mutex/main.go`, embedded in this binary.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use super::BoxResult;
+use super::stats::{Cell, histogram, record};
+use super::workloads::Runner;
+
+/// The subject of the Go rows.
+pub const SUBJECT: &str = "etcd Go concurrency.Mutex";
+
+/// The Go program, written into the temp dir and built there.
+const SOURCE: &str = include_str!("../../../../benches/go_mutex/main.go");
+
+/// Where Debian's `golang-etcd-server-dev` puts etcd's sources and those they import: a
+/// GOPATH.
+const GOCODE: &str = "/usr/share/gocode";
+
+/// The package of the program inside the temp GOPATH.
+const PACKAGE: &str = "fencelock-go-mutex";
+
+/// What to install when Go or the sources are missing.
+const INSTALL: &str = "Debian: apt-get install golang-go golang-etcd-server-dev";
+
+/// The Go peer, built: its binary in a temp dir that lives as long as this value.
+pub struct GoMutex {
+    binary: PathBuf,
+    /// What the binary says of itself: Go's and the etcd client's versions.
+    pub version: String,
+    _dir: tempfile::TempDir,
+}
+
+/// The shape of a Go run: a name per goroutine, or one name for all.
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    Distinct,
+    Contended,
+}
+
+impl Mode {
+    /// The program's `-mode` value.
+    fn flag(self) -> &'static str {
+        match self {
+            Self::Distinct => "distinct",
+            Self::Contended => "contended",
+        }
+    }
+}
+
+/// What one run of the Go program reported.
+#[derive(Debug)]
+struct Output {
+    /// Lock + release latencies, microseconds.
+    cycles: Vec<u64>,
+    /// Contended runs: (acquired, releasing) in ns since the clock started.
+    grants: Vec<(u64, u64)>,
+    errors: u64,
+    elapsed: Duration,
+}
+
+impl GoMutex {
+    /// Builds the peer into a temp dir of its own (GOPATH mode: `GO111MODULE=off`, the
+    /// program beside Debian's `/usr/share/gocode`, `GOCACHE` in the temp dir, nothing
+    /// downloaded). `None`, with one line on stderr, when `go` or the etcd sources are
+    /// missing or the build fails: the Go rows are then left out, the bench goes on.
+    pub async fn build() -> Option<Self> {
+        let concurrency = Path::new(GOCODE).join("src/go.etcd.io/etcd/clientv3/concurrency");
+        let go = tokio::process::Command::new("go")
+            .arg("version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .await;
+        if !go.is_ok_and(|status| status.success()) {
+            eprintln!("skipping the Go concurrency.Mutex peer: no `go` on PATH ({INSTALL})");
+            return None;
+        }
+        if !concurrency.is_dir() {
+            eprintln!(
+                "skipping the Go concurrency.Mutex peer: no etcd Go sources at {} ({INSTALL})",
+                concurrency.display()
+            );
+            return None;
+        }
+        match Self::compile().await {
+            Ok(peer) => Some(peer),
+            Err(err) => {
+                eprintln!("skipping the Go concurrency.Mutex peer: it did not build: {err}");
+                None
+            }
+        }
+    }
+
+    /// Writes the program into a new temp dir and builds it there; the error is the
+    /// build's last lines of stderr.
+    async fn compile() -> BoxResult<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("fencelock-go-mutex-")
+            .tempdir()?;
+        let gopath = dir.path().join("gopath");
+        let package = gopath.join("src").join(PACKAGE);
+        std::fs::create_dir_all(&package)?;
+        std::fs::write(package.join("main.go"), SOURCE)?;
+        let binary = dir.path().join("go-mutex");
+        let gopath_list = std::env::join_paths([gopath.as_path(), Path::new(GOCODE)])?;
+        let started = Instant::now();
+        let built = tokio::process::Command::new("go")
+            .args(["build", "-o"])
+            .arg(&binary)
+            .arg(".")
+            .current_dir(&package)
+            .env("GO111MODULE", "off")
+            .env("GOPATH", gopath_list)
+            .env("GOCACHE", dir.path().join("gocache"))
+            // A user's -mod=mod or the like has no meaning in GOPATH mode.
+            .env("GOFLAGS", "")
+            // Pure Go: no C compiler needed, the same binary everywhere.
+            .env("CGO_ENABLED", "0")
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await?;
+        if !built.status.success() {
+            return Err(last_lines(&built.stderr).into());
+        }
+        let version = tokio::process::Command::new(&binary)
+            .arg("-version")
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await?;
+        let version = String::from_utf8_lossy(&version.stdout).trim().to_owned();
+        eprintln!(
+            "built the Go concurrency.Mutex peer ({version}) in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        Ok(Self {
+            binary,
+            version,
+            _dir: dir,
+        })
+    }
+
+    /// Runs the program for `duration` with `n` goroutines; `None` (with a note on stderr)
+    /// when it failed, so that a broken peer costs its row, not the run.
+    async fn run(
+        &self,
+        endpoints: &[String],
+        mode: Mode,
+        n: usize,
+        duration: Duration,
+        prefix: &str,
+    ) -> Option<Output> {
+        let outcome = async {
+            let child = tokio::process::Command::new(&self.binary)
+                .arg("-endpoints")
+                .arg(endpoints.join(","))
+                .args(["-mode", mode.flag()])
+                .args(["-n", &n.to_string()])
+                .args(["-duration", &format!("{}us", duration.as_micros())])
+                .args(["-prefix", prefix])
+                .stdin(Stdio::null())
+                .kill_on_drop(true)
+                .output();
+            // The program bounds itself at duration + 60 s; this is the backstop.
+            let output = tokio::time::timeout(duration + Duration::from_secs(90), child)
+                .await
+                .map_err(|_| "timed out")??;
+            if !output.status.success() {
+                return Err(format!("{}: {}", output.status, last_lines(&output.stderr)).into());
+            }
+            parse(&String::from_utf8_lossy(&output.stdout))
+        };
+        match outcome.await {
+            Ok(output) => Some(output),
+            Err(err) => {
+                eprintln!(
+                    "the Go concurrency.Mutex peer failed ({} {n}), its row is left out: {err}",
+                    mode.flag()
+                );
+                None
+            }
+        }
+    }
+}
+
+impl Runner<'_> {
+    /// The Go peer's lock + release cycles on distinct names at concurrency `c`, one
+    /// client and one session for all goroutines, after the same compaction as every
+    /// etcd cell.
+    pub async fn go_distinct(
+        &mut self,
+        peer: &GoMutex,
+        endpoints: &[String],
+        c: usize,
+    ) -> BoxResult<()> {
+        self.step(&format!("{SUBJECT} lock+release, concurrency {c}"));
+        self.settle().await?;
+        let prefix = format!("bench-go/{}/distinct-{c}", self.run);
+        let Some(output) = peer
+            .run(endpoints, Mode::Distinct, c, self.args.duration, &prefix)
+            .await
+        else {
+            self.progress.inc(1);
+            return Ok(());
+        };
+        let mut latencies = histogram()?;
+        for &micros in &output.cycles {
+            record(&mut latencies, Duration::from_micros(micros));
+        }
+        let cell = Cell::new(
+            "distinct keys",
+            SUBJECT,
+            c,
+            &latencies,
+            output.errors,
+            output.elapsed,
+        );
+        self.done(cell);
+        Ok(())
+    }
+
+    /// The Go peer on one name with `w` waiters (a session each: a Go `Mutex` excludes
+    /// only other sessions): cycles per second and the handoff latency, measured as the
+    /// etcd lock's contended cells measure them.
+    pub async fn go_contended(
+        &mut self,
+        peer: &GoMutex,
+        endpoints: &[String],
+        w: usize,
+    ) -> BoxResult<()> {
+        self.step(&format!("{SUBJECT} contended, {w} waiters"));
+        self.settle().await?;
+        let prefix = format!("bench-go/{}/contended-{w}", self.run);
+        let Some(mut output) = peer
+            .run(endpoints, Mode::Contended, w, self.args.duration, &prefix)
+            .await
+        else {
+            self.progress.inc(1);
+            return Ok(());
+        };
+        let mut latencies = histogram()?;
+        for &micros in &output.cycles {
+            record(&mut latencies, Duration::from_micros(micros));
+        }
+        let cell = Cell::new(
+            "contended",
+            SUBJECT,
+            w,
+            &latencies,
+            output.errors,
+            output.elapsed,
+        );
+        // Release by one holder to the next holder running, in the order of the grants.
+        output.grants.sort_unstable();
+        let mut handoffs = histogram()?;
+        for pair in output.grants.windows(2) {
+            let gap = pair[1].0.saturating_sub(pair[0].1);
+            record(&mut handoffs, Duration::from_nanos(gap));
+        }
+        let mut handoff = Cell::new("handoff", SUBJECT, w, &handoffs, 0, output.elapsed);
+        handoff.per_second = cell.per_second;
+        self.cells.push(cell);
+        if !handoffs.is_empty() {
+            self.cells.push(handoff);
+        }
+        self.progress.inc(1);
+        Ok(())
+    }
+}
+
+/// Reads the program's records (`cycle`, `grant`, `errors`, `elapsed_us`).
+fn parse(stdout: &str) -> BoxResult<Output> {
+    let mut output = Output {
+        cycles: Vec::new(),
+        grants: Vec::new(),
+        errors: 0,
+        elapsed: Duration::ZERO,
+    };
+    let mut elapsed = None;
+    for line in stdout.lines() {
+        let mut fields = line.split_whitespace();
+        let record = fields.next();
+        let mut number = || -> BoxResult<u64> {
+            let field = fields
+                .next()
+                .ok_or_else(|| format!("short line {line:?}"))?;
+            field
+                .parse()
+                .map_err(|err| format!("bad number in {line:?}: {err}").into())
+        };
+        match record {
+            Some("cycle") => output.cycles.push(number()?),
+            Some("grant") => output.grants.push((number()?, number()?)),
+            Some("errors") => output.errors = number()?,
+            Some("elapsed_us") => elapsed = Some(Duration::from_micros(number()?)),
+            _ => return Err(format!("unexpected line {line:?}").into()),
+        }
+    }
+    output.elapsed = elapsed.ok_or("no elapsed_us line: the program stopped early")?;
+    if output.cycles.is_empty() {
+        return Err("no cycle was reported".into());
+    }
+    Ok(output)
+}
+
+/// The last lines of a process's stderr, for a one-line note.
+fn last_lines(stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(3)..].join(" / ")
+}
+
+/// Whether the Go peer can reach the etcd endpoints: plaintext, without credentials (it
+/// is given no TLS material nor user).
+pub fn reachable(endpoints: &[String], tls: &crate::security::BackendTls) -> bool {
+    let plaintext = endpoints.iter().all(|e| !e.starts_with("https://"));
+    let secured = tls.etcd_cacert.is_some() || tls.etcd_cert.is_some() || tls.etcd_user.is_some();
+    plaintext && !secured
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{last_lines, parse};
+    use std::time::Duration;
+
+    #[test]
+    fn reads_the_programs_records() {
+        let output = parse(
+            "cycle 812\ncycle 905\ngrant 1000 1200\ngrant 5000 5100\nerrors 1\nelapsed_us 3000123\n",
+        )
+        .expect("parses");
+        assert_eq!(output.cycles, [812, 905]);
+        assert_eq!(output.grants, [(1000, 1200), (5000, 5100)]);
+        assert_eq!(output.errors, 1);
+        assert_eq!(output.elapsed, Duration::from_micros(3_000_123));
+    }
+
+    #[test]
+    fn refuses_a_truncated_or_foreign_output() {
+        let cases = [
+            ("cycle 10\nerrors 0\n", "no elapsed_us"),
+            ("errors 0\nelapsed_us 10\n", "no cycle"),
+            ("cycle ten\nelapsed_us 10\n", "bad number"),
+            ("grant 5\nelapsed_us 10\n", "short line"),
+            ("panic: oops\n", "unexpected line"),
+        ];
+        for (text, says) in cases {
+            let err = parse(text).expect_err(text).to_string();
+            assert!(err.contains(says), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn notes_keep_the_last_lines() {
+        assert_eq!(last_lines(b"a\n\nb\nc\nd\n"), "b / c / d");
+        assert_eq!(last_lines(b""), "");
+    }
+}
