@@ -8,7 +8,7 @@
 //!
 //! `cargo run --release --example concurrent_cost [-- --fsync --seconds 3 --concurrency 1,8,64 --in-flight 4]`
 //! (`-- --redis`: the Redis lock against the bare `SET NX PX` + compare-and-delete cycle;
-//! `--lock-only` leaves the bare cycle out, e.g. to profile the lock alone with `perf`.)
+//! `--lock-only` leaves the other rows out, e.g. to profile the lock alone with `perf`.)
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -155,8 +155,8 @@ async fn main() -> Result<(), BoxError> {
         .and_then(|i| args.get(i + 1))
         .map(|list| list.split(',').filter_map(|c| c.parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 8, 64]);
+    let lock_only = args.iter().any(|a| a == "--lock-only");
     if args.iter().any(|a| a == "--redis") {
-        let lock_only = args.iter().any(|a| a == "--lock-only");
         return redis(&concurrencies, seconds, lock_only).await;
     }
     let etcd = EtcdCluster::builder().fsync(fsync).start().await?;
@@ -189,6 +189,9 @@ async fn main() -> Result<(), BoxError> {
                 }
             })
             .await?;
+            if lock_only {
+                continue;
+            }
             let cl = client.clone();
             measure("etcd Lock RPC", c, seconds, pid, &metrics, move |w, _| {
                 let mut cl = cl.clone();

@@ -214,8 +214,9 @@ pub(crate) struct Holding {
     since: Instant,
     holders: Arc<AtomicUsize>,
     /// Set once this hold has left its lease's count: counted as lost on its own
-    /// (`HoldingLoss`), or ended.
-    left: Arc<std::sync::atomic::AtomicBool>,
+    /// (`HoldingLoss`), or ended. Made only when a `HoldingLoss` is asked for (etcd): a
+    /// hold nothing else can end (Redis) costs no allocation for it.
+    left: std::sync::OnceLock<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Holding {
@@ -227,7 +228,7 @@ impl Holding {
             backend,
             since: Instant::now(),
             holders,
-            left: Arc::default(),
+            left: std::sync::OnceLock::new(),
         }
     }
 
@@ -239,14 +240,19 @@ impl Holding {
         HoldingLoss {
             backend: self.backend,
             holders: self.holders.clone(),
-            left: self.left.clone(),
+            left: self.left.get_or_init(Arc::default).clone(),
         }
     }
 }
 
 impl Drop for Holding {
     fn drop(&mut self) {
-        if !self.left.swap(true, Ordering::AcqRel) {
+        // Without a `HoldingLoss` nothing else can take this hold out of the count.
+        let counted = self
+            .left
+            .get()
+            .is_none_or(|left| !left.swap(true, Ordering::AcqRel));
+        if counted {
             self.holders.fetch_sub(1, Ordering::Relaxed);
         }
         let labels = BACKEND_LABELS.get(self.backend);

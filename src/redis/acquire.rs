@@ -150,7 +150,7 @@ impl Drop for Acquisition {
         );
         runtime.spawn(async move {
             // The attempt may have taken any slot: compare-and-delete each.
-            for slot in 0..keys.slots.len() {
+            for slot in 0..keys.slots().len() {
                 if let Err(err) = core.release(&keys.granted(slot), &owner, &name).await {
                     tracing::debug!(%err, lock = %name, "cleanup after an abandoned attempt failed; the TTL will");
                 }
@@ -196,15 +196,15 @@ impl Acquisition {
                     // A single Redis lock's token is checked against those this client
                     // saw (a semaphore's permits and Redlock's largest-of-the-masters
                     // token have no such order to check).
-                    let token = if self.core.backend == Backend::Redis && self.keys.slots.len() == 1
-                    {
-                        let key = self.keys.granted(slot).lock.clone();
-                        self.core
-                            .checked_token(&self.keys, &key, &self.owner, token, &self.name)
-                            .await?
-                    } else {
-                        token
-                    };
+                    let token =
+                        if self.core.backend == Backend::Redis && self.keys.slots().len() == 1 {
+                            let key = self.keys.granted(slot).lock.clone();
+                            self.core
+                                .checked_token(&self.keys, &key, &self.owner, token, &self.name)
+                                .await?
+                        } else {
+                            token
+                        };
                     return Ok(Some(self.guard(token, slot, sent)));
                 }
                 Ok(Attempt::Held { remaining }) => {
@@ -227,7 +227,7 @@ impl Acquisition {
             if let (None, Some(subscriber)) = (&interest, &self.subscriber) {
                 // Subscribe, then try again at once: the holder may have released
                 // between our attempt and the subscription.
-                interest = Some(subscriber.interest(&self.keys.channel).await);
+                interest = Some(subscriber.interest(self.keys.channel()).await);
                 continue;
             }
             // Never past the holder's expiry, never longer than the configured bound; with no
@@ -279,7 +279,7 @@ impl Acquisition {
     /// Compare-and-delete of every slot with our owner value: removes what an attempt
     /// whose answer was lost may have set.
     async fn undo(&self) -> Result<(), LockError> {
-        for slot in 0..self.keys.slots.len() {
+        for slot in 0..self.keys.slots().len() {
             self.core
                 .release(&self.keys.granted(slot), &self.owner, &self.name)
                 .await?;

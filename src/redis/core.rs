@@ -75,7 +75,7 @@ impl Core {
         token: FencingToken,
         name: &str,
     ) -> Result<FencingToken, LockError> {
-        let last = self.seen().get(&keys.counter).copied();
+        let last = self.seen().get(keys.counter()).copied();
         let token = match (last, &self.nodes[..]) {
             (Some(last), [node]) if token <= last => {
                 tracing::warn!(
@@ -85,7 +85,7 @@ impl Core {
                     "the token counter went backwards (evicted or flushed?); moving it forward"
                 );
                 crate::metrics::token_regression(self.backend);
-                node.advance_counter(&keys.counter, key, owner, last, name)
+                node.advance_counter(keys.counter(), key, owner, last, name)
                     .await?
                     .ok_or_else(|| LockError::LeaseLost {
                         lock: Some(name.to_owned()),
@@ -96,14 +96,14 @@ impl Core {
         };
         let mut seen = self.seen();
         // The name is copied only the first time this client sees the counter.
-        if let Some(entry) = seen.get_mut(&keys.counter) {
+        if let Some(entry) = seen.get_mut(keys.counter()) {
             *entry = (*entry).max(token);
             return Ok(token);
         }
         if seen.len() >= SEEN_LIMIT {
             seen.clear();
         }
-        seen.insert(keys.counter.clone(), token);
+        seen.insert(keys.counter().to_owned(), token);
         Ok(token)
     }
 

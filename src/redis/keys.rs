@@ -17,13 +17,35 @@ pub(crate) struct LockKeys(Arc<Names>);
 pub(crate) struct Names {
     /// The lock itself: `SET NX PX` with the owner value.
     pub(crate) lock: Arc<str>,
+    /// The per-lock counter that hands out fencing tokens, then the channel where releases
+    /// are announced to waiters, in one allocation (see [`Names::counter`]).
+    text: Box<str>,
+    /// Where the counter ends and the channel starts in `text`.
+    split: usize,
+    /// A semaphore's permit slots; empty for a lock, whose one slot is `lock`.
+    permits: Vec<Arc<str>>,
+}
+
+impl Names {
     /// The per-lock counter that hands out fencing tokens.
-    pub(crate) counter: String,
+    pub(crate) fn counter(&self) -> &str {
+        self.text.get(..self.split).unwrap_or_default()
+    }
+
     /// Where releases are announced to waiters.
-    pub(crate) channel: String,
+    pub(crate) fn channel(&self) -> &str {
+        self.text.get(self.split..).unwrap_or_default()
+    }
+
     /// The keys an acquisition may take: the lock alone, or a semaphore's permit slots.
     /// Once granted, `lock` is the slot taken.
-    pub(crate) slots: Vec<Arc<str>>,
+    pub(crate) fn slots(&self) -> &[Arc<str>] {
+        if self.permits.is_empty() {
+            std::slice::from_ref(&self.lock)
+        } else {
+            &self.permits
+        }
+    }
 }
 
 impl std::ops::Deref for LockKeys {
@@ -34,14 +56,48 @@ impl std::ops::Deref for LockKeys {
     }
 }
 
+/// `parts` joined, as a shared string, in one allocation when short (every lock key of a
+/// usual name): built on the stack, then copied once into the `Arc`.
+fn joined(parts: &[&str]) -> Arc<str> {
+    const STACK: usize = 256;
+    let len: usize = parts.iter().map(|part| part.len()).sum();
+    if len <= STACK {
+        let mut buffer = [0u8; STACK];
+        let mut at = 0;
+        for part in parts {
+            buffer[at..at + part.len()].copy_from_slice(part.as_bytes());
+            at += part.len();
+        }
+        // Whole `str`s laid end to end are UTF-8.
+        if let Ok(text) = std::str::from_utf8(&buffer[..at]) {
+            return Arc::from(text);
+        }
+    }
+    Arc::from(parts.concat())
+}
+
+/// `counter` then `channel` in one string, and where the first ends.
+fn counter_and_channel(counter: &[&str], channel: &[&str]) -> (Box<str>, usize) {
+    let split: usize = counter.iter().map(|part| part.len()).sum();
+    let len = split + channel.iter().map(|part| part.len()).sum::<usize>();
+    let mut text = String::with_capacity(len);
+    for part in counter.iter().chain(channel) {
+        text.push_str(part);
+    }
+    (text.into_boxed_str(), split)
+}
+
 impl LockKeys {
+    /// The names of lock `name` under `prefix`: four allocations, no copies beyond them
+    /// (a lock is taken per call; this was about a dozen allocations with `format!`).
     pub(crate) fn new(prefix: &str, name: &str) -> Self {
-        let lock: Arc<str> = Arc::from(format!("{prefix}:lock:{name}"));
+        let (text, split) =
+            counter_and_channel(&[prefix, ":token:", name], &[prefix, ":released:", name]);
         Self(Arc::new(Names {
-            slots: vec![lock.clone()],
-            lock,
-            counter: format!("{prefix}:token:{name}"),
-            channel: format!("{prefix}:released:{name}"),
+            lock: joined(&[prefix, ":lock:", name]),
+            text,
+            split,
+            permits: Vec::new(),
         }))
     }
 
@@ -50,23 +106,27 @@ impl LockKeys {
         let slots: Vec<Arc<str>> = (0..permits)
             .map(|i| Arc::from(format!("{prefix}:permit:{name}:{i}")))
             .collect();
+        let (text, split) = counter_and_channel(
+            &[prefix, ":permit-token:", name],
+            &[prefix, ":permit-released:", name],
+        );
         Self(Arc::new(Names {
             lock: slots.first().cloned().unwrap_or_else(|| Arc::from("")),
-            slots,
-            counter: format!("{prefix}:permit-token:{name}"),
-            channel: format!("{prefix}:permit-released:{name}"),
+            text,
+            split,
+            permits: slots,
         }))
     }
 
     /// These names with the lock being slot `slot`: the same names (no copy) when that
     /// slot is the lock already, as it always is for a lock's one slot.
     pub(crate) fn granted(&self, slot: usize) -> Self {
-        match self.slots.get(slot) {
+        match self.slots().get(slot) {
             Some(lock) if *lock != self.lock => Self(Arc::new(Names {
                 lock: lock.clone(),
-                counter: self.counter.clone(),
-                channel: self.channel.clone(),
-                slots: self.slots.clone(),
+                text: self.text.clone(),
+                split: self.split,
+                permits: self.permits.clone(),
             })),
             _ => self.clone(),
         }
@@ -81,12 +141,13 @@ mod tests {
     fn names_of_different_locks_never_collide() {
         let a = LockKeys::new("p", "a");
         let a_token = LockKeys::new("p", "a:token");
-        let all: [&str; 5] = [
+        let all: [&str; 6] = [
             &a.lock,
-            &a.counter,
-            &a.channel,
+            a.counter(),
+            a.channel(),
             &a_token.lock,
-            &a_token.counter,
+            a_token.counter(),
+            a_token.channel(),
         ];
         for (i, x) in all.iter().enumerate() {
             for y in &all[i + 1..] {
@@ -94,6 +155,14 @@ mod tests {
             }
         }
         assert_eq!(&*a.lock, "p:lock:a");
+        assert_eq!(a.counter(), "p:token:a");
+        assert_eq!(a.channel(), "p:released:a");
+        assert_eq!(a.slots(), std::slice::from_ref(&a.lock));
+        // Past the stack buffer: the same names.
+        let long = "n".repeat(300);
+        let b = LockKeys::new("p", &long);
+        assert_eq!(&*b.lock, format!("p:lock:{long}"));
+        assert_eq!(b.channel(), format!("p:released:{long}"));
     }
 
     #[test]
@@ -105,7 +174,9 @@ mod tests {
         );
         let permits = LockKeys::permits("p", "s", 3);
         assert_eq!(&*permits.granted(2).lock, "p:permit:s:2");
-        assert_eq!(permits.granted(2).counter, permits.counter);
+        assert_eq!(permits.granted(2).counter(), permits.counter());
+        assert_eq!(permits.granted(2).channel(), "p:permit-released:s");
+        assert_eq!(permits.slots().len(), 3);
         assert_eq!(&*permits.granted(0).lock, "p:permit:s:0");
     }
 }

@@ -234,17 +234,17 @@ impl Node {
         ttl: Duration,
         lock: &str,
     ) -> Result<Attempt, LockError> {
-        if let [slot] = keys.slots.as_slice() {
+        if let [slot] = keys.slots() {
             return self
-                .acquire_one(slot, &keys.counter, owner, ttl, lock)
+                .acquire_one(slot, keys.counter(), owner, ttl, lock)
                 .await;
         }
         let mut conn = self.conn.clone();
         let mut invocation = scripts::ACQUIRE.prepare_invoke();
-        for slot in &keys.slots {
+        for slot in keys.slots() {
             invocation.key(&**slot);
         }
-        invocation.key(&keys.counter).arg(owner).arg(millis(ttl));
+        invocation.key(keys.counter()).arg(owner).arg(millis(ttl));
         let reply: Vec<i64> = self
             .call("acquire", Some(lock), invocation.invoke_async(&mut conn))
             .await?;
@@ -320,7 +320,7 @@ impl Node {
     ) -> Result<bool, LockError> {
         let mut conn = self.conn.clone();
         let mut invocation = scripts::RELEASE.prepare_invoke();
-        invocation.key(&*keys.lock).arg(owner).arg(&keys.channel);
+        invocation.key(&*keys.lock).arg(owner).arg(keys.channel());
         let deleted: i64 = self
             .call("release", Some(lock), invocation.invoke_async(&mut conn))
             .await?;

@@ -271,6 +271,28 @@ impl Outcome {
                     holds: r >= goal,
                 });
             }
+            if let (Some(three), Some(rpc)) = (
+                self.cell("distinct keys", "etcd 3 members", c),
+                self.cell("ceiling", "etcd 3 members Lock RPC", c),
+            ) {
+                let r = three.per_second / rpc.per_second;
+                ratios.push(ratio(
+                    format!("etcd lock / etcd Lock RPC cycles/s, 3 members, c={c}"),
+                    r,
+                ));
+                if c >= 64 {
+                    bars.push(Bar {
+                        bar: format!(
+                            "etcd lock cycles/s >= 1.5x etcd's Lock RPC on 3 members (c={c})"
+                        ),
+                        measured: format!(
+                            "{r:.2}x ({:.0} vs {:.0}/s)",
+                            three.per_second, rpc.per_second
+                        ),
+                        holds: r >= 1.5,
+                    });
+                }
+            }
             if let (Some(etcd), Some(go)) = (etcd, self.cell("distinct keys", GO, c)) {
                 let r = etcd.per_second / go.per_second;
                 ratios.push(ratio(

@@ -157,32 +157,54 @@ impl Runner<'_> {
             .await?;
             self.done(cell);
 
-            let run = self.run.clone();
-            self.step(&format!("etcd Lock RPC, concurrency {c}"));
-            let cl = client.clone();
-            self.settle().await?;
-            let cell = drive(
-                "ceiling",
-                "etcd Lock RPC",
-                c,
-                self.args.duration,
-                move |w, _| {
-                    let mut cl = cl.clone();
-                    let name = format!("bench/{run}/rpc/{w}");
-                    async move {
-                        let options = etcd_client::LockOptions::new().with_lease(lease);
-                        let locked = cl.lock(name, Some(options)).await?;
-                        cl.unlock(locked.key().to_vec()).await?;
-                        Ok(())
-                    }
-                },
-            )
-            .await?;
-            self.done(cell);
+            self.lock_rpc("etcd Lock RPC", &client, lease, c).await?;
         }
         keeping.abort();
         let _ = client.clone().lease_revoke(lease).await;
         Ok(())
+    }
+
+    /// etcd's server-side Lock RPC (lock + unlock) on distinct names at concurrency `c`,
+    /// under `lease`, as cell `subject` of the ceilings: the 3-member row runs it on the
+    /// cluster so that the lock's ratio there compares like with like.
+    pub async fn lock_rpc(
+        &mut self,
+        subject: &'static str,
+        client: &etcd_client::Client,
+        lease: i64,
+        c: usize,
+    ) -> BoxResult<()> {
+        let run = self.run.clone();
+        self.step(&format!("{subject}, concurrency {c}"));
+        let cl = client.clone();
+        self.settle().await?;
+        let cell = drive("ceiling", subject, c, self.args.duration, move |w, _| {
+            let mut cl = cl.clone();
+            let name = format!("bench/{run}/rpc/{w}");
+            async move {
+                let options = etcd_client::LockOptions::new().with_lease(lease);
+                let locked = cl.lock(name, Some(options)).await?;
+                cl.unlock(locked.key().to_vec()).await?;
+                Ok(())
+            }
+        })
+        .await?;
+        self.done(cell);
+        Ok(())
+    }
+
+    /// etcd's Lock RPC on a second cluster (the 3-member one) at concurrency `c`, with a
+    /// lease of its own for the cell.
+    pub async fn lock_rpc_on(
+        &mut self,
+        subject: &'static str,
+        client: etcd_client::Client,
+        c: usize,
+    ) -> BoxResult<()> {
+        let lease = client.clone().lease_grant(60, None).await?.id();
+        let result = self.lock_rpc(subject, &client, lease, c).await;
+        let _ = client.clone().lease_revoke(lease).await;
+        result
     }
 
     /// A bare `SET NX PX` + compare-and-delete cycle on distinct keys, over `conn` (the
