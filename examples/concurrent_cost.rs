@@ -175,7 +175,8 @@ async fn main() -> Result<(), BoxError> {
     let options = LockOptions::new();
     locks.session(options.ttl()).await?;
     let client = locks.client().clone();
-    let lease = client.clone().lease_grant(60, None).await?.id();
+    // Outlives every cell of a run (nothing renews it).
+    let lease = client.clone().lease_grant(3600, None).await?.id();
     println!("etcd fsync {fsync}, {seconds} s per cell");
     for &c in &concurrencies {
         for round in 0..2 {

@@ -80,18 +80,18 @@ pub(crate) fn loss_channel(backend: Backend) -> (LossNotifier, LossWatch) {
 impl LossNotifier {
     /// Records the loss; the first reason wins and later ones are ignored. The first
     /// counts every lock held on the lease as lost (`fencelock_losses_total`).
+    ///
+    /// Counted before the guards hear of it (inside the send, which wakes them after the
+    /// closure): a caller that saw `lost()` fire finds the loss counted already.
     pub(crate) fn mark(&self, reason: LossReason) {
-        let first = self.tx.send_if_modified(|state| {
-            if state.is_none() {
-                *state = Some(reason);
-                true
-            } else {
-                false
+        self.tx.send_if_modified(|state| {
+            if state.is_some() {
+                return false;
             }
-        });
-        if first {
+            *state = Some(reason);
             metrics::lost(self.backend, reason, self.holders.load(Ordering::Relaxed));
-        }
+            true
+        });
     }
 }
 

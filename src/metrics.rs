@@ -1,8 +1,10 @@
 //! What fencelock reports about its locks, through the [`metrics`](https://docs.rs/metrics)
 //! facade: install any recorder (a Prometheus exporter, StatsD, ...) and these appear;
-//! with none installed, the reports of every acquisition, release and hold allocate nothing
-//! (their label sets are built once per process) and go to the facade's no-op recorder; the
-//! locks held and their losses are counted with atomics.
+//! with none installed, the reports made on every successful acquisition, release and hold
+//! allocate nothing (their label sets are built once per process) and go to the facade's
+//! no-op recorder (errors, losses, renewals, and everything with [`label_lock_names`] on,
+//! build their labels per report); the locks held and their losses are counted with
+//! atomics.
 //!
 //! | name | kind | unit | labels | what |
 //! |---|---|---|---|---|
@@ -11,12 +13,12 @@
 //! | `fencelock_locks_held` | gauge | | `backend` | guards alive now (held, or lost and not yet dropped) |
 //! | `fencelock_hold_seconds` | histogram | seconds | `backend` | from the grant to the guard's release or drop |
 //! | `fencelock_releases_total` | counter | | `backend`, `outcome` | releases: `released`, `not_held` (found lost), `error`, `dropped` (a guard dropped without `release()`: released in the background) |
-//! | `fencelock_losses_total` | counter | | `backend`, `reason` | held locks lost, counted when the library learns of the loss (not when a guard notices): `expired`, `revoked`, `closed`, `disconnected` |
+//! | `fencelock_losses_total` | counter | | `backend`, `reason` | held locks lost, counted when the library learns of the loss (not when a guard notices): `expired`, `revoked`, `closed`, `disconnected`, `key_deleted` |
 //! | `fencelock_renewals_total` | counter | | `backend`, `outcome` | lease renewals: `ok`, `failed` (an error or no answer; the lease may still live) |
 //! | `fencelock_errors_total` | counter | | `backend`, `operation`, `kind` | errors returned to the caller, by [`LockError`] kind |
 //! | `fencelock_token_regressions_total` | counter | | `backend` | grants whose token was not above one this client had already seen for that lock (a Redis token counter evicted or flushed); the counter is moved forward and the grant gets a newer token |
 //!
-//! `backend` is `etcd`, `redis`, `redlock` or `postgres`; the acquisition `outcome` is
+//! `backend` is `etcd`, `redis`, `redlock`, `postgres` or `zookeeper`; the acquisition `outcome` is
 //! `acquired`, `busy` (a `try_lock` that found the lock taken), `timeout` (the wait
 //! timeout ran out) or `error`; `kind` is `timeout`, `unavailable`, `permission_denied`,
 //! `tls`, `invalid_input`, `lost` or `other`.

@@ -88,8 +88,9 @@ fn counter_and_channel(counter: &[&str], channel: &[&str]) -> (Box<str>, usize) 
 }
 
 impl LockKeys {
-    /// The names of lock `name` under `prefix`: four allocations, no copies beyond them
-    /// (a lock is taken per call; this was about a dozen allocations with `format!`).
+    /// The names of lock `name` under `prefix`: three allocations when the lock key fits
+    /// [`joined`]'s stack buffer (the lock key's `Arc`, the counter and channel, the
+    /// `Arc<Names>`); it was about a dozen with `format!`, and names are built per call.
     pub(crate) fn new(prefix: &str, name: &str) -> Self {
         let (text, split) =
             counter_and_channel(&[prefix, ":token:", name], &[prefix, ":released:", name]);
@@ -102,7 +103,10 @@ impl LockKeys {
     }
 
     /// A semaphore's `permits` slots, its counter and channel (segments of their own).
+    /// `permits` must be at least 1 (`RedisSemaphore::new` refuses 0): with none, the
+    /// names would stand for a lock on an empty key.
     pub(crate) fn permits(prefix: &str, name: &str, permits: usize) -> Self {
+        debug_assert!(permits > 0, "a semaphore has at least one permit");
         let slots: Vec<Arc<str>> = (0..permits)
             .map(|i| Arc::from(format!("{prefix}:permit:{name}:{i}")))
             .collect();

@@ -289,11 +289,11 @@ impl Node {
             .cmd("INCR")
             .arg(counter);
         // The `SET` answers `OK` or nil: read as a value, not a `String` (an allocation
-        // per attempt for two known bytes).
+        // per attempt for two known bytes), and only `OK` grants.
         let (set, token): (redis::Value, i64) = self
             .call("acquire", Some(lock), pipe.query_async(&mut conn))
             .await?;
-        if set != redis::Value::Nil {
+        if set_granted(&set).ok_or_else(|| malformed(self.backend, "acquire", lock))? {
             return match u64::try_from(token) {
                 Ok(token) => Ok(Attempt::Granted(FencingToken::new(token), 0)),
                 Err(_) => Err(malformed(self.backend, "acquire", lock)),
@@ -457,5 +457,40 @@ pub(crate) fn map_error(
             lock,
             source: Box::new(err),
         },
+    }
+}
+
+/// What `SET key owner NX PX ttl` answered: `Some(true)` for `OK` (the lock is ours),
+/// `Some(false)` for nil (taken), `None` for anything else. Exact, not "anything but nil":
+/// a RESP3 answer can come wrapped in attributes, and a wrapped nil is still a refusal
+/// (an answer that cannot be read is an error, which the acquisition handles as an
+/// attempt that may have set the key: it compare-and-deletes).
+fn set_granted(answer: &redis::Value) -> Option<bool> {
+    match answer {
+        redis::Value::Okay => Some(true),
+        redis::Value::SimpleString(text) if text == "OK" => Some(true),
+        redis::Value::Nil => Some(false),
+        redis::Value::Attribute { data, .. } => set_granted(data),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::set_granted;
+    use redis::Value;
+
+    #[test]
+    fn only_ok_grants() {
+        assert_eq!(set_granted(&Value::Okay), Some(true));
+        assert_eq!(set_granted(&Value::SimpleString("OK".into())), Some(true));
+        assert_eq!(set_granted(&Value::Nil), Some(false));
+        let wrapped_nil = Value::Attribute {
+            data: Box::new(Value::Nil),
+            attributes: Vec::new(),
+        };
+        assert_eq!(set_granted(&wrapped_nil), Some(false));
+        assert_eq!(set_granted(&Value::Int(1)), None);
+        assert_eq!(set_granted(&Value::SimpleString("QUEUED".into())), None);
     }
 }

@@ -164,6 +164,13 @@ impl LockGuard for ZooKeeperGuard {
     #[tracing::instrument(skip(self), fields(backend = "zookeeper", lock = %self.name, token = %self.token))]
     async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
         let lost_before = self.gone();
+        // The hold ends here, before the delete: the node's own deletion must not reach
+        // the follower as a loss (it did, now and then, and was counted in
+        // `fencelock_losses_total` as `key_deleted`: tests/metrics/zookeeper.rs). Not
+        // `detach()`: a release dropped mid-delete must still leave `Drop` to remove the
+        // node in the background.
+        self.holding = None;
+        self.follow.abort();
         let path = self.path.clone();
         let deleted = self
             .session

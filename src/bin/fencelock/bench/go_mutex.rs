@@ -26,7 +26,44 @@ const GOCODE: &str = "/usr/share/gocode";
 const PACKAGE: &str = "fencelock-go-mutex";
 
 /// What to install when Go or the sources are missing.
-const INSTALL: &str = "Debian: apt-get install golang-go golang-etcd-server-dev";
+const INSTALL: &str = "Debian 12: apt-get install golang-go golang-etcd-server-dev; \
+    the program needs etcd 3.4's GOPATH sources (go.etcd.io/etcd/clientv3), which \
+    Debian 13's etcd 3.5 package no longer has";
+
+/// A Go build cache that outlives the run (CI benches twice per run): without it every
+/// run builds etcd's client and gRPC from scratch, about 20 s of a 2-core machine.
+const GO_CACHE_ENV: &str = "FENCELOCK_GO_CACHE";
+
+/// The longest the build may take before the Go rows are left out.
+const BUILD_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The build's process group, killed by its id if the build is dropped or times out
+/// before it ended (`kill_on_drop` reaches `go` alone, not the compilers it started).
+struct Group(Option<u32>);
+
+impl Group {
+    /// The build ended: nothing of its group is left to stop.
+    fn done(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0.and_then(|pid| libc::pid_t::try_from(pid).ok()) {
+            // SAFETY: kill(2) with a negative pid signals that process group (the build's
+            // own, made by `process_group(0)`); no memory is touched.
+            unsafe {
+                libc::kill(-pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// `path` made absolute against the current directory (the build runs elsewhere).
+fn absolute(path: &Path) -> PathBuf {
+    std::env::current_dir().map_or_else(|_| path.to_path_buf(), |dir| dir.join(path))
+}
 
 /// The Go peer, built: its binary in a temp dir that lives as long as this value.
 pub struct GoMutex {
@@ -66,8 +103,8 @@ struct Output {
 
 impl GoMutex {
     /// Builds the peer into a temp dir of its own (GOPATH mode: `GO111MODULE=off`, the
-    /// program beside Debian's `/usr/share/gocode`, `GOCACHE` in the temp dir, nothing
-    /// downloaded). `None`, with one line on stderr, when `go` or the etcd sources are
+    /// program beside Debian's `/usr/share/gocode`, `GOCACHE` in the temp dir or at
+    /// `$FENCELOCK_GO_CACHE`, nothing downloaded). `None`, with one line on stderr, when `go` or the etcd sources are
     /// missing or the build fails: the Go rows are then left out, the bench goes on.
     pub async fn build() -> Option<Self> {
         let concurrency = Path::new(GOCODE).join("src/go.etcd.io/etcd/clientv3/concurrency");
@@ -110,22 +147,34 @@ impl GoMutex {
         let binary = dir.path().join("go-mutex");
         let gopath_list = std::env::join_paths([gopath.as_path(), Path::new(GOCODE)])?;
         let started = Instant::now();
-        let built = tokio::process::Command::new("go")
+        let cache = std::env::var_os(GO_CACHE_ENV)
+            .map(PathBuf::from)
+            .map_or_else(|| dir.path().join("gocache"), |cache| absolute(&cache));
+        let build = tokio::process::Command::new("go")
             .args(["build", "-o"])
             .arg(&binary)
             .arg(".")
             .current_dir(&package)
             .env("GO111MODULE", "off")
             .env("GOPATH", gopath_list)
-            .env("GOCACHE", dir.path().join("gocache"))
+            .env("GOCACHE", cache)
             // A user's -mod=mod or the like has no meaning in GOPATH mode.
             .env("GOFLAGS", "")
             // Pure Go: no C compiler needed, the same binary everywhere.
             .env("CGO_ENABLED", "0")
             .stdin(Stdio::null())
+            // A group of its own, so that the compiler and linker `go` starts end with it
+            // (see `Group`), not only `go` itself.
+            .process_group(0)
             .kill_on_drop(true)
-            .output()
-            .await?;
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let group = Group(build.id());
+        let built = tokio::time::timeout(BUILD_TIMEOUT, build.wait_with_output())
+            .await
+            .map_err(|_| format!("the build took over {} s", BUILD_TIMEOUT.as_secs()))??;
+        group.done();
         if !built.status.success() {
             return Err(last_lines(&built.stderr).into());
         }

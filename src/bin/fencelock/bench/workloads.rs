@@ -194,14 +194,16 @@ impl Runner<'_> {
     }
 
     /// etcd's Lock RPC on a second cluster (the 3-member one) at concurrency `c`, with a
-    /// lease of its own for the cell.
+    /// lease of its own for the cell, outliving it.
     pub async fn lock_rpc_on(
         &mut self,
         subject: &'static str,
         client: etcd_client::Client,
         c: usize,
     ) -> BoxResult<()> {
-        let lease = client.clone().lease_grant(60, None).await?.id();
+        // Long enough for the cell, which renews nothing: the cell and a minute.
+        let ttl = i64::try_from(self.args.duration.as_secs()).unwrap_or(i64::MAX / 2) + 60;
+        let lease = client.clone().lease_grant(ttl, None).await?.id();
         let result = self.lock_rpc(subject, &client, lease, c).await;
         let _ = client.clone().lease_revoke(lease).await;
         result
