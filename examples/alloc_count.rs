@@ -5,7 +5,9 @@
 //! high concurrency (glibc's malloc arenas are shared by the runtime's threads), so this
 //! is the number to drive down. Counted by a wrapper around the system allocator.
 //!
-//! `cargo run --release --example alloc_count`
+//! `cargo run --release --example alloc_count` (`ALLOC_COUNT_REDIS_ONLY=1` or
+//! `ALLOC_COUNT_ETCD_ONLY=1` for one backend, `ALLOC_COUNT_CYCLES=N` for another count,
+//! e.g. under `valgrind --tool=callgrind`, whose caller tree names where they come from).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -78,6 +80,17 @@ where
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let options = LockOptions::new();
+    if std::env::var_os("ALLOC_COUNT_ETCD_ONLY").is_none() {
+        redis_rows(&options).await?;
+    }
+    if std::env::var_os("ALLOC_COUNT_REDIS_ONLY").is_some() {
+        return Ok(());
+    }
+    etcd_rows(&options).await
+}
+
+/// The Redis lock and the bare Redis cycle.
+async fn redis_rows(options: &LockOptions) -> Result<(), Box<dyn std::error::Error>> {
     let redis = RedisServer::start().await?;
     let locks = RedisLocker::connect(redis.config("alloc-count")).await?;
     count("redis lock + release", |_| {
@@ -110,10 +123,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     })
     .await?;
+    Ok(())
+}
 
-    if std::env::var_os("ALLOC_COUNT_REDIS_ONLY").is_some() {
-        return Ok(());
-    }
+/// The etcd lock and the bare etcd cycle.
+async fn etcd_rows(options: &LockOptions) -> Result<(), Box<dyn std::error::Error>> {
     let etcd = EtcdCluster::builder().start().await?;
     let locks = EtcdLocker::connect(etcd.config("alloc-count")).await?;
     locks.session(options.ttl()).await?;

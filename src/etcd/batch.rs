@@ -220,11 +220,15 @@ impl Request {
                 lease,
                 read,
             } => {
-                let txn = Self::join_txn(key, value, *lease, prefix, read);
+                // Built once for the first attempt and again for a retry, not cloned per
+                // attempt: a deep clone of every key and option, on every join.
+                let mut first = Some(Self::join_txn(key, value, *lease, prefix, read));
                 let Attempts { result, ambiguous } =
                     call_retrying_noting("acquire", Some(name), timeout, || {
                         let mut kv = kv.clone();
-                        let txn = txn.clone();
+                        let txn = first
+                            .take()
+                            .unwrap_or_else(|| Self::join_txn(key, value, *lease, prefix, read));
                         async move { kv.txn(txn).await }
                     })
                     .await;
@@ -573,17 +577,20 @@ impl Batcher {
         tracing::debug!(size, ops, "sending a batch");
         BATCHES.fetch_add(1, Ordering::Relaxed);
         BATCHED.fetch_add(size as u64, Ordering::Relaxed);
-        let (mut compares, mut then, mut otherwise) = (Vec::new(), Vec::new(), Vec::new());
-        for member in &batch {
-            member
-                .request
-                .add_to(&mut compares, &mut then, &mut otherwise);
-        }
-        let txn = Txn::new().when(compares).and_then(then).or_else(otherwise);
+        // Built for each attempt rather than cloned (the same operations either way).
+        let build = |batch: &[Queued]| {
+            let (mut compares, mut then, mut otherwise) = (Vec::new(), Vec::new(), Vec::new());
+            for member in batch {
+                member
+                    .request
+                    .add_to(&mut compares, &mut then, &mut otherwise);
+            }
+            Txn::new().when(compares).and_then(then).or_else(otherwise)
+        };
         let Attempts { result, ambiguous } =
             call_retrying_noting("batch", None, self.timeout, || {
                 let mut kv = self.kv.clone();
-                let txn = txn.clone();
+                let txn = build(&batch);
                 async move { kv.txn(txn).await }
             })
             .await;
