@@ -293,7 +293,13 @@ impl Node {
         let (set, token): (redis::Value, i64) = self
             .call("acquire", Some(lock), pipe.query_async(&mut conn))
             .await?;
-        if set_granted(&set).ok_or_else(|| malformed(self.backend, "acquire", lock))? {
+        let unexpected = || LockError::Backend {
+            backend: self.backend,
+            operation: "acquire",
+            lock: Some(lock.to_owned()),
+            source: format!("SET NX answered neither OK nor nil: {set:?}").into(),
+        };
+        if set_granted(&set).ok_or_else(unexpected)? {
             return match u64::try_from(token) {
                 Ok(token) => Ok(Attempt::Granted(FencingToken::new(token), 0)),
                 Err(_) => Err(malformed(self.backend, "acquire", lock)),
