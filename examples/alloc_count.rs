@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use fencelock::etcd::EtcdLocker;
 use fencelock::redis::RedisLocker;
-use fencelock::testkit::{EtcdCluster, RedisServer};
+use fencelock::testkit::{BareRedisCycle, EtcdCluster, RedisServer};
 use fencelock::{LockBackend, LockGuard, LockOptions};
 
 struct Counting;
@@ -89,36 +89,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     etcd_rows(&options).await
 }
 
+/// One lock + release of lock `cycle`.
+async fn lock_cycle<B: LockBackend>(
+    locks: &B,
+    options: &LockOptions,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let guard = locks.lock("cycle", options).await?;
+    let _released = guard.release().await?;
+    Ok(())
+}
+
 /// The Redis lock and the bare Redis cycle.
 async fn redis_rows(options: &LockOptions) -> Result<(), Box<dyn std::error::Error>> {
     let redis = RedisServer::start().await?;
     let locks = RedisLocker::connect(redis.config("alloc-count")).await?;
-    count("redis lock + release", |_| {
-        let (locks, options) = (locks.clone(), options.clone());
-        async move {
-            let guard = locks.lock("cycle", &options).await?;
-            let _released = guard.release().await?;
-            Ok(())
-        }
-    })
-    .await?;
+    count("redis lock + release", |_| lock_cycle(&locks, options)).await?;
     let conn = locks.connection();
-    let cad = redis::Script::new(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-    );
+    let bare = BareRedisCycle::new();
     count("redis bare SET NX PX + CAD", |i| {
-        let (mut conn, cad) = (conn.clone(), cad.clone());
+        let (mut conn, bare) = (conn.clone(), bare.clone());
         async move {
-            let owner = i.to_string();
-            let _: Option<String> = redis::cmd("SET")
-                .arg("bare")
-                .arg(&owner)
-                .arg("NX")
-                .arg("PX")
-                .arg(10_000)
-                .query_async(&mut conn)
-                .await?;
-            let _: i64 = cad.key("bare").arg(&owner).invoke_async(&mut conn).await?;
+            bare.run(&mut conn, "bare", &i.to_string()).await?;
             Ok(())
         }
     })
@@ -131,15 +122,7 @@ async fn etcd_rows(options: &LockOptions) -> Result<(), Box<dyn std::error::Erro
     let etcd = EtcdCluster::builder().start().await?;
     let locks = EtcdLocker::connect(etcd.config("alloc-count")).await?;
     locks.session(options.ttl()).await?;
-    count("etcd lock + release", |_| {
-        let (locks, options) = (locks.clone(), options.clone());
-        async move {
-            let guard = locks.lock("cycle", &options).await?;
-            let _released = guard.release().await?;
-            Ok(())
-        }
-    })
-    .await?;
+    count("etcd lock + release", |_| lock_cycle(&locks, options)).await?;
     let mut client = locks.client().clone();
     let lease = client.lease_grant(60, None).await?.id();
     count("etcd bare txn + delete", |_| {

@@ -19,28 +19,10 @@ use etcd_client::{Compare, CompareOp, GetOptions, LockOptions as RpcLockOptions,
 use etcd_client::{Txn, TxnOp};
 use fencelock::etcd::EtcdLocker;
 use fencelock::redis::RedisLocker;
-use fencelock::testkit::{EtcdCluster, RedisServer, fetch_metrics};
+use fencelock::testkit::{BareRedisCycle, EtcdCluster, RedisServer, cpu_time, fetch_metrics};
 use fencelock::{LockBackend, LockGuard, LockOptions};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// CPU time (user + system) of process `pid` so far.
-fn cpu_of(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // SAFETY: sysconf has no preconditions.
-    let per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100);
-    Duration::from_micros((ticks(11) + ticks(12)) * 1_000_000 / per_second.max(1))
-}
 
 /// etcd's committed proposals so far, and the gRPC requests it handled per method, from
 /// its metrics endpoint.
@@ -89,7 +71,7 @@ where
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let me = std::process::id();
-    let (client_before, server_before) = (cpu_of(me), cpu_of(server));
+    let (client_before, server_before) = (cpu_time(me), cpu_time(server));
     let before = if metrics.is_empty() {
         (0.0, BTreeMap::new())
     } else {
@@ -116,8 +98,8 @@ where
     }
     let wall = started.elapsed().as_secs_f64();
     let cycles = done.load(Ordering::Relaxed).max(1) as f64;
-    let client = (cpu_of(me) - client_before).as_secs_f64() * 1e6 / cycles;
-    let server_cpu = (cpu_of(server) - server_before).as_secs_f64() * 1e6 / cycles;
+    let client = (cpu_time(me) - client_before).as_secs_f64() * 1e6 / cycles;
+    let server_cpu = (cpu_time(server) - server_before).as_secs_f64() * 1e6 / cycles;
     let proposals = if metrics.is_empty() {
         String::new()
     } else {
@@ -249,9 +231,7 @@ async fn redis(concurrencies: &[usize], seconds: f64, lock_only: bool) -> Result
     let pid = server.pid().ok_or("redis-server has no pid")?;
     let locks = RedisLocker::connect(server.config("concurrent-cost")).await?;
     let options = LockOptions::new();
-    let cad = Arc::new(redis::Script::new(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-    ));
+    let bare = BareRedisCycle::new();
     println!("redis, {seconds} s per cell");
     for &c in concurrencies {
         for _ in 0..2 {
@@ -268,21 +248,12 @@ async fn redis(concurrencies: &[usize], seconds: f64, lock_only: bool) -> Result
             if lock_only {
                 continue;
             }
-            let (conn, cad) = (locks.connection(), cad.clone());
+            let (conn, bare) = (locks.connection(), bare.clone());
             measure("bare SET NX PX + CAD", c, seconds, pid, "", move |w, i| {
-                let (mut conn, cad) = (conn.clone(), cad.clone());
+                let (mut conn, bare) = (conn.clone(), bare.clone());
                 async move {
-                    let key = format!("bare-{w}");
-                    let owner = i.to_string();
-                    let _: Option<String> = redis::cmd("SET")
-                        .arg(&key)
-                        .arg(&owner)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(10_000)
-                        .query_async(&mut conn)
+                    bare.run(&mut conn, &format!("bare-{w}"), &i.to_string())
                         .await?;
-                    let _: i64 = cad.key(&key).arg(&owner).invoke_async(&mut conn).await?;
                     Ok(())
                 }
             })

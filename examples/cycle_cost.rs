@@ -8,35 +8,15 @@
 //!
 //! `cargo run --release --example cycle_cost [-- --fsync]`
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use fencelock::etcd::EtcdLocker;
 use fencelock::redis::RedisLocker;
-use fencelock::testkit::{EtcdCluster, RedisServer};
+use fencelock::testkit::{BareRedisCycle, EtcdCluster, RedisServer, cpu_time};
 use fencelock::{LockBackend, LockGuard, LockOptions};
 
 const CYCLES: u32 = 3000;
-
-/// CPU time (user + system) of process `pid` so far.
-fn cpu_of(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after ')'.
-    // SAFETY: sysconf has no preconditions.
-    let per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100);
-    Duration::from_micros((ticks(11) + ticks(12)) * 1_000_000 / per_second.max(1))
-}
 
 /// Runs `cycle` CYCLES times; prints wall, client CPU and server CPU per cycle.
 async fn measure<F, Fut>(
@@ -49,14 +29,14 @@ where
     Fut: std::future::Future<Output = Result<(), Box<dyn std::error::Error>>>,
 {
     let me = std::process::id();
-    let (client_before, server_before) = (cpu_of(me), cpu_of(server));
+    let (client_before, server_before) = (cpu_time(me), cpu_time(server));
     let started = Instant::now();
     for i in 0..CYCLES {
         cycle(i).await?;
     }
     let wall = started.elapsed() / CYCLES;
-    let client = (cpu_of(me) - client_before) / CYCLES;
-    let server_cpu = (cpu_of(server) - server_before) / CYCLES;
+    let client = (cpu_time(me) - client_before) / CYCLES;
+    let server_cpu = (cpu_time(server) - server_before) / CYCLES;
     let waiting = wall.saturating_sub(client + server_cpu);
     println!(
         "{what:<34} wall {:>6} us  client CPU {:>5} us  server CPU {:>5} us  rest (waiting) {:>6} us",
@@ -121,26 +101,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     })
     .await?;
     let conn = redis_locks.connection();
-    let cad = redis::Script::new(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-    );
+    let bare = BareRedisCycle::new();
     measure("redis bare SET NX PX + CAD", redis_pid, |i| {
-        let mut conn = conn.clone();
-        let cad = cad.clone();
+        let (mut conn, bare) = (conn.clone(), bare.clone());
         async move {
-            let owner = i.to_string();
-            let _: Option<String> = redis::cmd("SET")
-                .arg("cycle-cost-bare")
-                .arg(&owner)
-                .arg("NX")
-                .arg("PX")
-                .arg(10_000)
-                .query_async(&mut conn)
-                .await?;
-            let _: i64 = cad
-                .key("cycle-cost-bare")
-                .arg(&owner)
-                .invoke_async(&mut conn)
+            bare.run(&mut conn, "cycle-cost-bare", &i.to_string())
                 .await?;
             Ok(())
         }

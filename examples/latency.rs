@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use fencelock::etcd::EtcdLocker;
 use fencelock::redis::RedisLocker;
-use fencelock::testkit::{EtcdCluster, RedisServer};
+use fencelock::testkit::{BareRedisCycle, EtcdCluster, RedisServer};
 use fencelock::{FencingToken, LockBackend, LockGuard, LockOptions};
 
 const CYCLES: usize = 2000;
@@ -101,27 +101,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let server = RedisServer::start().await?;
     let redis_locks = RedisLocker::connect(server.config("latency")).await?;
     let mut conn = server.connection().await?;
-    let compare_and_delete = redis::Script::new(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-    );
+    let bare_cycle = BareRedisCycle::new();
     let mut bare = Vec::with_capacity(CYCLES);
     let mut ours = Vec::with_capacity(CYCLES);
     for i in 0..CYCLES {
         let owner = format!("owner-{i}");
         let started = Instant::now();
-        let _: Option<String> = redis::cmd("SET")
-            .arg("bare-lock")
-            .arg(&owner)
-            .arg("NX")
-            .arg("PX")
-            .arg(10_000)
-            .query_async(&mut conn)
-            .await?;
-        let _: i64 = compare_and_delete
-            .key("bare-lock")
-            .arg(&owner)
-            .invoke_async(&mut conn)
-            .await?;
+        bare_cycle.run(&mut conn, "bare-lock", &owner).await?;
         bare.push(started.elapsed());
         let started = Instant::now();
         let guard = redis_locks.lock("uncontended", &options).await?;

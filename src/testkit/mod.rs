@@ -20,6 +20,7 @@
 //! Every process is stopped by its PID when its handle is dropped, and dies with the
 //! process that started it even if that one is killed outright.
 
+mod bare;
 mod clock;
 mod cluster;
 pub mod conformance;
@@ -35,6 +36,7 @@ mod redis;
 pub mod soak;
 mod zookeeper;
 
+pub use bare::{BareRedisCycle, cpu_time};
 pub use clock::{JumpingClock, LIBFAKETIME_ENV};
 pub use cluster::{HARNESS_ENV, SelectedEtcdCluster};
 #[cfg(feature = "containers")]

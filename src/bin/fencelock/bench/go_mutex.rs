@@ -101,6 +101,24 @@ struct Output {
     elapsed: Duration,
 }
 
+impl Output {
+    /// The run's cycles as the `workload` cell of the Go rows at `n` goroutines.
+    fn cell(&self, workload: &'static str, n: usize) -> BoxResult<Cell> {
+        let mut latencies = histogram()?;
+        for &micros in &self.cycles {
+            record(&mut latencies, Duration::from_micros(micros));
+        }
+        Ok(Cell::new(
+            workload,
+            SUBJECT,
+            n,
+            &latencies,
+            self.errors,
+            self.elapsed,
+        ))
+    }
+}
+
 impl GoMutex {
     /// Builds the peer into a temp dir of its own (GOPATH mode: `GO111MODULE=off`, the
     /// program beside Debian's `/usr/share/gocode`, `GOCACHE` in the temp dir or at
@@ -259,19 +277,7 @@ impl Runner<'_> {
             self.progress.inc(1);
             return Ok(());
         };
-        let mut latencies = histogram()?;
-        for &micros in &output.cycles {
-            record(&mut latencies, Duration::from_micros(micros));
-        }
-        let cell = Cell::new(
-            "distinct keys",
-            SUBJECT,
-            c,
-            &latencies,
-            output.errors,
-            output.elapsed,
-        );
-        self.done(cell);
+        self.done(output.cell("distinct keys", c)?);
         Ok(())
     }
 
@@ -294,18 +300,7 @@ impl Runner<'_> {
             self.progress.inc(1);
             return Ok(());
         };
-        let mut latencies = histogram()?;
-        for &micros in &output.cycles {
-            record(&mut latencies, Duration::from_micros(micros));
-        }
-        let cell = Cell::new(
-            "contended",
-            SUBJECT,
-            w,
-            &latencies,
-            output.errors,
-            output.elapsed,
-        );
+        let cell = output.cell("contended", w)?;
         // Release by one holder to the next holder running, in the order of the grants.
         output.grants.sort_unstable();
         let mut handoffs = histogram()?;

@@ -216,32 +216,21 @@ impl Runner<'_> {
         conn: redis::aio::ConnectionManager,
         concurrencies: &[usize],
     ) -> BoxResult<()> {
-        let cad = Arc::new(redis::Script::new(
-            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-        ));
+        let bare = fencelock::testkit::BareRedisCycle::new();
         for &c in concurrencies {
             let run = self.run.clone();
             self.step(&format!("redis SET NX PX + CAD, concurrency {c}"));
-            let (conn, cad) = (conn.clone(), cad.clone());
+            let (conn, bare) = (conn.clone(), bare.clone());
             let cell = drive(
                 "ceiling",
                 "redis SET NX PX+CAD",
                 c,
                 self.args.duration,
                 move |w, i| {
-                    let (mut conn, cad) = (conn.clone(), cad.clone());
+                    let (mut conn, bare) = (conn.clone(), bare.clone());
                     let key = format!("bench:{run}:bare:{w}");
                     async move {
-                        let owner = i.to_string();
-                        let _: Option<String> = redis::cmd("SET")
-                            .arg(&key)
-                            .arg(&owner)
-                            .arg("NX")
-                            .arg("PX")
-                            .arg(10_000)
-                            .query_async(&mut conn)
-                            .await?;
-                        let _: i64 = cad.key(&key).arg(&owner).invoke_async(&mut conn).await?;
+                        bare.run(&mut conn, &key, &i.to_string()).await?;
                         Ok(())
                     }
                 },
