@@ -15,6 +15,9 @@ use super::workloads::Runner;
 /// The subject of the Go rows.
 pub const SUBJECT: &str = "etcd Go concurrency.Mutex";
 
+/// The subject of the Go rows on the local 3-member cluster.
+pub const SUBJECT_THREE: &str = "etcd 3 members Go concurrency.Mutex";
+
 /// The Go program, written into the temp dir and built there.
 const SOURCE: &str = include_str!("../../../../benches/go_mutex/main.go");
 
@@ -103,14 +106,14 @@ struct Output {
 
 impl Output {
     /// The run's cycles as the `workload` cell of the Go rows at `n` goroutines.
-    fn cell(&self, workload: &'static str, n: usize) -> BoxResult<Cell> {
+    fn cell(&self, workload: &'static str, subject: &'static str, n: usize) -> BoxResult<Cell> {
         let mut latencies = histogram()?;
         for &micros in &self.cycles {
             record(&mut latencies, Duration::from_micros(micros));
         }
         Ok(Cell::new(
             workload,
-            SUBJECT,
+            subject,
             n,
             &latencies,
             self.errors,
@@ -260,16 +263,19 @@ impl GoMutex {
 impl Runner<'_> {
     /// The Go peer's lock + release cycles on distinct names at concurrency `c`, one
     /// client and one session for all goroutines, after the same compaction as every
-    /// etcd cell.
+    /// etcd cell; `subject` names the row ([`SUBJECT`] for the single member,
+    /// [`SUBJECT_THREE`] for the 3-member cluster `endpoints` reach).
     pub async fn go_distinct(
         &mut self,
         peer: &GoMutex,
+        subject: &'static str,
         endpoints: &[String],
         c: usize,
     ) -> BoxResult<()> {
-        self.step(&format!("{SUBJECT} lock+release, concurrency {c}"));
+        self.step(&format!("{subject} lock+release, concurrency {c}"));
         self.settle().await?;
-        let prefix = format!("bench-go/{}/distinct-{c}", self.run);
+        let members = if subject == SUBJECT_THREE { "-3" } else { "" };
+        let prefix = format!("bench-go/{}/distinct{members}-{c}", self.run);
         let Some(output) = peer
             .run(endpoints, Mode::Distinct, c, self.args.duration, &prefix)
             .await
@@ -277,7 +283,7 @@ impl Runner<'_> {
             self.progress.inc(1);
             return Ok(());
         };
-        self.done(output.cell("distinct keys", c)?);
+        self.done(output.cell("distinct keys", subject, c)?);
         Ok(())
     }
 
@@ -300,7 +306,7 @@ impl Runner<'_> {
             self.progress.inc(1);
             return Ok(());
         };
-        let cell = output.cell("contended", w)?;
+        let cell = output.cell("contended", SUBJECT, w)?;
         // Release by one holder to the next holder running, in the order of the grants.
         output.grants.sort_unstable();
         let mut handoffs = histogram()?;

@@ -241,7 +241,9 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
             runner.distinct("etcd", locks.clone(), &c).await?;
             if let (Some(peer), Some(endpoints)) = (&go_peer, &targets.etcd) {
                 // The peer: Go's concurrency.Mutex, against the same etcd.
-                runner.go_distinct(peer, endpoints, c[0]).await?;
+                runner
+                    .go_distinct(peer, go_mutex::SUBJECT, endpoints, c[0])
+                    .await?;
             }
         }
         if let Some(locks) = &etcd_tls {
@@ -254,6 +256,12 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
                 .lock_rpc_on("etcd 3 members Lock RPC", locks.client().clone(), c[0])
                 .await?;
             runner.distinct("etcd 3 members", locks.clone(), &c).await?;
+            if let (Some(peer), Some(endpoints)) = (&go_peer, &targets.etcd_three_endpoints) {
+                // The peer on the same cluster: the bar at 64 tasks holds on 3 members too.
+                runner
+                    .go_distinct(peer, go_mutex::SUBJECT_THREE, endpoints, c[0])
+                    .await?;
+            }
         }
         if let (true, Some(locks)) = (wants("redis"), &redis) {
             runner.redis_ceiling(locks.connection(), &c).await?;
@@ -474,6 +482,10 @@ fn planned_cells(args: &BenchArgs, go_peer: bool) -> u64 {
     }
     if wants("etcd") && go_peer {
         cells += c + w;
+        if args.endpoints.etcd.is_none() && !args.cluster {
+            // The peer on the 3-member cluster too, at every concurrency above 1.
+            cells += args.concurrency.iter().filter(|c| **c > 1).count();
+        }
     }
     if wants("redis") {
         cells += c;

@@ -7,6 +7,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use super::go_mutex::SUBJECT as GO;
+use super::go_mutex::SUBJECT_THREE as GO_THREE;
 use super::stats::{Cell, Renewal};
 use super::targets::{Targets, on_off};
 use super::{BenchArgs, BoxResult};
@@ -270,6 +271,28 @@ impl Outcome {
                     ),
                     holds: r >= goal,
                 });
+            }
+            if let (Some(three), Some(go)) = (
+                self.cell("distinct keys", "etcd 3 members", c),
+                self.cell("distinct keys", GO_THREE, c),
+            ) {
+                let r = three.per_second / go.per_second;
+                ratios.push(ratio(
+                    format!("etcd lock / Go concurrency.Mutex cycles/s, 3 members, c={c}"),
+                    r,
+                ));
+                if c >= 64 {
+                    bars.push(Bar {
+                        bar: format!(
+                            "etcd lock cycles/s >= 1.5x Go's concurrency.Mutex on 3 members (c={c})"
+                        ),
+                        measured: format!(
+                            "{r:.2}x ({:.0} vs {:.0}/s)",
+                            three.per_second, go.per_second
+                        ),
+                        holds: r >= 1.5,
+                    });
+                }
             }
             if let (Some(three), Some(rpc)) = (
                 self.cell("distinct keys", "etcd 3 members", c),

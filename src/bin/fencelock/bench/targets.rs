@@ -37,6 +37,8 @@ pub struct Targets {
     /// A local 3-member cluster beside the single member, for the rows that show what
     /// the deployment users run costs; only when etcd is local and single.
     pub etcd_three: Option<EtcdConfig>,
+    /// The 3-member cluster's client URLs, for the Go peer's rows on it.
+    pub etcd_three_endpoints: Option<Vec<String>>,
     // Dropping these stops the local servers, also on error and Ctrl-C.
     _etcd: Option<EtcdCluster>,
     _etcd_tls: Option<(EtcdCluster, TestPki)>,
@@ -65,6 +67,7 @@ impl Targets {
             embedded_etcd: false,
             etcd_tls: None,
             etcd_three: None,
+            etcd_three_endpoints: None,
             _etcd: None,
             _etcd_tls: None,
             _etcd_three: None,
@@ -121,6 +124,7 @@ impl Targets {
                             .with_namespace("bench")
                             .with_request_timeout(Duration::from_secs(10)),
                     );
+                    targets.etcd_three_endpoints = Some(three.endpoints());
                     targets._etcd_three = Some(three);
                 }
             }
