@@ -17,6 +17,11 @@ async fn close_frees_the_locks_of_retired_sessions_too() {
     let other = locker(&cluster, &ns).await;
     let options = LockOptions::new().with_ttl(Duration::from_secs(30));
     let held = client.lock("y", &options).await.expect("lock");
+    let first = client
+        .session(Duration::from_secs(30))
+        .await
+        .expect("session")
+        .lease_id();
 
     // Path a keeps the join of "x" (the client's connection through a breaks, b refuses):
     // the call is dropped the moment a keeps its join, and the session (the one holding
@@ -39,6 +44,15 @@ async fn close_frees_the_locks_of_retired_sessions_too() {
     );
 
     paths.b.heal();
+    let now = client
+        .session(Duration::from_secs(30))
+        .await
+        .expect("a session through b")
+        .lease_id();
+    assert_ne!(
+        first, now,
+        "the session whose join was dropped in flight is retired"
+    );
     client.close().await.expect("close");
     assert_eq!(
         within(Duration::from_secs(5), "the guard hears", held.lost()).await,

@@ -251,8 +251,10 @@ impl GoMutex {
             Ok(output) => Some(output),
             Err(err) => {
                 eprintln!(
-                    "the Go concurrency.Mutex peer failed ({} {n}), its row is left out: {err}",
-                    mode.flag()
+                    "the Go concurrency.Mutex peer failed ({} {n}, {} member(s)), its row is \
+                     left out: {err}",
+                    mode.flag(),
+                    endpoints.len()
                 );
                 None
             }
@@ -274,8 +276,9 @@ impl Runner<'_> {
     ) -> BoxResult<()> {
         self.step(&format!("{subject} lock+release, concurrency {c}"));
         self.settle().await?;
-        let members = if subject == SUBJECT_THREE { "-3" } else { "" };
-        let prefix = format!("bench-go/{}/distinct{members}-{c}", self.run);
+        // Each row's keys under a prefix of its own (the clusters are apart anyway).
+        let row = subject.replace(' ', "-");
+        let prefix = format!("bench-go/{}/{row}/distinct-{c}", self.run);
         let Some(output) = peer
             .run(endpoints, Mode::Distinct, c, self.args.duration, &prefix)
             .await
