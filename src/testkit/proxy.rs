@@ -821,24 +821,32 @@ mod tests {
     /// rounds, in 3 runs of 3).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn what_a_hold_kept_goes_before_what_follows_it() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         for round in 0..500 {
-            let server = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-            let proxy = FaultProxy::start(server.local_addr().expect("address"))
+            // A round that stops (the kept bytes never released) fails instead of hanging.
+            tokio::time::timeout(Duration::from_secs(5), one_round(round))
                 .await
-                .expect("proxy");
-            let mut client = tokio::net::TcpStream::connect(proxy.address())
-                .await
-                .expect("connect");
-            let (mut upstream, _) = server.accept().await.expect("accept");
-            proxy.hold_requests();
-            client.write_all(b"A").await.expect("write");
-            proxy.requests_held(1).await;
-            proxy.resume();
-            client.write_all(b"B").await.expect("write");
-            let mut got = [0u8; 2];
-            upstream.read_exact(&mut got).await.expect("read");
-            assert_eq!(&got, b"AB", "round {round}");
+                .unwrap_or_else(|_| panic!("round {round} did not finish"));
         }
+    }
+
+    /// One round: hold, "A" kept, the hold ends, "B" sent at once; the server must get "AB".
+    async fn one_round(round: usize) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let server = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let proxy = FaultProxy::start(server.local_addr().expect("address"))
+            .await
+            .expect("proxy");
+        let mut client = tokio::net::TcpStream::connect(proxy.address())
+            .await
+            .expect("connect");
+        let (mut upstream, _) = server.accept().await.expect("accept");
+        proxy.hold_requests();
+        client.write_all(b"A").await.expect("write");
+        proxy.requests_held(1).await;
+        proxy.resume();
+        client.write_all(b"B").await.expect("write");
+        let mut got = [0u8; 2];
+        upstream.read_exact(&mut got).await.expect("read");
+        assert_eq!(&got, b"AB", "round {round}");
     }
 }
