@@ -12,10 +12,9 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use fencelock::etcd::EtcdLocker;
 use fencelock::redis::RedisLocker;
-use fencelock::testkit::{BareRedisCycle, EtcdCluster, RedisServer};
+use fencelock::testkit::{BareRedisCycle, EtcdCluster, RedisServer, bare_etcd_cycle};
 use fencelock::{LockBackend, LockGuard, LockOptions};
 
 struct Counting;
@@ -127,19 +126,7 @@ async fn etcd_rows(options: &LockOptions) -> Result<(), Box<dyn std::error::Erro
     let lease = client.lease_grant(60, None).await?.id();
     count("etcd bare txn + delete", |_| {
         let mut client = client.clone();
-        async move {
-            let key = "bare/k";
-            let txn = Txn::new()
-                .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(
-                    key,
-                    "",
-                    Some(PutOptions::new().with_lease(lease)),
-                )]);
-            client.txn(txn).await?;
-            client.delete(key, None).await?;
-            Ok(())
-        }
+        async move { Ok(bare_etcd_cycle(&mut client, "bare/k", lease).await?) }
     })
     .await?;
     Ok(())

@@ -10,10 +10,9 @@
 
 use std::time::Instant;
 
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use fencelock::etcd::EtcdLocker;
 use fencelock::redis::RedisLocker;
-use fencelock::testkit::{BareRedisCycle, EtcdCluster, RedisServer, cpu_time};
+use fencelock::testkit::{BareRedisCycle, EtcdCluster, RedisServer, bare_etcd_cycle, cpu_time};
 use fencelock::{LockBackend, LockGuard, LockOptions};
 
 const CYCLES: u32 = 3000;
@@ -71,19 +70,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let lease = client.lease_grant(60, None).await?.id();
     measure("etcd bare txn + delete", etcd_pid, |_| {
         let mut client = client.clone();
-        async move {
-            let key = "cycle-cost-bare/k";
-            let txn = Txn::new()
-                .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(
-                    key,
-                    "",
-                    Some(PutOptions::new().with_lease(lease)),
-                )]);
-            client.txn(txn).await?;
-            client.delete(key, None).await?;
-            Ok(())
-        }
+        async move { Ok(bare_etcd_cycle(&mut client, "cycle-cost-bare/k", lease).await?) }
     })
     .await?;
 

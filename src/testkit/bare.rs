@@ -2,7 +2,8 @@
 //! Redis lock cycle (`SET key owner NX PX` + a compare-and-delete script), with no token,
 //! no renewal, no loss detection. One definition for `fencelock bench`'s ceiling row and
 //! the examples that profile the client (`cycle_cost`, `concurrent_cost`, `alloc_count`,
-//! `latency`), so that they all measure the same two commands.
+//! `latency`), so that they all measure the same two commands; and the bare etcd cycle of
+//! the examples that count one cycle's cost.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,6 +55,31 @@ impl BareRedisCycle {
             .await?;
         Ok(())
     }
+}
+
+/// The bare etcd lock cycle of the examples that count one cycle's cost (`cycle_cost`,
+/// `alloc_count`): put `key` under `lease` if it is new, then delete it. (The bench's
+/// `txn+delete` ceiling and `concurrent_cost` also read the lock's prefix in the
+/// transaction, as the lock's acquire does.)
+///
+/// # Errors
+/// What etcd or the connection answered instead.
+pub async fn bare_etcd_cycle(
+    client: &mut etcd_client::Client,
+    key: &str,
+    lease: i64,
+) -> Result<(), etcd_client::Error> {
+    use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+    let txn = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(
+            key,
+            "",
+            Some(PutOptions::new().with_lease(lease)),
+        )]);
+    client.txn(txn).await?;
+    client.delete(key, None).await?;
+    Ok(())
 }
 
 /// CPU time (user + system) process `pid` has used so far, from `/proc/<pid>/stat`; zero
