@@ -33,7 +33,13 @@ pub(crate) async fn call<T>(
 /// Like [`call`], but retries a request that found its member unreachable (connection
 /// refused or reset: the client balances over every endpoint, so the next attempt may
 /// reach a live member) until `timeout` has passed since the first attempt, and a request
-/// that timed out once (a proposal dropped by a dying leader is never answered). Only for
+/// that timed out once (a proposal dropped by a dying leader is never answered). A retry
+/// after that timeout gets a window of its own: until `timeout` has passed since the
+/// timeout, a retry that finds its member unreachable is retried too. (The leader dies
+/// with a forwarded join in flight: the join times out after `timeout`, and its retry may
+/// be balanced to the dead member's refused port, before the member that would answer.
+/// Without its own window that refusal ended the call although a new leader had long been
+/// elected: `tests/etcd/retry_after_timeout.rs`.) Only for
 /// requests that are safe to apply twice: reads, deletes, revokes, and transactions
 /// guarded by a compare that an earlier attempt would make fail.
 ///
@@ -77,7 +83,9 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, etcd_client::Error>>,
 {
-    let started = tokio::time::Instant::now();
+    // Until when a request that found its member unreachable is retried: `timeout` after
+    // the first attempt, or after the one timeout that is retried.
+    let mut retry_until = tokio::time::Instant::now() + timeout;
     let mut attempt: u32 = 0;
     let mut timed_out = false;
     let mut ambiguous = false;
@@ -87,7 +95,9 @@ where
             ambiguous |= may_have_applied(err);
         }
         match result {
-            Err(err @ LockError::Unavailable { .. }) if started.elapsed() < timeout => {
+            Err(err @ LockError::Unavailable { .. })
+                if tokio::time::Instant::now() < retry_until =>
+            {
                 attempt += 1;
                 tracing::debug!(%err, attempt, "member unreachable; retrying");
                 let pause = (Duration::from_millis(25) * attempt).min(Duration::from_millis(250));
@@ -95,6 +105,8 @@ where
             }
             Err(err @ LockError::Timeout { .. }) if !timed_out => {
                 timed_out = true;
+                attempt = 0;
+                retry_until = tokio::time::Instant::now() + timeout;
                 tracing::debug!(%err, "no answer; retrying once");
             }
             result => return Attempts { result, ambiguous },
@@ -287,6 +299,56 @@ mod tests {
             etcd_client::Error::GRpcStatus(tonic::Status::internal("boom")),
         );
         assert!(matches!(other, LockError::Backend { .. }));
+    }
+
+    /// Attempts of a call: the first is never answered, the next `refused` find their
+    /// member unreachable, the rest succeed.
+    async fn attempt(n: u32, refused: u32) -> Result<(), etcd_client::Error> {
+        match n {
+            0 => std::future::pending().await,
+            n if n <= refused => Err(etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
+                "tcp connect error",
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_retry_after_a_timeout_rides_out_an_unreachable_member() {
+        let attempts = std::sync::atomic::AtomicU32::new(0);
+        let outcome = call_retrying_noting("acquire", Some("x"), Duration::from_secs(1), || {
+            attempt(
+                attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                2,
+            )
+        })
+        .await;
+        assert!(outcome.result.is_ok(), "{:?}", outcome.result);
+        assert!(outcome.ambiguous, "the first attempt's fate is unknown");
+        assert_eq!(attempts.into_inner(), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_retry_after_a_timeout_gives_up_when_its_own_window_ends() {
+        let started = tokio::time::Instant::now();
+        let attempts = std::sync::atomic::AtomicU32::new(0);
+        let outcome = call_retrying_noting("acquire", Some("x"), Duration::from_secs(1), || {
+            attempt(
+                attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                u32::MAX,
+            )
+        })
+        .await;
+        let err = outcome
+            .result
+            .expect_err("unreachable after the timeout throughout");
+        assert!(err.is_unavailable(), "{err}");
+        // The timeout at 1 s, then a second of retries, the last pause at most 250 ms.
+        let spent = started.elapsed();
+        assert!(
+            spent >= Duration::from_secs(2) && spent < Duration::from_millis(2_250),
+            "{spent:?}"
+        );
     }
 
     #[tokio::test]

@@ -31,6 +31,7 @@ mod mixed_primitives;
 mod mutual_exclusion;
 mod prefix_delete;
 mod release_answer_lost;
+mod retry_after_timeout;
 mod round_trips;
 mod rwlock;
 mod semaphore;
