@@ -37,11 +37,14 @@ pub(crate) async fn call<T>(
 /// after that timeout gets a window of its own: until `timeout` has passed since the
 /// timeout, a retry that finds its member unreachable is retried too. (The leader dies
 /// with a forwarded join in flight: the join times out after `timeout`, and its retry may
-/// be balanced to the dead member's refused port, before the member that would answer.
-/// Without its own window that refusal ended the call although a new leader had long been
-/// elected: `tests/etcd/retry_after_timeout.rs`.) Only for
-/// requests that are safe to apply twice: reads, deletes, revokes, and transactions
-/// guarded by a compare that an earlier attempt would make fail.
+/// be balanced to the dead member's refused port before a member that would answer.
+/// Without a window of its own that refusal ended the call, although a new leader had
+/// long been elected: `tests/etcd/retry_after_timeout.rs`.) At worst a call takes four
+/// times `timeout` plus half a second of pauses.
+///
+/// Only for requests that are safe to apply twice: reads, deletes, revokes, transactions
+/// guarded by a compare that an earlier attempt would make fail, and lease grants (a
+/// duplicate grant leaves an unused lease that runs out).
 ///
 /// A confirmed retry does **not** prove that an earlier attempt is dead: one that got no
 /// answer may still be applied later (a proposal a follower forwarded to the leader is
@@ -86,7 +89,8 @@ where
     // Until when a request that found its member unreachable is retried: `timeout` after
     // the first attempt, or after the one timeout that is retried.
     let mut retry_until = tokio::time::Instant::now() + timeout;
-    let mut attempt: u32 = 0;
+    // Attempts in all (for the log), and refusals in the current window (for the pause).
+    let (mut attempt, mut refused): (u32, u32) = (0, 0);
     let mut timed_out = false;
     let mut ambiguous = false;
     loop {
@@ -99,13 +103,15 @@ where
                 if tokio::time::Instant::now() < retry_until =>
             {
                 attempt += 1;
+                refused += 1;
                 tracing::debug!(%err, attempt, "member unreachable; retrying");
-                let pause = (Duration::from_millis(25) * attempt).min(Duration::from_millis(250));
+                let pause = (Duration::from_millis(25) * refused).min(Duration::from_millis(250));
                 tokio::time::sleep(pause).await;
             }
             Err(err @ LockError::Timeout { .. }) if !timed_out => {
                 timed_out = true;
-                attempt = 0;
+                attempt += 1;
+                refused = 0;
                 retry_until = tokio::time::Instant::now() + timeout;
                 tracing::debug!(%err, "no answer; retrying once");
             }
