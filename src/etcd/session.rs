@@ -99,21 +99,7 @@ impl Session {
         on_retire: Option<RetireHook>,
     ) -> Result<Self, LockError> {
         let timeout = config.request_timeout;
-        let seconds = i64::try_from(ttl.as_millis().div_ceil(1000)).unwrap_or(i64::MAX);
-        let sent = Clock::BOOT.now();
-        // A retried grant can at worst leave an unused lease to run out.
-        let grant = call_retrying("lease grant", None, timeout, || {
-            let mut client = client.clone();
-            async move { client.lease_grant(seconds, None).await }
-        })
-        .await?;
-        let granted = u64::try_from(grant.ttl())
-            .ok()
-            .filter(|s| *s > 0)
-            .ok_or_else(|| malformed("lease grant", None, "non-positive TTL"))?;
-        let ttl = Duration::from_secs(granted);
-        let lease_id = grant.id();
-        let clock = Arc::new(LeaseClock::new(Clock::BOOT, sent + ttl));
+        let (lease_id, ttl, clock) = grant(&client, &config, ttl).await?;
         let (notifier, loss) = loss_channel(Backend::Etcd);
         let notifier = Arc::new(notifier);
         let (stop_tx, stop_rx) = oneshot::channel();
@@ -196,6 +182,70 @@ impl Session {
         // Mark first: from now on no guard of this session may believe it holds a lock.
         self.inner.notifier.mark(LossReason::Closed);
         revoke(&self.inner.client, self.inner.lease_id, &self.inner.config).await
+    }
+}
+
+/// Grants a lease of `ttl` (rounded up to whole seconds): its id, its TTL, and its local
+/// deadline, counted from when the grant was sent (the server's TTL runs from some moment
+/// after that).
+///
+/// A grant answered after that deadline (it waited behind a slow member or a partition
+/// for longer than the TTL, with a request timeout longer than the TTL) is of no use: no
+/// renewal could be confirmed before the deadline, so every lock taken under it would
+/// come out lost. Such a lease is revoked in the background and granted again, once; a
+/// second late grant ends the call with a timeout (`late_lease_grant.rs`).
+async fn grant(
+    client: &Client,
+    config: &Arc<EtcdConfig>,
+    ttl: Duration,
+) -> Result<(i64, Duration, Arc<LeaseClock>), LockError> {
+    let timeout = config.request_timeout;
+    let seconds = i64::try_from(ttl.as_millis().div_ceil(1000)).unwrap_or(i64::MAX);
+    let started = Clock::BOOT.now();
+    let mut late = false;
+    loop {
+        let sent = Clock::BOOT.now();
+        // A retried grant can at worst leave an unused lease to run out.
+        let grant = call_retrying("lease grant", None, timeout, || {
+            let mut client = client.clone();
+            async move { client.lease_grant(seconds, None).await }
+        })
+        .await?;
+        let granted = u64::try_from(grant.ttl())
+            .ok()
+            .filter(|s| *s > 0)
+            .ok_or_else(|| malformed("lease grant", None, "non-positive TTL"))?;
+        let ttl = Duration::from_secs(granted);
+        let lease_id = grant.id();
+        let clock = Arc::new(LeaseClock::new(Clock::BOOT, sent + ttl));
+        if !clock.has_passed() {
+            return Ok((lease_id, ttl, clock));
+        }
+        tracing::debug!(
+            lease_id,
+            ?ttl,
+            "lease grant answered after its TTL; revoking it"
+        );
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (client, config) = (client.clone(), config.clone());
+            runtime.spawn(
+                async move {
+                    if let Err(err) = revoke(&client, lease_id, &config).await {
+                        tracing::debug!(%err, lease_id, "revoking a late grant failed");
+                    }
+                }
+                .in_current_span(),
+            );
+        }
+        if late {
+            return Err(LockError::Timeout {
+                backend: Backend::Etcd,
+                operation: "lease grant",
+                lock: None,
+                after: Clock::BOOT.now().saturating_duration_since(started),
+            });
+        }
+        late = true;
     }
 }
 
@@ -367,9 +417,12 @@ impl KeepAlive {
         let interval = self.ttl / 3;
         let answer_wait = answer_wait(interval);
         let mut stream: Option<Stream> = None;
-        let mut next_send = Instant::now() + interval;
         let loss = self.loss.clone();
         let clock = self.clock.clone();
+        // The first renewal comes a third of the TTL after the grant, or sooner if the
+        // grant's answer took long: its deadline counts from the grant's sending, and a
+        // renewal must be confirmed before it (`late_lease_grant.rs`).
+        let mut next_send = Instant::now() + interval.min(clock.remaining() / 2);
         loop {
             tokio::select! {
                 biased;

@@ -23,6 +23,7 @@ mod key_deleted;
 mod key_names;
 mod late_delete;
 mod late_join;
+mod late_lease_grant;
 mod leader_failover;
 mod lease_revoked;
 mod many_waiters;
