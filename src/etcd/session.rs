@@ -189,11 +189,12 @@ impl Session {
 /// deadline, counted from when the grant was sent (the server's TTL runs from some moment
 /// after that).
 ///
-/// A grant answered after that deadline (it waited behind a slow member or a partition
-/// for longer than the TTL, with a request timeout longer than the TTL) is of no use: no
-/// renewal could be confirmed before the deadline, so every lock taken under it would
-/// come out lost. Such a lease is revoked in the background and granted again, once; a
-/// second late grant ends the call with a timeout (`late_lease_grant.rs`).
+/// A grant answered so late that too little of that deadline is left to confirm a
+/// renewal ([`too_late`]: it waited behind a slow member or a partition with a request
+/// timeout longer than the TTL, or was retried after a timeout) is of no use: every lock
+/// taken under it would come out lost. Such a lease is revoked in the background and
+/// granted again, once; a second late grant ends the call with a timeout
+/// (`late_lease_grant.rs`). Opening a session can so take two grants' worth of retries.
 async fn grant(
     client: &Client,
     config: &Arc<EtcdConfig>,
@@ -218,25 +219,25 @@ async fn grant(
         let ttl = Duration::from_secs(granted);
         let lease_id = grant.id();
         let clock = Arc::new(LeaseClock::new(Clock::BOOT, sent + ttl));
-        if !clock.has_passed() {
+        let left = clock.remaining();
+        if !too_late(ttl, left) {
             return Ok((lease_id, ttl, clock));
         }
-        tracing::debug!(
+        tracing::warn!(
             lease_id,
             ?ttl,
-            "lease grant answered after its TTL; revoking it"
+            ?left,
+            "lease grant answered too late to be renewed; revoking it"
         );
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (client, config) = (client.clone(), config.clone());
-            runtime.spawn(
-                async move {
-                    if let Err(err) = revoke(&client, lease_id, &config).await {
-                        tracing::debug!(%err, lease_id, "revoking a late grant failed");
-                    }
+        let (client, config) = (client.clone(), config.clone());
+        tokio::spawn(
+            async move {
+                if let Err(err) = revoke(&client, lease_id, &config).await {
+                    tracing::debug!(%err, lease_id, "revoking a late grant failed");
                 }
-                .in_current_span(),
-            );
-        }
+            }
+            .in_current_span(),
+        );
         if late {
             return Err(LockError::Timeout {
                 backend: Backend::Etcd,
@@ -247,6 +248,19 @@ async fn grant(
         }
         late = true;
     }
+}
+
+/// Whether a lease of `ttl` whose deadline is `left` away is of no use: less is left
+/// than a renewal may wait for its answer, so none could be confirmed in time.
+fn too_late(ttl: Duration, left: Duration) -> bool {
+    left < answer_wait(ttl / 3)
+}
+
+/// Whether a renewal is due at once, rather than a renewal interval from now: less than
+/// two intervals are left, so waiting one would leave less than one to confirm it (a
+/// grant answered late; a fresh grant leaves about three).
+fn needs_renewal_now(interval: Duration, left: Duration) -> bool {
+    left < interval * 2
 }
 
 /// Revokes `lease_id`, trying another member when one refuses or does not answer (a
@@ -311,6 +325,9 @@ impl SessionInner {
     /// renewal is made first, so that the TTL counts from now (a lock without renewal that
     /// waited in line gets its whole TTL from the grant).
     pub(crate) async fn stop_renewing(&self, confirm: bool) {
+        // A grant answered late left less than its whole TTL (`late_lease_grant.rs`):
+        // renew once more so that the lock still gets its TTL from now.
+        let confirm = confirm || needs_renewal_now(self.ttl / 3, self.clock.remaining());
         let (done, settled) = oneshot::channel();
         if self
             .control
@@ -419,10 +436,15 @@ impl KeepAlive {
         let mut stream: Option<Stream> = None;
         let loss = self.loss.clone();
         let clock = self.clock.clone();
-        // The first renewal comes a third of the TTL after the grant, or sooner if the
+        // The first renewal comes a third of the TTL after the grant, or at once if the
         // grant's answer took long: its deadline counts from the grant's sending, and a
         // renewal must be confirmed before it (`late_lease_grant.rs`).
-        let mut next_send = Instant::now() + interval.min(clock.remaining() / 2);
+        let first = if needs_renewal_now(interval, clock.remaining()) {
+            Duration::ZERO
+        } else {
+            interval
+        };
+        let mut next_send = Instant::now() + first;
         loop {
             tokio::select! {
                 biased;
@@ -660,5 +682,26 @@ mod tests {
         assert!(drawn.iter().all(|d| *d >= pause / 2 && *d <= pause));
         let first = drawn[0];
         assert!(drawn.iter().any(|d| *d != first), "no two draws differ");
+    }
+
+    #[test]
+    fn a_grant_is_too_late_when_no_renewal_could_be_confirmed_in_time() {
+        let ttl = Duration::from_secs(6);
+        // A renewal of a 6 s lease waits at most 667 ms for its answer.
+        assert!(too_late(ttl, Duration::ZERO));
+        assert!(too_late(ttl, Duration::from_millis(600)));
+        assert!(!too_late(ttl, Duration::from_millis(700)));
+        assert!(!too_late(ttl, ttl));
+        // The wait is never under 250 ms, however short the TTL.
+        assert!(too_late(Duration::from_secs(1), Duration::from_millis(249)));
+    }
+
+    #[test]
+    fn a_late_grant_is_renewed_at_once_a_fresh_one_after_an_interval() {
+        let interval = Duration::from_secs(2);
+        assert!(!needs_renewal_now(interval, Duration::from_millis(5_990)));
+        assert!(!needs_renewal_now(interval, Duration::from_secs(4)));
+        assert!(needs_renewal_now(interval, Duration::from_millis(3_999)));
+        assert!(needs_renewal_now(interval, Duration::from_millis(1)));
     }
 }

@@ -1,14 +1,16 @@
-//! A lease grant can be answered late: kept behind a slow member or a partition, with a
-//! request timeout longer than the TTL. The session counts the lease's deadline from when
-//! the grant was sent, so a late answer leaves less of the TTL (or none) to the first
-//! renewal. A lock taken then must still be held and renewed, not come out lost: the first
-//! renewal comes early enough, and a grant answered after its whole TTL is revoked and
-//! granted again.
+//! A lease grant can be answered late: kept behind a slow member or a partition (with a
+//! request timeout longer than the TTL, or retried after a timeout). The session counts
+//! the lease's deadline from when the grant was sent, so a late answer leaves less of the
+//! TTL (or none) to the first renewal. A lock taken then must still be held and renewed,
+//! not come out lost: a late grant is renewed at once, one answered too late to be renewed
+//! in time is revoked and granted again, and a lock without renewal still gets its whole
+//! TTL.
 
 use std::time::Duration;
 
 use fencelock::testkit::FaultProxy;
 use fencelock::{LockBackend, LockGuard, LockOptions};
+use tokio::time::Instant;
 
 use crate::support::{address, locker_through, namespace, within};
 
@@ -19,11 +21,13 @@ struct Taken {
     _proxy: FaultProxy,
     guard: fencelock::etcd::EtcdGuard,
     etcd_client: etcd_client::Client,
+    /// When the kept grant went to etcd.
+    delivered: Instant,
 }
 
-/// Takes lock "x" with a TTL of `ttl` through a proxy that keeps the session's lease grant
-/// for `kept` before it reaches etcd.
-async fn lock_on_a_grant_kept_for(ttl: Duration, kept: Duration) -> Taken {
+/// Takes lock "x" with `options` through a proxy that keeps the session's lease grant for
+/// `kept` before it reaches etcd.
+async fn lock_on_a_grant_kept_for(options: LockOptions, kept: Duration) -> Taken {
     let cluster = crate::support::etcd().await;
     let ns = namespace("late-grant");
     let proxy = FaultProxy::start(address(&cluster.endpoint(0)))
@@ -31,7 +35,6 @@ async fn lock_on_a_grant_kept_for(ttl: Duration, kept: Duration) -> Taken {
         .expect("proxy");
     // Longer than what the grant is kept, so that the client waits for its answer.
     let client = locker_through(&proxy, &ns, Duration::from_secs(10)).await;
-    let options = LockOptions::new().with_ttl(ttl);
     proxy.hold_requests();
     let lock = client.lock("x", &options);
     tokio::pin!(lock);
@@ -46,6 +49,7 @@ async fn lock_on_a_grant_kept_for(ttl: Duration, kept: Duration) -> Taken {
     // The fault is the time itself: the grant stays unanswered this long.
     tokio::time::sleep(kept).await;
     // What was kept goes to etcd now, in order, and the rest flows again.
+    let delivered = Instant::now();
     proxy.resume();
     let guard = within(Duration::from_secs(10), "the lock call", lock)
         .await
@@ -56,7 +60,14 @@ async fn lock_on_a_grant_kept_for(ttl: Duration, kept: Duration) -> Taken {
         _proxy: proxy,
         guard,
         etcd_client,
+        delivered,
     }
+}
+
+/// The ids of the leases etcd has.
+async fn leases(client: &mut etcd_client::Client) -> Vec<i64> {
+    let leases = client.leases().await.expect("leases");
+    leases.leases().iter().map(|l| l.id()).collect()
 }
 
 /// The guard stays held for `longer` (more than what was left of its lease's first
@@ -71,35 +82,58 @@ async fn stays_held(guard: fencelock::etcd::EtcdGuard, longer: Duration) {
     crate::support::released(guard.release().await);
 }
 
+/// 6 s TTL, 4.8 s of it gone before the answer: 1.2 s left, enough to confirm a renewal
+/// (which waits at most 667 ms for its answer) but not to wait for the usual first one,
+/// a third of the TTL (2 s) after the grant.
+const TTL: Duration = Duration::from_secs(6);
+const KEPT: Duration = Duration::from_millis(4_800);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_answered_late_is_renewed_before_its_deadline() {
-    // 2.4 s of a 3 s TTL gone before the answer: the first renewal at a third of the TTL
-    // (1 s after the answer) would come after the deadline.
-    let taken =
-        lock_on_a_grant_kept_for(Duration::from_secs(3), Duration::from_millis(2_400)).await;
-    stays_held(taken.guard, Duration::from_millis(1_500)).await;
+    let mut taken = lock_on_a_grant_kept_for(LockOptions::new().with_ttl(TTL), KEPT).await;
+    // The late lease itself is used (not granted again): only it exists.
+    let lease = taken.guard.lease_id();
+    assert_eq!(leases(&mut taken.etcd_client).await, [lease]);
+    stays_held(taken.guard, Duration::from_secs(2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_without_renewal_on_a_late_grant_gets_its_whole_ttl() {
+    let options = LockOptions::new().with_ttl(TTL).with_renewal(false);
+    let taken = lock_on_a_grant_kept_for(options, KEPT).await;
+    let left = taken.guard.lease_remaining().expect("a lease");
+    // Its TTL counts from the grant of the lock, less the time the renewal took.
+    assert!(left > TTL * 2 / 3, "only {left:?} of a {TTL:?} TTL");
+    crate::support::released(taken.guard.release().await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_answered_after_its_ttl_is_revoked_and_granted_again() {
+    let ttl = Duration::from_secs(2);
     let Taken {
         _cluster,
         _proxy,
         guard,
         mut etcd_client,
-    } = lock_on_a_grant_kept_for(Duration::from_secs(1), Duration::from_millis(1_300)).await;
+        delivered,
+    } = lock_on_a_grant_kept_for(
+        LockOptions::new().with_ttl(ttl),
+        Duration::from_millis(2_300),
+    )
+    .await;
     let lease = guard.lease_id();
-    // The late lease is revoked in the background: only the guard's is left.
-    within(Duration::from_secs(10), "the late lease revoked", async {
-        loop {
-            let leases = etcd_client.leases().await.expect("leases");
-            let ids: Vec<i64> = leases.leases().iter().map(|l| l.id()).collect();
-            if ids == [lease] {
-                break;
-            }
+    // Only the guard's lease is left, and sooner than the late one would expire on its
+    // own (its TTL counts on the server from when it was delivered): it was revoked.
+    within(Duration::from_secs(10), "the late lease gone", async {
+        while leases(&mut etcd_client).await != [lease] {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await;
+    let gone_after = delivered.elapsed();
+    assert!(
+        gone_after < ttl,
+        "the late lease went after {gone_after:?}: expired, not revoked"
+    );
     stays_held(guard, Duration::from_millis(1_500)).await;
 }
