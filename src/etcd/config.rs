@@ -105,7 +105,8 @@ impl EtcdConfig {
     /// How long any single request may take. Default 5 s. Long-lived streams (watches,
     /// keep-alives) are not cut by it. A request that is safe to repeat is retried after
     /// a timeout and while members are unreachable, so a request may take up to four of
-    /// them, and opening a session (two lease grants at worst) eight (see `docs/etcd.md`,
+    /// them, and opening a session (two lease grants at worst) eight, each plus up to half
+    /// a second of pauses between attempts (see `docs/etcd.md`,
     /// "A leader's death costs a request one timeout").
     pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;

@@ -321,13 +321,11 @@ impl SessionInner {
         self.is_alive() && !self.retired.load(Ordering::Acquire)
     }
 
-    /// Ends renewal: from now on the lease runs out its TTL. With `confirm`, one more
-    /// renewal is made first, so that the TTL counts from now (a lock without renewal that
-    /// waited in line gets its whole TTL from the grant).
+    /// Ends renewal: from now on the lease runs out its TTL. With `confirm`, or when less
+    /// than two renewal intervals are left, one more renewal is made first, so that the
+    /// TTL counts from now (a lock without renewal that waited in line, or whose grant was
+    /// answered late, gets its whole TTL from the grant).
     pub(crate) async fn stop_renewing(&self, confirm: bool) {
-        // A grant answered late left less than its whole TTL (`late_lease_grant.rs`):
-        // renew once more so that the lock still gets its TTL from now.
-        let confirm = confirm || needs_renewal_now(self.ttl / 3, self.clock.remaining());
         let (done, settled) = oneshot::channel();
         if self
             .control
@@ -455,7 +453,11 @@ impl KeepAlive {
                     return self.notifier.mark(LossReason::Expired);
                 }
                 Some(Control::StopRenewing { confirm, done }) = control.recv() => {
-                    if confirm {
+                    // Also when less than two intervals are left: a grant answered late
+                    // whose first renewal (sent at once) failed or is still unanswered
+                    // (`late_lease_grant.rs`). Decided now, after any renewal this task
+                    // already made, so a confirmed one is not made twice.
+                    if confirm || needs_renewal_now(interval, clock.remaining()) {
                         if let Err(why) = self.reopen(answer_wait).await {
                             // The lease keeps the deadline of its last confirmed renewal.
                             tracing::debug!(?why, "last renewal before stopping failed");

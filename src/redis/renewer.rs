@@ -11,7 +11,7 @@
 //! or one lost answer must not cost a healthy holder its lock (issue 21).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -52,6 +52,9 @@ struct Shared {
     /// When the task next wakes, in nanoseconds since `base`: a new lock wakes the task
     /// only if it needs attention sooner, so taking a lock costs no scan of the others.
     planned_wake: AtomicU64,
+    /// A lock was registered with so little of its TTL left that it must be renewed at
+    /// once, not a tick from now: the next plan ticks at once (and clears this).
+    renew_now: AtomicBool,
     base: Instant,
 }
 
@@ -93,6 +96,7 @@ impl Renewer {
             next_id: AtomicU64::new(1),
             changed: Notify::new(),
             planned_wake: AtomicU64::new(u64::MAX),
+            renew_now: AtomicBool::new(false),
             base: Instant::now(),
         });
         let (stop_tx, stop_rx) = oneshot::channel();
@@ -123,8 +127,18 @@ impl Renewer {
         let deadline = sent + ttl.saturating_sub(self.drift(ttl));
         let clock = Arc::new(LeaseClock::new(Clock::BOOT, deadline));
         let expires = Clock::BOOT.tokio_instant(deadline);
-        let needs = if renew {
-            expires.min(Instant::now() + (ttl / 3).max(MIN_INTERVAL))
+        let interval = (ttl / 3).max(MIN_INTERVAL);
+        // Acquired late (the answer took long, and the deadline counts from the sending):
+        // waiting a whole interval for the first renewal would leave less than one to
+        // confirm it, or pass the deadline (`tests/redis/late_answer.rs`).
+        let late = renew && clock.remaining() < interval * 2;
+        if late {
+            self.shared.renew_now.store(true, Ordering::Release);
+        }
+        let needs = if late {
+            Instant::now()
+        } else if renew {
+            expires.min(Instant::now() + interval)
         } else {
             expires
         };
@@ -231,7 +245,13 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
 fn plan(shared: &Shared, next_tick: Instant) -> (Instant, Instant) {
     let held = held(shared);
     let (interval, earliest) = schedule(&held);
-    let next_tick = next_tick.min(Instant::now() + interval);
+    let next_tick = if shared.renew_now.swap(false, Ordering::AcqRel) {
+        // Once per late registration: a renewal that then fails is retried on the usual
+        // backoff, not in a loop.
+        Instant::now()
+    } else {
+        next_tick.min(Instant::now() + interval)
+    };
     shared
         .planned_wake
         .store(shared.nanos(next_tick.min(earliest)), Ordering::Release);

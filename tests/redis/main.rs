@@ -9,6 +9,7 @@ mod conformance;
 mod failover;
 mod inspect;
 mod invalid_input;
+mod late_answer;
 mod loss_during_renewal;
 mod redlock;
 mod redlock_slow_master;

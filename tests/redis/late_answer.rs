@@ -1,0 +1,55 @@
+//! An acquisition answered late (kept behind a slow link, with a request timeout longer
+//! than the TTL) holds a lock whose deadline counts from when the request was sent, so
+//! little of its TTL is left when the guard is handed out. The renewer must renew it at
+//! once, not a whole interval (a third of the TTL) later, after the deadline.
+
+use std::time::Duration;
+
+use fencelock::redis::{RedisConfig, RedisLocker};
+use fencelock::testkit::FaultProxy;
+use fencelock::{LockBackend, LockGuard, LockOptions};
+
+use crate::support::{prefix, redis, released, within};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_answered_late_is_renewed_before_its_deadline() {
+    let server = redis().await;
+    let prefix = prefix("late-answer");
+    let address = format!("127.0.0.1:{}", server.port())
+        .parse()
+        .expect("address");
+    let proxy = FaultProxy::start(address).await.expect("proxy");
+    let config = RedisConfig::new(format!("redis://{}/", proxy.address()))
+        .with_prefix(&prefix)
+        .with_request_timeout(Duration::from_secs(10));
+    let client = RedisLocker::connect(config).await.expect("connect");
+    // 6 s, 4.5 s of it gone before the answer: 1.5 s left (less the drift margin), less
+    // than the 2 s to the usual first renewal.
+    let options = LockOptions::new().with_ttl(Duration::from_secs(6));
+
+    proxy.hold_requests();
+    let lock = client.lock("job", &options);
+    tokio::pin!(lock);
+    within(Duration::from_secs(10), "the acquire is kept", async {
+        tokio::select! {
+            biased;
+            outcome = &mut lock => panic!("answered while kept: {outcome:?}"),
+            () = proxy.requests_held(1) => {}
+        }
+    })
+    .await;
+    // The fault is the time itself: the acquire stays unanswered this long.
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    proxy.resume();
+    let guard = within(Duration::from_secs(10), "the lock call", lock)
+        .await
+        .expect("a lock answered late");
+
+    assert!(guard.is_held(), "lost at once");
+    tokio::select! {
+        reason = guard.lost() => panic!("the lock was lost: {reason:?}"),
+        () = tokio::time::sleep(Duration::from_secs(2)) => {}
+    }
+    assert!(guard.is_held());
+    released(guard.release().await);
+}
