@@ -130,11 +130,13 @@ impl Renewer {
         let interval = (ttl / 3).max(MIN_INTERVAL);
         // Acquired late (the answer took long, and the deadline counts from the sending):
         // waiting a whole interval for the first renewal would leave less than one to
-        // confirm it, or pass the deadline (`tests/redis/late_answer.rs`).
-        let late = renew && clock.remaining() < interval * 2;
-        if late {
-            self.shared.renew_now.store(true, Ordering::Release);
-        }
+        // confirm it, or pass the deadline (`tests/redis/late_answer.rs`). A renewal
+        // already in flight is waited for first (at most its answer wait); a lock with
+        // nothing left is reported lost, not renewed. Acquisitions that are all late (a
+        // link slower than a third of the TTL) make renewal rounds follow each other at
+        // once rather than a tick apart: one round in flight at a time, never a loop.
+        let left = clock.remaining();
+        let late = renew && !left.is_zero() && left < interval * 2;
         let needs = if late {
             Instant::now()
         } else if renew {
@@ -158,6 +160,11 @@ impl Renewer {
                     clock: clock.clone(),
                 },
             );
+            if late {
+                // After the insert, under the map's lock (as `plan` reads it): the tick
+                // this asks for renews a snapshot that has this lock.
+                self.shared.renew_now.store(true, Ordering::Release);
+            }
             needs < self.shared.planned_wake.fetch_min(needs, Ordering::AcqRel)
         };
         if wake {
