@@ -35,7 +35,7 @@ async fn a_join_retried_after_a_timeout_rides_out_a_broken_connection() {
     tokio::pin!(lock);
     let retried = async {
         // Two requests kept: the join, and after its timeout an attempt of its retry
-        // (path b refuses, so any attempt before it failed there at once).
+        // (an attempt balanced to path b, which refuses, fails at once and is not kept).
         paths.a.requests_held(2).await;
         // The retry's connection breaks (a member that died), and path b opens: the
         // next attempt that reaches a live member gets the lock.
