@@ -5,18 +5,10 @@
 use std::time::Duration;
 
 use fencelock::redis::{RedisConfig, RedisLocker};
-use fencelock::testkit::{FaultProxy, RedisServer};
 use fencelock::{LockBackend, LockOptions};
 use tokio::time::Instant;
 
-use crate::support::{locker, prefix, redis, released, within};
-
-async fn proxy_to(server: &RedisServer) -> FaultProxy {
-    let address = format!("127.0.0.1:{}", server.port())
-        .parse()
-        .expect("address");
-    FaultProxy::start(address).await.expect("proxy")
-}
+use crate::support::{locker, prefix, proxy_to, redis, released, within};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_connection_cannot_stretch_a_wait_timeout() {

@@ -3,24 +3,17 @@
 
 use std::time::Duration;
 
-use fencelock::redis::{RedisConfig, RedisLocker};
-use fencelock::testkit::FaultProxy;
+use fencelock::redis::RedisLocker;
 use fencelock::{LockBackend, LockOptions};
 
-use crate::support::{prefix, redis, released, within};
+use crate::support::{locker_through, prefix, proxy_to, redis, released, within};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_in_flight_acquire_leaves_no_lock() {
     let server = redis().await;
     let prefix = prefix("abandoned");
-    let address = format!("127.0.0.1:{}", server.port())
-        .parse()
-        .expect("address");
-    let proxy = FaultProxy::start(address).await.expect("proxy");
-    let config = RedisConfig::new(format!("redis://{}/", proxy.address()))
-        .with_prefix(&prefix)
-        .with_request_timeout(Duration::from_secs(10));
-    let a = RedisLocker::connect(config).await.expect("connect");
+    let proxy = proxy_to(&server).await;
+    let a = locker_through(&proxy, &prefix, Duration::from_secs(10)).await;
     let long = LockOptions::new().with_ttl(Duration::from_secs(60));
 
     // The request is written and kept by the proxy; the caller gives up on it the moment

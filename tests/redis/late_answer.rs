@@ -7,24 +7,16 @@
 
 use std::time::Duration;
 
-use fencelock::redis::{RedisConfig, RedisLocker};
-use fencelock::testkit::FaultProxy;
 use fencelock::{LockBackend, LockGuard, LockOptions};
 
-use crate::support::{prefix, redis, released, within};
+use crate::support::{locker_through, prefix, proxy_to, redis, released, within};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_answered_late_is_renewed_before_its_deadline() {
     let server = redis().await;
     let prefix = prefix("late-answer");
-    let address = format!("127.0.0.1:{}", server.port())
-        .parse()
-        .expect("address");
-    let proxy = FaultProxy::start(address).await.expect("proxy");
-    let config = RedisConfig::new(format!("redis://{}/", proxy.address()))
-        .with_prefix(&prefix)
-        .with_request_timeout(Duration::from_secs(10));
-    let client = RedisLocker::connect(config).await.expect("connect");
+    let proxy = proxy_to(&server).await;
+    let client = locker_through(&proxy, &prefix, Duration::from_secs(10)).await;
     // 6 s, 4.5 s of it gone before the answer: 1.5 s left (less the drift margin), less
     // than the 2 s to the usual first renewal.
     let options = LockOptions::new().with_ttl(Duration::from_secs(6));

@@ -4,8 +4,8 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use fencelock::redis::RedisLocker;
-use fencelock::testkit::RedisServer;
+use fencelock::redis::{RedisConfig, RedisLocker};
+use fencelock::testkit::{FaultProxy, RedisServer};
 use fencelock::{LockError, ReleaseOutcome};
 
 pub async fn redis() -> RedisServer {
@@ -22,6 +22,29 @@ pub async fn locker(server: &RedisServer, prefix: &str) -> RedisLocker {
     RedisLocker::connect(server.config(prefix))
         .await
         .expect("connect to redis")
+}
+
+/// A fault proxy in front of `server`.
+pub async fn proxy_to(server: &RedisServer) -> FaultProxy {
+    let address = format!("127.0.0.1:{}", server.port())
+        .parse()
+        .expect("address");
+    FaultProxy::start(address).await.expect("proxy")
+}
+
+/// A locker that reaches Redis only through `proxy`, under `prefix`, with the given
+/// request timeout.
+pub async fn locker_through(
+    proxy: &FaultProxy,
+    prefix: &str,
+    request_timeout: Duration,
+) -> RedisLocker {
+    let config = RedisConfig::new(format!("redis://{}/", proxy.address()))
+        .with_prefix(prefix)
+        .with_request_timeout(request_timeout);
+    RedisLocker::connect(config)
+        .await
+        .expect("connect through the proxy")
 }
 
 /// Fails the test if `future` takes longer than `limit`.

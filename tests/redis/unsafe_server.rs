@@ -78,13 +78,7 @@ async fn a_token_counter_that_went_backwards_is_moved_forward() {
 async fn a_grant_lost_before_its_counter_moves_forward_gets_no_newer_token() {
     let server = redis().await;
     let prefix = prefix("regression-lost");
-    let proxy = fencelock::testkit::FaultProxy::start(
-        format!("127.0.0.1:{}", server.port())
-            .parse()
-            .expect("address"),
-    )
-    .await
-    .expect("proxy");
+    let proxy = crate::support::proxy_to(&server).await;
     let slow = RedisLocker::connect(
         RedisConfig::new(format!("redis://{}/", proxy.address())).with_prefix(&prefix),
     )
