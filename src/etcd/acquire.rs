@@ -65,10 +65,10 @@ pub(crate) async fn acquire(
     // and synced: followed before the join, the join's own read is all a wait needs, and a
     // grant needs no read to know its key's deletions will reach it.
     let early = match mode {
-        Mode::Wait { .. } if hub.is_open(&key.prefix) => Some(hub.subscribe(&key.prefix)),
+        Mode::Wait { .. } if hub.is_open(key.prefix()) => Some(hub.subscribe(key.prefix())),
         _ => None,
     };
-    let tracked = hub.track(&key.prefix, &key.key);
+    let tracked = hub.track(key.prefix(), &key.key);
     let acquisition = Acquisition {
         hub,
         owns_session,
@@ -228,7 +228,7 @@ impl Acquisition {
             }
             None => self
                 .hub
-                .hold(&key.prefix, &key.key, token.as_revision(), on_lost),
+                .hold(key.prefix(), &key.key, token.as_revision(), on_lost),
         };
         tracing::debug!(%token, waited, "lock acquired");
         if self.owns_session {
@@ -258,14 +258,14 @@ impl Acquisition {
         let Some(key) = cleanup.key() else {
             return;
         };
-        let name = key.name.clone();
+        let name = key.name().to_owned();
         let mut tracked = tracked;
         // The join's read is a starting point only if the subscription was in place before
         // it: a subscription made now may miss deletions dispatched in between, so the
         // wait reads again once it is in place.
         let (watch, known) = match early {
             Some(watch) => (watch, Some(known)),
-            None => (self.hub.subscribe(&key.prefix), None),
+            None => (self.hub.subscribe(key.prefix()), None),
         };
         let waiting = self.wait_in_line(key, token, known, watch, &mut tracked);
         let outcome = tokio::select! {
@@ -319,12 +319,12 @@ impl Acquisition {
             .with_max_create_revision(token.as_revision());
         call_retrying(
             "wait",
-            Some(&key.name),
+            Some(key.name()),
             inner.config.request_timeout,
             || {
                 let mut client = inner.kv.clone();
                 let options = options.clone();
-                async move { client.get(key.prefix.as_str(), Some(options)).await }
+                async move { client.get(&**key.prefix(), Some(options)).await }
             },
         )
         .await
@@ -344,7 +344,7 @@ impl Acquisition {
             .and_then(|key| key.inner().loss_reason())
             .unwrap_or(LossReason::KeyDeleted);
         LockError::LeaseLost {
-            lock: key.map(|key| key.name.clone()),
+            lock: key.map(|key| key.name().to_owned()),
             reason,
         }
     }

@@ -58,6 +58,7 @@ use tokio::time::Duration;
 use tracing::Instrument;
 
 use super::call::{Attempts, call_retrying_noting, may_have_applied};
+use super::keys::LockPath;
 use crate::{Backend, LockError};
 
 /// How many requests or batches of one session may be in flight at once before the next
@@ -91,19 +92,14 @@ pub(super) enum Request {
     /// Put `key` holding `value` under `lease` if it does not exist, and read the lock's
     /// prefix with `read` in the same revision; if it exists, read it back.
     Join {
-        name: String,
-        prefix: String,
-        key: String,
+        path: LockPath,
+        key: Arc<str>,
         value: Vec<u8>,
         lease: i64,
         read: GetOptions,
     },
     /// Delete exactly `key`.
-    Delete {
-        name: String,
-        prefix: String,
-        key: String,
-    },
+    Delete { path: LockPath, key: Arc<str> },
 }
 
 /// What etcd answered for one request.
@@ -128,13 +124,13 @@ pub(super) type Sent = Attempts<Answer>;
 impl Request {
     fn name(&self) -> &str {
         match self {
-            Self::Join { name, .. } | Self::Delete { name, .. } => name,
+            Self::Join { path, .. } | Self::Delete { path, .. } => path.name(),
         }
     }
 
     fn prefix(&self) -> &str {
         match self {
-            Self::Join { prefix, .. } | Self::Delete { prefix, .. } => prefix,
+            Self::Join { path, .. } | Self::Delete { path, .. } => path.prefix(),
         }
     }
 
@@ -161,8 +157,8 @@ impl Request {
     fn bytes(&self) -> usize {
         match self {
             Self::Join {
-                prefix, key, value, ..
-            } => prefix.len() + key.len() * 2 + value.len() + 64,
+                path, key, value, ..
+            } => path.prefix().len() + key.len() * 2 + value.len() + 64,
             Self::Delete { key, .. } => key.len() * 2 + 32,
         }
     }
@@ -186,25 +182,24 @@ impl Request {
     ) {
         match self {
             Self::Join {
-                prefix,
+                path,
                 key,
                 value,
                 lease,
                 read,
-                ..
             } => {
-                compares.push(Compare::create_revision(key.as_str(), CompareOp::Equal, 0));
+                compares.push(Compare::create_revision(&**key, CompareOp::Equal, 0));
                 let put = PutOptions::new().with_lease(*lease);
-                then.push(TxnOp::put(key.as_str(), value.clone(), Some(put)));
+                then.push(TxnOp::put(&**key, value.clone(), Some(put)));
                 then.push(TxnOp::get(
-                    prefix.as_str(),
+                    &**path.prefix(),
                     Some(read.clone().with_prefix()),
                 ));
-                otherwise.push(TxnOp::get(key.as_str(), None));
+                otherwise.push(TxnOp::get(&**key, None));
             }
             Self::Delete { key, .. } => {
-                then.push(TxnOp::delete(key.as_str(), None));
-                otherwise.push(TxnOp::delete(key.as_str(), None));
+                then.push(TxnOp::delete(&**key, None));
+                otherwise.push(TxnOp::delete(&**key, None));
             }
         }
     }
@@ -213,18 +208,18 @@ impl Request {
     async fn send_alone(&self, kv: &KvClient, timeout: Duration) -> Sent {
         match self {
             Self::Join {
-                name,
-                prefix,
+                path,
                 key,
                 value,
                 lease,
                 read,
             } => {
+                let prefix = path.prefix();
                 // Built once for the first attempt and again for a retry, not cloned per
                 // attempt: a deep clone of every key and option, on every join.
                 let mut first = Some(Self::join_txn(key, value, *lease, prefix, read));
                 let Attempts { result, ambiguous } =
-                    call_retrying_noting("acquire", Some(name), timeout, || {
+                    call_retrying_noting("acquire", Some(path.name()), timeout, || {
                         let mut kv = kv.clone();
                         let txn = first
                             .take()
@@ -242,11 +237,11 @@ impl Request {
                 });
                 Attempts { result, ambiguous }
             }
-            Self::Delete { name, key, .. } => {
+            Self::Delete { path, key } => {
                 let Attempts { result, ambiguous } =
-                    call_retrying_noting("release", Some(name), timeout, || {
+                    call_retrying_noting("release", Some(path.name()), timeout, || {
                         let mut kv = kv.clone();
-                        async move { kv.delete(key.as_str(), None).await }
+                        async move { kv.delete(&**key, None).await }
                     })
                     .await;
                 let result = result.map(|response| Answer::Delete {

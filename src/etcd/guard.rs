@@ -96,11 +96,11 @@ impl EtcdGuard {
     /// Runs `ops` in one etcd transaction that applies only while this guard still owns the
     /// lock (its key still has this guard's create revision). Returns
     /// [`LockError::NotHeld`] and applies nothing otherwise.
-    #[tracing::instrument(skip(self, ops), fields(backend = "etcd", lock = %self.key.name, token = %self.token))]
+    #[tracing::instrument(skip(self, ops), fields(backend = "etcd", lock = %self.key.name(), token = %self.token))]
     pub async fn txn_if_held(&self, ops: Vec<TxnOp>) -> Result<TxnResponse, LockError> {
         let txn = Txn::new()
             .when([Compare::create_revision(
-                self.key.key.as_str(),
+                &*self.key.key,
                 CompareOp::Equal,
                 self.token.as_revision(),
             )])
@@ -110,7 +110,7 @@ impl EtcdGuard {
         let timeout = inner.config.request_timeout;
         let response = call(
             "guarded txn",
-            Some(&self.key.name),
+            Some(self.key.name()),
             timeout,
             client.txn(txn),
         )
@@ -119,7 +119,7 @@ impl EtcdGuard {
             Ok(response)
         } else {
             Err(LockError::NotHeld {
-                name: self.key.name.clone(),
+                name: self.key.name().to_owned(),
                 token: self.token,
             })
         }
@@ -178,7 +178,7 @@ impl LockGuard for EtcdGuard {
     }
 
     fn name(&self) -> &str {
-        &self.key.name
+        self.key.name()
     }
 
     async fn lost(&self) -> LossReason {
@@ -205,7 +205,7 @@ impl LockGuard for EtcdGuard {
         })
     }
 
-    #[tracing::instrument(skip(self), fields(backend = "etcd", lock = %self.key.name, token = %self.token))]
+    #[tracing::instrument(skip(self), fields(backend = "etcd", lock = %self.key.name(), token = %self.token))]
     async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
         // What the guard knew before it let go: a key found gone after this was not
         // taken away before the release.

@@ -42,7 +42,7 @@ use tokio::time::Duration;
 
 use super::batch::{Answer, Request, Ticket};
 use super::call::{Attempts, malformed};
-use super::keys;
+use super::keys::{self, LockPath};
 use super::session::{Session, SessionInner};
 use crate::{FencingToken, LockError};
 
@@ -51,12 +51,11 @@ use crate::{FencingToken, LockError};
 #[derive(Debug)]
 pub(super) struct QueueKey {
     pub(super) session: Session,
-    /// The lock's name.
-    pub(super) name: String,
-    /// The lock's prefix, `<namespace>/<name>/`.
-    pub(super) prefix: String,
-    /// The full key, `<prefix><lease>-<slot>`.
-    pub(super) key: String,
+    /// The lock's prefix, `<namespace>/<name>/`, and its name: shared with the session's
+    /// slot table, this acquisition's requests and its watch.
+    pub(super) path: LockPath,
+    /// The full key, `<prefix><lease>-<slot>`, shared with its requests and its watch.
+    pub(super) key: Arc<str>,
     slot: u64,
     /// What the key holds: the kind's marker, or an election candidate's value.
     value: Vec<u8>,
@@ -94,13 +93,16 @@ pub(super) struct Deleted {
 impl QueueKey {
     /// A key for a new acquisition of lock `name` on `session`, holding `value`.
     pub(super) fn take(session: Session, name: &str, value: Vec<u8>) -> Self {
-        let prefix = keys::lock_prefix(&session.inner.config.namespace, name);
-        let slot = session.inner.slots.take(&prefix);
-        let key = keys::waiter_key(&prefix, session.inner.lease_id(), slot);
+        let namespace = &session.inner.config.namespace;
+        let (prefix, slot) = session
+            .inner
+            .slots
+            .take(&keys::lock_prefix(namespace, name));
+        let key = keys::waiter_key(&prefix, session.inner.lease_id(), slot).into();
+        let path = LockPath::new(prefix, namespace);
         Self {
             session,
-            name: name.to_owned(),
-            prefix,
+            path,
             key,
             slot,
             value,
@@ -110,20 +112,30 @@ impl QueueKey {
         }
     }
 
-    /// Moves the key out for a release that outlives its guard, leaving an empty husk
-    /// behind (the guard is marked released and never uses it again).
+    /// Moves the key out for a release that outlives its guard, leaving a husk behind
+    /// (sharing its names; the guard is marked released and never sends a request about
+    /// it again).
     pub(super) fn detach(&mut self) -> Self {
         Self {
             session: self.session.clone(),
-            name: std::mem::take(&mut self.name),
-            prefix: std::mem::take(&mut self.prefix),
-            key: std::mem::take(&mut self.key),
+            path: self.path.clone(),
+            key: self.key.clone(),
             slot: self.slot,
             value: std::mem::take(&mut self.value),
             join_unknown: self.join_unknown,
             spent: AtomicBool::new(self.spent.load(Ordering::Acquire)),
             join_ticket: self.join_ticket.clone(),
         }
+    }
+
+    /// The lock's name.
+    pub(super) fn name(&self) -> &str {
+        self.path.name()
+    }
+
+    /// The lock's prefix, `<namespace>/<name>/`.
+    pub(super) fn prefix(&self) -> &Arc<str> {
+        self.path.prefix()
     }
 
     pub(super) fn inner(&self) -> &SessionInner {
@@ -139,7 +151,10 @@ impl QueueKey {
     /// got no answer): the session is retired and the name never given back.
     pub(super) fn mark_join_unknown(&mut self) {
         if !self.join_unknown {
-            tracing::debug!(key = self.key, "join outcome unknown; retiring the session");
+            tracing::debug!(
+                key = &*self.key,
+                "join outcome unknown; retiring the session"
+            );
             self.join_unknown = true;
             self.spend();
             self.inner().retire();
@@ -172,14 +187,16 @@ impl QueueKey {
         self.join_ticket = Some(ticket.clone());
         let inner = self.inner();
         let request = Request::Join {
-            name: self.name.clone(),
-            prefix: self.prefix.clone(),
+            path: self.path.clone(),
             key: self.key.clone(),
             value: self.value.clone(),
             lease: inner.lease_id(),
             read,
         };
         let Attempts { result, ambiguous } = inner.batch.send(request, ticket).await;
+        // Once `send` returns, the request was sent (the ticket is claimed for good): there
+        // is nothing left to withdraw, and a held lock need not keep the ticket.
+        self.join_ticket = None;
         if ambiguous {
             self.mark_join_unknown();
         }
@@ -191,7 +208,7 @@ impl QueueKey {
             } => self.joined(succeeded, responses, revision),
             Answer::Delete { .. } => Err(malformed(
                 "acquire",
-                Some(self.name.as_str()),
+                Some(self.name()),
                 "a delete's answer for a join",
             )),
         };
@@ -212,7 +229,7 @@ impl QueueKey {
         responses: Vec<TxnOpResponse>,
         revision: Option<i64>,
     ) -> Result<Joined, LockError> {
-        let name = Some(self.name.as_str());
+        let name = Some(self.name());
         let header = revision;
         let mut responses = responses.into_iter();
         if !succeeded {
@@ -228,7 +245,7 @@ impl QueueKey {
                 return Err(LockError::Backend {
                     backend: crate::Backend::Etcd,
                     operation: "acquire",
-                    lock: Some(self.name.clone()),
+                    lock: Some(self.name().to_owned()),
                     source: format!(
                         "key {} already exists with another value; the session is retired",
                         self.key
@@ -255,8 +272,7 @@ impl QueueKey {
     pub(super) async fn delete(&self) -> Result<Deleted, LockError> {
         let inner = self.inner();
         let request = Request::Delete {
-            name: self.name.clone(),
-            prefix: self.prefix.clone(),
+            path: self.path.clone(),
             key: self.key.clone(),
         };
         let ticket = Arc::new(Ticket::default());
@@ -269,7 +285,7 @@ impl QueueKey {
             Answer::Join { .. } => {
                 return Err(malformed(
                     "release",
-                    Some(self.name.as_str()),
+                    Some(self.name()),
                     "a join's answer for a delete",
                 ));
             }
@@ -284,7 +300,7 @@ impl QueueKey {
     pub(super) fn deleted(&self) {
         self.give_back();
         if self.join_unknown {
-            super::late_joins::sweep(&self.session.inner, &self.name, &self.key);
+            super::late_joins::sweep(&self.session.inner, self.name(), &self.key);
         }
     }
 
@@ -292,7 +308,7 @@ impl QueueKey {
     /// acquisition, unless some request about it got no answer.
     pub(super) fn give_back(&self) {
         if !self.spent.load(Ordering::Acquire) {
-            self.inner().slots.give_back(&self.prefix, self.slot);
+            self.inner().slots.give_back(self.prefix(), self.slot);
         }
     }
 
@@ -314,12 +330,12 @@ impl QueueKey {
                     return None;
                 }
                 Err(err) => {
-                    tracing::debug!(%err, key = self.key, "could not remove our key; retrying");
+                    tracing::debug!(%err, key = &*self.key, "could not remove our key; retrying");
                     backoff.wait().await;
                 }
             }
         }
-        tracing::debug!(key = self.key, "session gone: its lease removes our key");
+        tracing::debug!(key = &*self.key, "session gone: its lease removes our key");
         None
     }
 }
@@ -386,7 +402,7 @@ impl Cleanup {
         if tokio::time::timeout(allowance, key.remove()).await.is_ok() {
             self.key = None;
         } else {
-            tracing::warn!(key = key.key, "queue entry not removed yet; still trying");
+            tracing::warn!(key = &*key.key, "queue entry not removed yet; still trying");
             // Dropped armed: the removal goes on in the background.
         }
     }

@@ -102,7 +102,7 @@ impl Acquisition {
                         covered = Some(revision);
                         if tracked.is_none() {
                             // The watch exists now: follow the key on it too.
-                            *tracked = self.hub.track(&key.prefix, &key.key);
+                            *tracked = self.hub.track(key.prefix(), &key.key);
                             if let Some(tracked) = tracked.as_ref() {
                                 tracked.settle(token.as_revision());
                             }
@@ -118,7 +118,7 @@ impl Acquisition {
                         {
                             return Ok(revision);
                         }
-                        watch = self.hub.subscribe(&key.prefix);
+                        watch = self.hub.subscribe(key.prefix());
                         known = None;
                         continue;
                     }
@@ -169,7 +169,7 @@ impl Acquisition {
                         {
                             return Ok(revision);
                         }
-                        watch = self.hub.subscribe(&key.prefix);
+                        watch = self.hub.subscribe(key.prefix());
                         covered = None;
                         known = None;
                         break;
@@ -193,7 +193,7 @@ impl Acquisition {
             EndReason::Refused(why) => Err(LockError::PermissionDenied {
                 backend: Backend::Etcd,
                 operation: "watch",
-                lock: Some(key.name.clone()),
+                lock: Some(key.name().to_owned()),
                 message: why,
             }),
             EndReason::Gap(why) => {

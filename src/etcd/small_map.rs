@@ -1,20 +1,22 @@
-//! A map for the few entries a lock watch has (its waiters, its keys): a vector searched
-//! in order. Most watches follow one key; a `HashMap` allocates room for four, and a
-//! client may follow 100,000 locks, so the one entry is kept in an allocation of its own
-//! size.
+//! A map for the few entries a lock watch has (its waiters, its keys): a boxed slice
+//! searched in order, sized to its entries. Most watches follow one key and no waiter; a
+//! `HashMap` allocates room for four, a `Vec` keeps a capacity word, and a client may
+//! follow 100,000 locks, so the one entry is kept in an allocation of its own size and an
+//! empty map is two words that allocate nothing. Inserting and removing reallocate: the
+//! maps are small, and they change when a waiter or a key comes or goes, not per event.
 
 use std::borrow::Borrow;
 
-/// A map kept as a vector of pairs; see the module docs.
+/// A map kept as a boxed slice of pairs; see the module docs.
 #[derive(Debug)]
 pub(crate) struct SmallMap<K, V> {
-    entries: Vec<(K, V)>,
+    entries: Box<[(K, V)]>,
 }
 
 impl<K, V> Default for SmallMap<K, V> {
     fn default() -> Self {
         Self {
-            entries: Vec::new(),
+            entries: Box::default(),
         }
     }
 }
@@ -30,11 +32,10 @@ impl<K: Eq, V> SmallMap<K, V> {
             slot.1 = value;
             return;
         }
-        if self.entries.capacity() == 0 {
-            // The first entry: room for exactly one (a push would reserve four).
-            self.entries.reserve_exact(1);
-        }
-        self.entries.push((key, value));
+        let mut entries = std::mem::take(&mut self.entries).into_vec();
+        entries.reserve_exact(1);
+        entries.push((key, value));
+        self.entries = entries.into_boxed_slice();
     }
 
     pub(crate) fn remove<Q>(&mut self, key: &Q) -> Option<V>
@@ -43,10 +44,9 @@ impl<K: Eq, V> SmallMap<K, V> {
         Q: Eq + ?Sized,
     {
         let at = self.entries.iter().position(|(k, _)| k.borrow() == key)?;
-        let (_, value) = self.entries.swap_remove(at);
-        if self.entries.is_empty() {
-            self.entries = Vec::new();
-        }
+        let mut entries = std::mem::take(&mut self.entries).into_vec();
+        let (_, value) = entries.swap_remove(at);
+        self.entries = entries.into_boxed_slice();
         Some(value)
     }
 
@@ -85,7 +85,7 @@ impl<K: Eq, V> SmallMap<K, V> {
     }
 
     pub(crate) fn clear(&mut self) {
-        self.entries = Vec::new();
+        self.entries = Box::default();
     }
 }
 

@@ -91,16 +91,17 @@ impl WatchHub {
 
     /// Follows the deletions under the lock prefix `prefix`, opening the lock's watch from
     /// now if it is not open. Dropping the subscription unsubscribes.
-    pub(crate) fn subscribe(&self, prefix: &str) -> Subscription {
+    pub(crate) fn subscribe(&self, prefix: &Arc<str>) -> Subscription {
+        let prefix = bytes(prefix);
         let (signals, receiver) = mpsc::unbounded_channel();
         let mut actions = Vec::new();
         let follower =
             self.shared
                 .state()
-                .subscribe(prefix.as_bytes(), signals, Instant::now(), &mut actions);
+                .subscribe(&prefix, signals, Instant::now(), &mut actions);
         self.shared.perform(actions);
         Subscription {
-            prefix: prefix.as_bytes().to_vec(),
+            prefix,
             follower,
             receiver,
             shared: self.shared.clone(),
@@ -108,22 +109,27 @@ impl WatchHub {
     }
 
     /// Follows `key` (not joined yet, or waiting) on the lock's watch, if it is open.
-    pub(crate) fn track(&self, prefix: &str, key: &str) -> Option<TrackedKey> {
-        let registered = self
-            .shared
-            .state()
-            .track(prefix.as_bytes(), key.as_bytes())?;
+    pub(crate) fn track(&self, prefix: &Arc<str>, key: &Arc<str>) -> Option<TrackedKey> {
+        let (prefix, key) = (bytes(prefix), bytes(key));
+        let registered = self.shared.state().track(&prefix, &key)?;
         Some(self.tracked(prefix, key, registered))
     }
 
     /// Follows `key`, granted at once with create revision `token`, for as long as it is
     /// held: on the lock's watch, opened from the revision after the grant if there is
     /// none.
-    pub(crate) fn hold(&self, prefix: &str, key: &str, token: i64, on_lost: OnLost) -> TrackedKey {
+    pub(crate) fn hold(
+        &self,
+        prefix: &Arc<str>,
+        key: &Arc<str>,
+        token: i64,
+        on_lost: OnLost,
+    ) -> TrackedKey {
+        let (prefix, key) = (bytes(prefix), bytes(key));
         let mut actions = Vec::new();
         let registered = self.shared.state().hold(
-            prefix.as_bytes(),
-            key.as_bytes(),
+            &prefix,
+            &key,
             token,
             Some(on_lost),
             Instant::now(),
@@ -133,10 +139,10 @@ impl WatchHub {
         self.tracked(prefix, key, registered)
     }
 
-    fn tracked(&self, prefix: &str, key: &str, registered: Registered) -> TrackedKey {
+    fn tracked(&self, prefix: Arc<[u8]>, key: Arc<[u8]>, registered: Registered) -> TrackedKey {
         TrackedKey {
-            prefix: prefix.as_bytes().to_vec(),
-            key: key.as_bytes().to_vec(),
+            prefix,
+            key,
             follower: registered.follower,
             loss: registered.loss,
             shared: self.shared.clone(),
@@ -144,12 +150,18 @@ impl WatchHub {
     }
 }
 
+/// The same allocation as bytes: the hub's tables key on bytes (what watch events carry),
+/// and share the acquisition's names instead of copying them.
+fn bytes(text: &Arc<str>) -> Arc<[u8]> {
+    Arc::from(text.clone())
+}
+
 /// One acquisition's key followed on its lock's watch, then its guard's: it learns when
 /// the key is deleted under a live lease. Dropping it stops following.
 #[derive(Debug)]
 pub(crate) struct TrackedKey {
-    prefix: Vec<u8>,
-    key: Vec<u8>,
+    prefix: Arc<[u8]>,
+    key: Arc<[u8]>,
     follower: u64,
     loss: Arc<KeyLoss>,
     shared: Arc<Shared>,
@@ -213,7 +225,7 @@ impl Drop for TrackedKey {
 /// One waiter's share of a lock watch.
 #[derive(Debug)]
 pub(crate) struct Subscription {
-    prefix: Vec<u8>,
+    prefix: Arc<[u8]>,
     follower: u64,
     receiver: mpsc::UnboundedReceiver<Signal>,
     shared: Arc<Shared>,

@@ -40,6 +40,10 @@ use tokio::time::{Duration, Instant};
 
 use super::small_map::SmallMap;
 
+/// A lock prefix or key as the tables keep it: shared with the acquisition that follows it
+/// (one client may follow 100,000 keys; a copy per table is a heap block each).
+pub(crate) type Name = Arc<[u8]>;
+
 /// How long a lock watch stays open after its last follower left: successive waits and
 /// grants on one lock (a busy queue) find it open and synced.
 pub(crate) const LINGER: Duration = Duration::from_secs(10);
@@ -235,7 +239,7 @@ struct LockWatch {
     /// The highest revision dispatched.
     last_dispatched: i64,
     waiters: SmallMap<u64, mpsc::UnboundedSender<Signal>>,
-    keys: SmallMap<Vec<u8>, KeyEntry>,
+    keys: SmallMap<Name, KeyEntry>,
     idle_since: Option<Instant>,
     /// The time of this watch's entry in [`HubState::timers`], if it has one.
     queued: Option<Instant>,
@@ -294,8 +298,8 @@ impl LockWatch {
 /// Everything the hub knows; see the module docs.
 #[derive(Debug, Default)]
 pub(crate) struct HubState {
-    locks: HashMap<Vec<u8>, LockWatch>,
-    by_id: HashMap<i64, Vec<u8>>,
+    locks: HashMap<Name, LockWatch>,
+    by_id: HashMap<i64, Name>,
     /// Watch ids asked for and not yet answered, in order: a refused watch is answered
     /// with id -1 (`v3rpc/watch.go`), so it is matched to the oldest one asked.
     pending: VecDeque<i64>,
@@ -307,9 +311,9 @@ pub(crate) struct HubState {
     /// entry per watch ([`LockWatch::queued`]); an entry whose watch changed since is
     /// checked again when it comes up. A heap, not a scan: one client may follow 100,000
     /// locks, and the task consults this on every turn.
-    timers: BinaryHeap<Reverse<(Instant, Vec<u8>)>>,
+    timers: BinaryHeap<Reverse<(Instant, Name)>>,
     /// Watches that failed and wait to be asked again (some may have recovered since).
-    failing: HashSet<Vec<u8>>,
+    failing: HashSet<Name>,
 }
 
 /// A key follower's registration: its number (to settle or drop it), and its loss flag.
@@ -343,17 +347,17 @@ impl HubState {
     /// The watch of `prefix`, asked for (from `start`, 0: now) if there is none.
     fn watch(
         &mut self,
-        prefix: &[u8],
+        prefix: &Name,
         start: i64,
         now: Instant,
         actions: &mut Vec<Action>,
     ) -> &mut LockWatch {
-        let watch = match self.locks.entry(prefix.to_vec()) {
+        let watch = match self.locks.entry(prefix.clone()) {
             std::collections::hash_map::Entry::Occupied(open) => open.into_mut(),
             std::collections::hash_map::Entry::Vacant(missing) => {
                 self.next_id += 1;
                 let id = self.next_id;
-                self.by_id.insert(id, prefix.to_vec());
+                self.by_id.insert(id, prefix.clone());
                 self.pending.push_back(id);
                 actions.push(Action::Open {
                     prefix: prefix.to_vec(),
@@ -371,7 +375,7 @@ impl HubState {
     /// hears [`Signal::Covered`] at once if the coverage is known, else when it is.
     pub(crate) fn subscribe(
         &mut self,
-        prefix: &[u8],
+        prefix: &Name,
         signals: mpsc::UnboundedSender<Signal>,
         now: Instant,
         actions: &mut Vec<Action>,
@@ -422,6 +426,9 @@ impl HubState {
     fn open_deferred(&mut self, prefix: &[u8], start: i64, actions: &mut Vec<Action>) {
         self.next_id += 1;
         let id = self.next_id;
+        let Some(name) = self.name(prefix) else {
+            return;
+        };
         let Some(watch) = self.locks.get_mut(prefix) else {
             return;
         };
@@ -434,7 +441,7 @@ impl HubState {
                 entry.covered_after = None;
             }
         }
-        self.by_id.insert(id, prefix.to_vec());
+        self.by_id.insert(id, name);
         self.pending.push_back(id);
         actions.push(Action::Open {
             prefix: prefix.to_vec(),
@@ -443,18 +450,28 @@ impl HubState {
         });
     }
 
+    /// The table's own copy of `prefix`, shared by its entries elsewhere.
+    fn name(&self, prefix: &[u8]) -> Option<Name> {
+        self.locks
+            .get_key_value(prefix)
+            .map(|(name, _)| name.clone())
+    }
+
     /// Puts `prefix`'s next due time (if any) in the timer queue, unless an entry no
     /// later than it is there already (that entry reschedules when it comes up).
     fn schedule(&mut self, prefix: &[u8]) {
-        let Some(watch) = self.locks.get_mut(prefix) else {
+        let Some((name, watch)) = self.locks.get_key_value(prefix) else {
             return;
         };
         let Some(due) = watch.due() else {
             return;
         };
         if watch.queued.is_none_or(|queued| queued > due) {
-            watch.queued = Some(due);
-            self.timers.push(Reverse((due, prefix.to_vec())));
+            let name = name.clone();
+            if let Some(watch) = self.locks.get_mut(prefix) {
+                watch.queued = Some(due);
+            }
+            self.timers.push(Reverse((due, name)));
         }
     }
 
@@ -480,7 +497,7 @@ impl HubState {
         while let Some(Reverse((at, prefix))) = self.timers.peek() {
             let live = self
                 .locks
-                .get(prefix.as_slice())
+                .get(prefix)
                 .is_some_and(|w| w.queued == Some(*at));
             if live {
                 break;
@@ -540,13 +557,13 @@ impl HubState {
     /// Follows `key` under `prefix` from now on, before its token is known (the join is
     /// yet to be answered, or a waiter has not read its place yet). The watch must exist
     /// (`open` first, or check [`is_open`](Self::is_open)); `None` otherwise.
-    pub(crate) fn track(&mut self, prefix: &[u8], key: &[u8]) -> Option<Registered> {
+    pub(crate) fn track(&mut self, prefix: &[u8], key: &Name) -> Option<Registered> {
         let follower = self.new_follower();
         let watch = self.locks.get_mut(prefix)?;
         watch.touch();
         let loss = Arc::new(KeyLoss::default());
         watch.keys.insert(
-            key.to_vec(),
+            key.clone(),
             KeyEntry {
                 id: follower,
                 token: None,
@@ -622,8 +639,8 @@ impl HubState {
     /// (so nothing is missed), else checks by read if the watch starts later.
     pub(crate) fn hold(
         &mut self,
-        prefix: &[u8],
-        key: &[u8],
+        prefix: &Name,
+        key: &Name,
         token: i64,
         on_lost: Option<OnLost>,
         now: Instant,
@@ -634,7 +651,7 @@ impl HubState {
             let open_at = now + DEFER;
             let mut deferred = LockWatch::new(0, token + 1, now);
             deferred.phase = Phase::Deferred(open_at);
-            self.locks.insert(prefix.to_vec(), deferred);
+            self.locks.insert(prefix.clone(), deferred);
             self.schedule(prefix);
             if self.planned_wake.is_none_or(|planned| planned > open_at) {
                 self.planned_wake = Some(open_at);
@@ -654,7 +671,7 @@ impl HubState {
             loss: loss.clone(),
         };
         let gap = entry.has_gap(watch.phase);
-        watch.keys.insert(key.to_vec(), entry);
+        watch.keys.insert(key.clone(), entry);
         if gap {
             actions.push(Action::Verify {
                 prefix: prefix.to_vec(),
@@ -743,7 +760,7 @@ impl HubState {
                 }
                 if gap {
                     actions.push(Action::Verify {
-                        prefix: prefix.clone(),
+                        prefix: prefix.to_vec(),
                     });
                 }
             }
@@ -758,7 +775,7 @@ impl HubState {
                 i += 1;
             }
             for key in &keys {
-                if let Some(entry) = watch.keys.get_mut(key) {
+                if let Some(entry) = watch.keys.get_mut(key.as_slice()) {
                     if entry.gone(revision) == Some(true) {
                         held_lost += 1;
                     }
@@ -812,6 +829,9 @@ impl HubState {
         actions: &mut Vec<Action>,
     ) {
         let id = self.new_id();
+        let Some(name) = self.name(prefix) else {
+            return;
+        };
         let Some(watch) = self.locks.get_mut(prefix) else {
             return;
         };
@@ -833,7 +853,7 @@ impl HubState {
         }
         if reopen && !watch.keys.is_empty() {
             watch.phase = Phase::Requested;
-            self.by_id.insert(id, prefix.to_vec());
+            self.by_id.insert(id, name);
             self.pending.push_back(id);
             actions.push(Action::Open {
                 prefix: prefix.to_vec(),
@@ -845,7 +865,7 @@ impl HubState {
             self.locks.remove(prefix);
         } else {
             watch.phase = Phase::Failing;
-            self.failing.insert(prefix.to_vec());
+            self.failing.insert(name);
         }
     }
 
@@ -854,7 +874,7 @@ impl HubState {
     /// yet is asked again from where it was asked.
     pub(crate) fn stream_broken(&mut self, actions: &mut Vec<Action>) {
         self.pending.clear();
-        let prefixes: Vec<Vec<u8>> = self
+        let prefixes: Vec<Name> = self
             .locks
             .iter()
             .filter(|(_, w)| !w.is_deferred())
@@ -875,7 +895,11 @@ impl HubState {
             watch.phase = Phase::Requested;
             self.by_id.insert(id, prefix.clone());
             self.pending.push_back(id);
-            actions.push(Action::Open { prefix, id, start });
+            actions.push(Action::Open {
+                prefix: prefix.to_vec(),
+                id,
+                start,
+            });
         }
     }
 
@@ -891,7 +915,7 @@ impl HubState {
 
     /// Asks again for the watches that failed (called after a pause).
     pub(crate) fn retry_failing(&mut self, actions: &mut Vec<Action>) {
-        let failing: Vec<Vec<u8>> = self.failing.drain().collect();
+        let failing: Vec<Name> = self.failing.drain().collect();
         for prefix in failing {
             let id = self.new_id();
             if let Some(watch) = self
@@ -904,7 +928,7 @@ impl HubState {
                 self.by_id.insert(id, prefix.clone());
                 self.pending.push_back(id);
                 actions.push(Action::Open {
-                    prefix,
+                    prefix: prefix.to_vec(),
                     id,
                     start: 0,
                 });
@@ -938,7 +962,7 @@ impl HubState {
         let live: HashMap<&[u8], i64> = live.iter().map(|(k, c)| (k.as_slice(), *c)).collect();
         let mut held_lost = 0;
         for (key, entry) in watch.keys.iter_mut() {
-            let lost = match live.get(key.as_slice()) {
+            let lost = match live.get(&**key) {
                 // Another key of the same name: ours went before it.
                 Some(created) if entry.token.is_some_and(|t| t != *created) => entry.gone(revision),
                 Some(_) => None,
@@ -965,10 +989,14 @@ mod tests {
 
     const P: &[u8] = b"ns/x/";
 
+    fn name(bytes: &[u8]) -> Name {
+        Arc::from(bytes)
+    }
+
     fn open_now(state: &mut HubState, now: Instant) -> (u64, mpsc::UnboundedReceiver<Signal>, i64) {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut actions = Vec::new();
-        let follower = state.subscribe(P, tx, now, &mut actions);
+        let follower = state.subscribe(&name(P), tx, now, &mut actions);
         let id = match actions.as_slice() {
             [Action::Open { id, start: 0, .. }] => *id,
             other => panic!("{other:?}"),
@@ -997,7 +1025,7 @@ mod tests {
         created(&mut state, id, 90);
         deleted(&mut state, id, &[(b"ns/x/a", 101)]);
         let (tx, mut rx) = mpsc::unbounded_channel();
-        state.subscribe(P, tx, now, &mut Vec::new());
+        state.subscribe(&name(P), tx, now, &mut Vec::new());
         match rx.try_recv() {
             Ok(Signal::Covered(revision)) => assert!(revision >= 101, "covered from {revision}"),
             other => panic!("{other:?}"),
@@ -1037,7 +1065,7 @@ mod tests {
         created(&mut state, id, 10);
         let key = b"ns/x/k-0";
         let mut actions = Vec::new();
-        let tracked = state.track(P, key).expect("watch open");
+        let tracked = state.track(P, &name(key)).expect("watch open");
         // The name's previous key is deleted before the join is answered.
         deleted(&mut state, id, &[(key, 11)]);
         assert!(!state.settle_token(P, key, tracked.follower, 12));
@@ -1056,7 +1084,7 @@ mod tests {
         let (_f, _rx, id) = open_now(&mut state, now);
         created(&mut state, id, 10);
         let key = b"ns/x/k-0";
-        let tracked = state.track(P, key).expect("watch open");
+        let tracked = state.track(P, &name(key)).expect("watch open");
         // Joined at 12 and deleted at 13, before the join's answer arrived.
         deleted(&mut state, id, &[(key, 13)]);
         assert!(state.settle_token(P, key, tracked.follower, 12));
@@ -1068,7 +1096,7 @@ mod tests {
         let now = Instant::now();
         let mut state = HubState::default();
         let mut actions = Vec::new();
-        let held = state.hold(P, b"ns/x/k-0", 41, None, now, &mut actions);
+        let held = state.hold(&name(P), &name(b"ns/x/k-0"), 41, None, now, &mut actions);
         assert_eq!(
             actions,
             vec![Action::Wake],
@@ -1084,7 +1112,7 @@ mod tests {
         assert!(!held.loss.is_lost());
         // A waiter that joined at 45 is covered from 41: its join's read is enough.
         let (tx, mut rx) = mpsc::unbounded_channel();
-        state.subscribe(P, tx, now, &mut Vec::new());
+        state.subscribe(&name(P), tx, now, &mut Vec::new());
         assert_eq!(rx.try_recv(), Ok(Signal::Covered(41)));
     }
 
@@ -1092,7 +1120,7 @@ mod tests {
     fn a_short_hold_never_asks_the_server_for_a_watch() {
         let now = Instant::now();
         let mut state = HubState::default();
-        let held = state.hold(P, b"ns/x/k-0", 41, None, now, &mut Vec::new());
+        let held = state.hold(&name(P), &name(b"ns/x/k-0"), 41, None, now, &mut Vec::new());
         let mut actions = Vec::new();
         state.untrack(P, b"ns/x/k-0", held.follower, now, &mut actions);
         assert!(
@@ -1104,7 +1132,7 @@ mod tests {
         assert_eq!(state.watched(), 0);
         // The next grant arms a new one; the task is already due to wake, no new wake-up.
         let mut actions = Vec::new();
-        state.hold(P, b"ns/x/k-0", 50, None, now, &mut actions);
+        state.hold(&name(P), &name(b"ns/x/k-0"), 50, None, now, &mut actions);
         assert!(actions.is_empty(), "{actions:?}");
     }
 
@@ -1112,10 +1140,10 @@ mod tests {
     fn a_waiter_on_a_deferred_watch_opens_it_from_now_and_held_keys_are_checked() {
         let now = Instant::now();
         let mut state = HubState::default();
-        state.hold(P, b"ns/x/k-0", 41, None, now, &mut Vec::new());
+        state.hold(&name(P), &name(b"ns/x/k-0"), 41, None, now, &mut Vec::new());
         let (tx, _rx) = mpsc::unbounded_channel();
         let mut actions = Vec::new();
-        state.subscribe(P, tx, now, &mut actions);
+        state.subscribe(&name(P), tx, now, &mut actions);
         let id = match actions.as_slice() {
             [Action::Open { start: 0, id, .. }] => *id,
             other => panic!("{other:?}"),
@@ -1132,7 +1160,7 @@ mod tests {
         let (_f, _rx, id) = open_now(&mut state, now);
         created(&mut state, id, 50);
         let mut actions = Vec::new();
-        let held = state.hold(P, b"ns/x/k-0", 41, None, now, &mut actions);
+        let held = state.hold(&name(P), &name(b"ns/x/k-0"), 41, None, now, &mut actions);
         assert!(
             matches!(actions.as_slice(), [Action::Verify { .. }]),
             "{actions:?}"
@@ -1168,7 +1196,7 @@ mod tests {
         let mut state = HubState::default();
         let (_f, mut rx, id) = open_now(&mut state, now);
         created(&mut state, id, 10);
-        let tracked = state.track(P, b"ns/x/k").expect("open");
+        let tracked = state.track(P, &name(b"ns/x/k")).expect("open");
         state.settle_token(P, b"ns/x/k", tracked.follower, 11);
         state.hold_tracked(P, b"ns/x/k", tracked.follower, 11, None, &mut Vec::new());
         let mut actions = Vec::new();
@@ -1242,7 +1270,7 @@ mod tests {
         let (tx, _rx2) = mpsc::unbounded_channel();
         let mut actions = Vec::new();
         let later = now + Duration::from_secs(1);
-        let again = state.subscribe(P, tx, later, &mut actions);
+        let again = state.subscribe(&name(P), tx, later, &mut actions);
         assert!(actions.is_empty(), "the open watch serves: {actions:?}");
         state.unsubscribe(P, again, later, &mut Vec::new());
         state.run_timers(now + LINGER, &mut actions);
