@@ -116,7 +116,7 @@ impl QueueKey {
     /// (sharing its names; the guard is marked released and never sends a request about
     /// it again).
     pub(super) fn detach(&mut self) -> Self {
-        Self {
+        let detached = Self {
             session: self.session.clone(),
             path: self.path.clone(),
             key: self.key.clone(),
@@ -125,7 +125,11 @@ impl QueueKey {
             join_unknown: self.join_unknown,
             spent: AtomicBool::new(self.spent.load(Ordering::Acquire)),
             join_ticket: self.join_ticket.clone(),
-        }
+        };
+        // The husk shares the key's names, and the release that goes on may leave the
+        // name spent: the husk must never give the slot back.
+        self.spend();
+        detached
     }
 
     /// The lock's name.
@@ -194,11 +198,14 @@ impl QueueKey {
             read,
         };
         let Attempts { result, ambiguous } = inner.batch.send(request, ticket).await;
-        // Once `send` returns, the request was sent (the ticket is claimed for good): there
-        // is nothing left to withdraw, and a held lock need not keep the ticket.
-        self.join_ticket = None;
         if ambiguous {
+            // The ticket is kept: a batch task that stopped (`abandon`) leaves its queue
+            // unclaimed, and a cleanup can still withdraw what was never sent.
             self.mark_join_unknown();
+        } else {
+            // Answered, so sent (the ticket is claimed for good): nothing is left to
+            // withdraw, and a held lock need not keep the ticket.
+            self.join_ticket = None;
         }
         let joined = match result? {
             Answer::Join {

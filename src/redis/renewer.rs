@@ -35,6 +35,11 @@ struct Held {
     owner: Arc<str>,
     ttl: Duration,
     renew: bool,
+    /// Registered with less than two intervals of its TTL left (answered late): renewed
+    /// in the next round, alone with the other urgent locks if no full round is due, and
+    /// also without `renew` (once: it then keeps its whole TTL, as etcd's does), until a
+    /// renewal of it is confirmed.
+    urgent: bool,
     notifier: LossNotifier,
     clock: Arc<LeaseClock>,
 }
@@ -53,7 +58,8 @@ struct Shared {
     /// only if it needs attention sooner, so taking a lock costs no scan of the others.
     planned_wake: AtomicU64,
     /// A lock was registered with so little of its TTL left that it must be renewed at
-    /// once, not a tick from now: the next plan ticks at once (and clears this).
+    /// once, not a tick from now: the next plan ticks at once, and the round that takes
+    /// its snapshot clears this (under the map's lock, as it is set).
     renew_now: AtomicBool,
     base: Instant,
 }
@@ -113,8 +119,8 @@ impl Renewer {
     }
 
     /// Starts tracking a lock granted by a request sent at `sent` (on [`Clock::BOOT`]).
-    /// With `renew` it is renewed every tick; either way it is reported lost when its time
-    /// runs out.
+    /// With `renew` it is renewed every tick; either way it is renewed at once if it was
+    /// answered late, and reported lost when its time runs out.
     pub(crate) fn register(
         &self,
         key: Arc<str>,
@@ -130,13 +136,15 @@ impl Renewer {
         let interval = (ttl / 3).max(MIN_INTERVAL);
         // Acquired late (the answer took long, and the deadline counts from the sending):
         // waiting a whole interval for the first renewal would leave less than one to
-        // confirm it, or pass the deadline (`tests/redis/late_answer.rs`). A renewal
-        // already in flight is waited for first (at most its answer wait); a lock with
-        // nothing left is reported lost, not renewed. Acquisitions that are all late (a
-        // link slower than a third of the TTL) make renewal rounds follow each other at
-        // once rather than a tick apart: one round in flight at a time, never a loop.
+        // confirm it, or pass the deadline; a lock without renewal would keep only what is
+        // left of its TTL (`tests/redis/late_answer.rs`). It is renewed in a round of the
+        // urgent locks alone, at once (after a round in flight, at most its answer wait);
+        // a lock with nothing left is reported lost, not renewed. Acquisitions that are
+        // all late (a link slower than a third of the TTL) make such rounds follow each
+        // other, each of the locks not yet confirmed: one round in flight at a time,
+        // never a loop.
         let left = clock.remaining();
-        let late = renew && !left.is_zero() && left < interval * 2;
+        let late = !left.is_zero() && left < interval * 2;
         let needs = if late {
             Instant::now()
         } else if renew {
@@ -156,13 +164,14 @@ impl Renewer {
                     owner,
                     ttl,
                     renew,
+                    urgent: late,
                     notifier,
                     clock: clock.clone(),
                 },
             );
             if late {
-                // After the insert, under the map's lock (as `plan` reads it): the tick
-                // this asks for renews a snapshot that has this lock.
+                // After the insert, under the map's lock (as `plan` reads it and the
+                // round's snapshot clears it): the round this asks for has this lock.
                 self.shared.renew_now.store(true, Ordering::Release);
             }
             needs < self.shared.planned_wake.fetch_min(needs, Ordering::AcqRel)
@@ -202,23 +211,24 @@ fn attempt_wait(interval: Duration, request_timeout: Duration) -> Duration {
 }
 
 async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
+    // The next full round: ticks follow from the last one; `plan` only brings them forward.
     let mut next_tick = Instant::now() + FAR;
     // Failed or unanswered renewal attempts in a row.
     let mut failures = 0u32;
     loop {
-        let earliest;
-        (next_tick, earliest) = plan(&shared, next_tick);
+        let planned = plan(&shared, next_tick);
+        next_tick = planned.full;
         tokio::select! {
             biased;
             _ = &mut stop => return,
             () = shared.changed.notified() => {}
-            () = tokio::time::sleep_until(earliest) => expire_due(&shared),
-            () = tokio::time::sleep_until(next_tick) => {
+            () = tokio::time::sleep_until(planned.earliest) => expire_due(&shared),
+            () = tokio::time::sleep_until(planned.tick) => {
                 // A renewal can hang for the request timeout (a partition); deadlines
                 // passing meanwhile must still be reported on time, not when it returns,
                 // including the deadlines of locks registered while it hangs.
                 let wait = attempt_wait(schedule(&held(&shared)).0, shared.request_timeout);
-                let renewal = renew_all(&shared, wait);
+                let renewal = renew_all(&shared, wait, planned.urgent_only);
                 tokio::pin!(renewal);
                 let confirmed = loop {
                     let earliest = plan_during_renewal(&shared);
@@ -231,38 +241,63 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
                     }
                 };
                 expire_due(&shared);
-                // Ticks follow from the last one; `plan` only ever brings them forward. A
-                // renewal that was not confirmed is retried soon, not a tick later.
-                next_tick = if confirmed {
-                    failures = 0;
-                    Instant::now() + FAR
-                } else {
+                // A renewal that was not confirmed is retried soon (as a full round), not a
+                // tick later. A round of the urgent locks alone leaves the full round where
+                // it was.
+                next_tick = if !confirmed {
                     failures = failures.saturating_add(1);
                     let pause = backoff(failures, wait);
                     tracing::debug!(failures, ?pause, "renewal not confirmed; retrying");
                     Instant::now() + pause
+                } else if planned.urgent_only {
+                    failures = 0;
+                    next_tick
+                } else {
+                    failures = 0;
+                    Instant::now() + FAR
                 };
             }
         }
     }
 }
 
-/// The next tick (no later than `next_tick`) and when to check the deadlines next, with
-/// the wake-up time published under the map's lock.
-fn plan(shared: &Shared, next_tick: Instant) -> (Instant, Instant) {
+/// What the task waits for next.
+struct Planned {
+    /// The next full round (no later than asked, nor than an interval from now).
+    full: Instant,
+    /// The next round: the full one, or at once for urgent locks alone.
+    tick: Instant,
+    /// Whether the next round renews only the urgent locks (a full one is not due yet).
+    urgent_only: bool,
+    /// When to check the deadlines next.
+    earliest: Instant,
+}
+
+/// The next rounds and deadline check, with the wake-up time published under the map's
+/// lock.
+fn plan(shared: &Shared, next_tick: Instant) -> Planned {
     let held = held(shared);
     let (interval, earliest) = schedule(&held);
-    let next_tick = if shared.renew_now.swap(false, Ordering::AcqRel) {
-        // Once per late registration: a renewal that then fails is retried on the usual
-        // backoff, not in a loop.
-        Instant::now()
+    let now = Instant::now();
+    let full = next_tick.min(now + interval);
+    // Left set until a round's snapshot takes it (under this lock): a plan made again
+    // before the tick (another registration woke the task) still ticks at once. A round
+    // that then fails is retried on the usual backoff, not in a loop.
+    let urgent = shared.renew_now.load(Ordering::Acquire);
+    let (tick, urgent_only) = if urgent && full > now {
+        (now, true)
     } else {
-        next_tick.min(Instant::now() + interval)
+        (full, false)
     };
     shared
         .planned_wake
-        .store(shared.nanos(next_tick.min(earliest)), Ordering::Release);
-    (next_tick, earliest)
+        .store(shared.nanos(tick.min(earliest)), Ordering::Release);
+    Planned {
+        full,
+        tick,
+        urgent_only,
+        earliest,
+    }
 }
 
 /// While a renewal is in flight there is no tick to plan: only deadlines, published so
@@ -276,13 +311,14 @@ fn plan_during_renewal(shared: &Shared) -> Instant {
     earliest
 }
 
-/// (tick interval, when to check the deadlines next) over the tracked locks. Deadlines
+/// (tick interval, when to check the deadlines next) over the tracked locks: the interval
+/// of the renewing and urgent ones (an urgent lock's renewal is retried at its pace). Deadlines
 /// are on the suspend-aware clock, timers are not: with locks held, look at least every
 /// [`RECHECK`].
 fn schedule(held: &HashMap<u64, Held>) -> (Duration, Instant) {
     let interval = held
         .values()
-        .filter(|h| h.renew)
+        .filter(|h| h.renew || h.urgent)
         .map(|h| (h.ttl / 3).max(MIN_INTERVAL))
         .min()
         .unwrap_or(FAR);
@@ -299,16 +335,12 @@ fn schedule(held: &HashMap<u64, Held>) -> (Duration, Instant) {
     (interval, earliest)
 }
 
-/// One renewal attempt of every renewing lock, each node's answer awaited at most `wait`.
+/// One renewal attempt of every renewing and every urgent lock (of the urgent ones alone
+/// with `urgent_only`), each node's answer awaited at most `wait`.
 /// `true` if every lock was either renewed or found no longer ours; `false` if some are
 /// left unconfirmed (too few nodes answered in time), so the attempt should be retried.
-async fn renew_all(shared: &Shared, wait: Duration) -> bool {
-    // Shared names (`Arc<str>`): taking this snapshot under the lock copies no strings.
-    let batch: Vec<(u64, Arc<str>, Arc<str>, Duration)> = held(shared)
-        .iter()
-        .filter(|(_, h)| h.renew)
-        .map(|(id, h)| (*id, h.key.clone(), h.owner.clone(), h.ttl))
-        .collect();
+async fn renew_all(shared: &Shared, wait: Duration, urgent_only: bool) -> bool {
+    let batch = snapshot(shared, urgent_only);
     if batch.is_empty() {
         return true;
     }
@@ -360,9 +392,12 @@ async fn renew_all(shared: &Shared, wait: Duration) -> bool {
                 Err(_) => {}
             }
         }
-        let Some(lock) = held.get(id) else { continue };
+        let Some(lock) = held.get_mut(id) else {
+            continue;
+        };
         if yes >= shared.quorum {
             renewed += 1;
+            lock.urgent = false;
             lock.clock
                 .extend_to(sent + ttl.saturating_sub(drift(*ttl, shared.drift_factor)));
         } else if no > node_count - shared.quorum {
@@ -384,6 +419,19 @@ async fn renew_all(shared: &Shared, wait: Duration) -> bool {
         }
     }
     unconfirmed == 0
+}
+
+/// The locks a round renews: the renewing and the urgent ones, or the urgent ones alone.
+/// Taken under the map's lock, where the renew-now flag is cleared: every urgent lock
+/// registered so far is in it, and one registered after it sets the flag again. Shared
+/// names (`Arc<str>`): no string is copied.
+fn snapshot(shared: &Shared, urgent_only: bool) -> Vec<(u64, Arc<str>, Arc<str>, Duration)> {
+    let held = held(shared);
+    shared.renew_now.store(false, Ordering::Release);
+    held.iter()
+        .filter(|(_, h)| h.urgent || (h.renew && !urgent_only))
+        .map(|(id, h)| (*id, h.key.clone(), h.owner.clone(), h.ttl))
+        .collect()
 }
 
 /// Whether the `replies` so far settle every one of `locks` locks: renewed by `quorum`
@@ -421,6 +469,71 @@ fn expire_due(shared: &Shared) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn shared() -> Shared {
+        Shared {
+            backend: Backend::Redis,
+            nodes: Arc::from(Vec::new()),
+            quorum: 1,
+            drift_factor: 0.01,
+            request_timeout: Duration::from_secs(1),
+            held: Mutex::default(),
+            next_id: AtomicU64::new(1),
+            changed: Notify::new(),
+            planned_wake: AtomicU64::new(u64::MAX),
+            renew_now: AtomicBool::new(false),
+            base: Instant::now(),
+        }
+    }
+
+    fn hold(shared: &Shared, id: u64, renew: bool, urgent: bool) {
+        let deadline = Clock::BOOT.now() + Duration::from_secs(6);
+        held(shared).insert(
+            id,
+            Held {
+                key: Arc::from(format!("k{id}")),
+                owner: Arc::from("owner"),
+                ttl: Duration::from_secs(6),
+                renew,
+                urgent,
+                notifier: loss_channel(Backend::Redis).0,
+                clock: Arc::new(LeaseClock::new(Clock::BOOT, deadline)),
+            },
+        );
+        if urgent {
+            shared.renew_now.store(true, Ordering::Release);
+        }
+    }
+
+    fn ids(batch: &[(u64, Arc<str>, Arc<str>, Duration)]) -> Vec<u64> {
+        let mut ids: Vec<u64> = batch.iter().map(|(id, ..)| *id).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[tokio::test]
+    async fn a_late_lock_gets_a_round_of_the_urgent_locks_alone_at_once() {
+        let shared = shared();
+        hold(&shared, 1, true, false);
+        hold(&shared, 2, false, false);
+        let planned = plan(&shared, Instant::now() + FAR);
+        assert!(!planned.urgent_only, "nothing urgent yet");
+        hold(&shared, 3, true, true);
+        hold(&shared, 4, false, true);
+        let full = Instant::now() + Duration::from_secs(1);
+        let planned = plan(&shared, full);
+        assert!(planned.urgent_only);
+        assert!(planned.tick <= Instant::now(), "at once");
+        assert_eq!(planned.full, full, "the full round stays where it was");
+        // Planned again before the tick (another registration woke the task): still at
+        // once, until a round's snapshot takes it.
+        assert!(plan(&shared, full).urgent_only);
+        assert_eq!(ids(&snapshot(&shared, true)), [3, 4]);
+        assert!(!plan(&shared, full).urgent_only, "taken by the snapshot");
+        // A full round has the renewing and the urgent locks, not a lock without renewal
+        // that is not urgent.
+        assert_eq!(ids(&snapshot(&shared, false)), [1, 3, 4]);
+    }
 
     #[test]
     fn an_unanswered_renewal_is_given_up_within_a_third_of_the_interval_bounded() {

@@ -3,28 +3,39 @@
 //! little of its TTL is left when the guard is handed out. The renewer must renew it at
 //! once, not a whole interval (a third of the TTL) later, after the deadline; also when
 //! several such locks are handed out at once (the tick each asks for must renew a
-//! snapshot that has it).
+//! snapshot that has it). A lock without renewal answered late is renewed once, so that it
+//! keeps its whole TTL (as etcd's does), not what was left of it.
 
 use std::time::Duration;
 
+use fencelock::redis::{RedisGuard, RedisLocker};
+use fencelock::testkit::{FaultProxy, RedisServer};
 use fencelock::{LockBackend, LockGuard, LockOptions};
 
 use crate::support::{locker_through, prefix, proxy_to, redis, released, within};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lock_answered_late_is_renewed_before_its_deadline() {
-    let server = redis().await;
-    let prefix = prefix("late-answer");
-    let proxy = proxy_to(&server).await;
-    let client = locker_through(&proxy, &prefix, Duration::from_secs(10)).await;
-    // 6 s, 4.5 s of it gone before the answer: 1.5 s left (less the drift margin), less
-    // than the 2 s to the usual first renewal.
-    let options = LockOptions::new().with_ttl(Duration::from_secs(6));
+/// 6 s, 4.5 s of it gone before the answer: 1.5 s left (less the drift margin), less than
+/// the 2 s to the usual first renewal.
+const TTL: Duration = Duration::from_secs(6);
+const KEPT: Duration = Duration::from_millis(4_500);
 
+/// What [`locks_answered_late`] took, and what must outlive the guards.
+struct Late {
+    guards: Vec<RedisGuard>,
+    _client: RedisLocker,
+    _proxy: FaultProxy,
+    _server: RedisServer,
+}
+
+/// Locks `names` at once through a proxy that keeps the acquisitions unanswered for
+/// [`KEPT`].
+async fn locks_answered_late(test: &str, names: &[&'static str], options: &LockOptions) -> Late {
+    let server = redis().await;
+    let proxy = proxy_to(&server).await;
+    let client = locker_through(&proxy, &prefix(test), Duration::from_secs(10)).await;
     proxy.hold_requests();
-    let names = ["a", "b", "c", "d", "e", "f", "g", "h"];
-    let locks = futures_util::future::join_all(names.into_iter().map(|name| {
-        let (client, options) = (client.clone(), options.clone());
+    let locks = futures_util::future::join_all(names.iter().map(|name| {
+        let (client, options, name) = (client.clone(), options.clone(), *name);
         tokio::spawn(async move { client.lock(name, &options).await })
     }));
     tokio::pin!(locks);
@@ -39,15 +50,29 @@ async fn a_lock_answered_late_is_renewed_before_its_deadline() {
     })
     .await;
     // The fault is the time itself: the acquires stay unanswered this long.
-    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    tokio::time::sleep(KEPT).await;
     proxy.resume();
-    let guards: Vec<_> = within(Duration::from_secs(10), "the lock calls", locks)
+    let guards = within(Duration::from_secs(10), "the lock calls", locks)
         .await
         .into_iter()
         .map(|joined| joined.expect("task").expect("a lock answered late"))
         .collect();
+    Late {
+        guards,
+        _client: client,
+        _proxy: proxy,
+        _server: server,
+    }
+}
 
-    for guard in &guards {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_answered_late_is_renewed_before_its_deadline() {
+    let names = ["a", "b", "c", "d", "e", "f", "g", "h"];
+    let options = LockOptions::new().with_ttl(TTL);
+    let late = locks_answered_late("late-answer", &names, &options).await;
+    let guards = &late.guards;
+
+    for guard in guards {
         assert!(guard.is_held(), "{} lost at once", guard.name());
     }
     let lost = futures_util::future::select_all(guards.iter().map(|g| Box::pin(g.lost())));
@@ -55,8 +80,39 @@ async fn a_lock_answered_late_is_renewed_before_its_deadline() {
         (reason, index, _) = lost => panic!("{} was lost: {reason:?}", guards[index].name()),
         () = tokio::time::sleep(Duration::from_secs(2)) => {}
     }
-    for guard in guards {
+    for guard in late.guards {
         assert!(guard.is_held());
         released(guard.release().await);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_without_renewal_answered_late_keeps_its_whole_ttl() {
+    let options = LockOptions::new().with_ttl(TTL).with_renewal(false);
+    let mut late = locks_answered_late("late-no-renewal", &["solo"], &options).await;
+    let guard = late.guards.pop().expect("one guard");
+    assert!(guard.is_held(), "lost at once");
+    // Renewed at once by the renewer (its TTL then counts from that renewal): more than
+    // two thirds of it left, where the late answer left less than a quarter.
+    within(
+        Duration::from_secs(3),
+        "the late lock renewed once",
+        async {
+            while guard
+                .lease_remaining()
+                .is_none_or(|left| left <= TTL * 2 / 3)
+            {
+                assert!(guard.is_held(), "lost before it was renewed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        },
+    )
+    .await;
+    // Still held past the deadline the late answer left (under 1.5 s from now).
+    tokio::select! {
+        reason = guard.lost() => panic!("lost: {reason:?}"),
+        () = tokio::time::sleep(Duration::from_secs(2)) => {}
+    }
+    assert!(guard.is_held());
+    released(guard.release().await);
 }
