@@ -227,7 +227,8 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
                 // A renewal can hang for the request timeout (a partition); deadlines
                 // passing meanwhile must still be reported on time, not when it returns,
                 // including the deadlines of locks registered while it hangs.
-                let wait = attempt_wait(schedule(&held(&shared)).0, shared.request_timeout);
+                let round = round_interval(&held(&shared), planned.urgent_only);
+                let wait = attempt_wait(round, shared.request_timeout);
                 let renewal = renew_all(&shared, wait, planned.urgent_only);
                 tokio::pin!(renewal);
                 let confirmed = loop {
@@ -241,24 +242,52 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
                     }
                 };
                 expire_due(&shared);
-                // A renewal that was not confirmed is retried soon (as a full round), not a
-                // tick later. A round of the urgent locks alone leaves the full round where
-                // it was.
-                next_tick = if !confirmed {
-                    failures = failures.saturating_add(1);
-                    let pause = backoff(failures, wait);
-                    tracing::debug!(failures, ?pause, "renewal not confirmed; retrying");
-                    Instant::now() + pause
-                } else if planned.urgent_only {
-                    failures = 0;
-                    next_tick
-                } else {
-                    failures = 0;
-                    Instant::now() + FAR
-                };
+                next_tick = after_round(
+                    Instant::now(),
+                    next_tick,
+                    planned.urgent_only,
+                    confirmed,
+                    &mut failures,
+                    wait,
+                );
             }
         }
     }
+}
+
+/// The next full round after a round that ended `now` (`next_full` as planned before it,
+/// `wait` its answer wait). A renewal that was not confirmed is retried soon (as a full
+/// round), not a tick later. A round of the urgent locks alone leaves the full round where
+/// it was, or brings it forward for the retry: never later (the locks it did not have are
+/// due then); only a confirmed full round ends a run of failures.
+fn after_round(
+    now: Instant,
+    next_full: Instant,
+    urgent_only: bool,
+    confirmed: bool,
+    failures: &mut u32,
+    wait: Duration,
+) -> Instant {
+    if !confirmed {
+        *failures = failures.saturating_add(1);
+        let pause = backoff(*failures, wait);
+        tracing::debug!(
+            failures = *failures,
+            ?pause,
+            "renewal not confirmed; retrying"
+        );
+        let retry = now + pause;
+        return if urgent_only {
+            next_full.min(retry)
+        } else {
+            retry
+        };
+    }
+    if urgent_only {
+        return next_full;
+    }
+    *failures = 0;
+    now + FAR
 }
 
 /// What the task waits for next.
@@ -311,14 +340,13 @@ fn plan_during_renewal(shared: &Shared) -> Instant {
     earliest
 }
 
-/// (tick interval, when to check the deadlines next) over the tracked locks: the interval
-/// of the renewing and urgent ones (an urgent lock's renewal is retried at its pace). Deadlines
+/// (tick interval, when to check the deadlines next) over the tracked locks. Deadlines
 /// are on the suspend-aware clock, timers are not: with locks held, look at least every
 /// [`RECHECK`].
 fn schedule(held: &HashMap<u64, Held>) -> (Duration, Instant) {
     let interval = held
         .values()
-        .filter(|h| h.renew || h.urgent)
+        .filter(|h| h.renew)
         .map(|h| (h.ttl / 3).max(MIN_INTERVAL))
         .min()
         .unwrap_or(FAR);
@@ -421,6 +449,16 @@ async fn renew_all(shared: &Shared, wait: Duration, urgent_only: bool) -> bool {
     unconfirmed == 0
 }
 
+/// The shortest renewal interval of the locks a round renews (as [`snapshot`] picks them):
+/// what its answers may be waited for, and its retry paced by.
+fn round_interval(held: &HashMap<u64, Held>, urgent_only: bool) -> Duration {
+    held.values()
+        .filter(|h| h.urgent || (h.renew && !urgent_only))
+        .map(|h| (h.ttl / 3).max(MIN_INTERVAL))
+        .min()
+        .unwrap_or(FAR)
+}
+
 /// The locks a round renews: the renewing and the urgent ones, or the urgent ones alone.
 /// Taken under the map's lock, where the renew-now flag is cleared: every urgent lock
 /// registered so far is in it, and one registered after it sets the flag again. Shared
@@ -509,6 +547,38 @@ mod tests {
         let mut ids: Vec<u64> = batch.iter().map(|(id, ..)| *id).collect();
         ids.sort_unstable();
         ids
+    }
+
+    #[test]
+    fn a_round_of_the_urgent_locks_never_puts_the_full_round_off() {
+        let now = Instant::now();
+        let wait = Duration::from_millis(100);
+        let soon = now + Duration::from_millis(10);
+        let later = now + Duration::from_secs(10);
+        let mut failures = 0;
+        // Unconfirmed: retried after a pause, but a full round due sooner stays due.
+        assert_eq!(
+            after_round(now, soon, true, false, &mut failures, wait),
+            soon
+        );
+        assert_eq!(failures, 1);
+        let retry = after_round(now, later, true, false, &mut failures, wait);
+        assert!(retry > now && retry < later, "retried soon: {retry:?}");
+        // Confirmed: the full round stays where it was, and so does the run of failures.
+        assert_eq!(
+            after_round(now, soon, true, true, &mut failures, wait),
+            soon
+        );
+        assert_eq!(failures, 2);
+        // A full round: retried after a pause, or (confirmed) the failures end.
+        let retry = after_round(now, now, false, false, &mut failures, wait);
+        assert!(retry > now, "not at once again: {retry:?}");
+        assert_eq!(failures, 3);
+        assert_eq!(
+            after_round(now, now, false, true, &mut failures, wait),
+            now + FAR
+        );
+        assert_eq!(failures, 0);
     }
 
     #[tokio::test]
