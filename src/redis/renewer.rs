@@ -449,25 +449,31 @@ async fn renew_all(shared: &Shared, wait: Duration, urgent_only: bool) -> bool {
     unconfirmed == 0
 }
 
-/// The shortest renewal interval of the locks a round renews (as [`snapshot`] picks them):
-/// what its answers may be waited for, and its retry paced by.
+/// Whether a round renews `lock`: every renewing and every urgent lock, or the urgent ones
+/// alone.
+fn in_round(lock: &Held, urgent_only: bool) -> bool {
+    lock.urgent || (lock.renew && !urgent_only)
+}
+
+/// The shortest renewal interval of the locks a round renews: what its answers may be
+/// waited for, and its retry paced by.
 fn round_interval(held: &HashMap<u64, Held>, urgent_only: bool) -> Duration {
     held.values()
-        .filter(|h| h.urgent || (h.renew && !urgent_only))
+        .filter(|h| in_round(h, urgent_only))
         .map(|h| (h.ttl / 3).max(MIN_INTERVAL))
         .min()
         .unwrap_or(FAR)
 }
 
-/// The locks a round renews: the renewing and the urgent ones, or the urgent ones alone.
-/// Taken under the map's lock, where the renew-now flag is cleared: every urgent lock
-/// registered so far is in it, and one registered after it sets the flag again. Shared
-/// names (`Arc<str>`): no string is copied.
+/// The locks a round renews ([`in_round`]), taken under the map's lock, where the
+/// renew-now flag is cleared: every urgent lock registered so far is in it, and one
+/// registered after it sets the flag again. Shared names (`Arc<str>`): no string is
+/// copied.
 fn snapshot(shared: &Shared, urgent_only: bool) -> Vec<(u64, Arc<str>, Arc<str>, Duration)> {
     let held = held(shared);
     shared.renew_now.store(false, Ordering::Release);
     held.iter()
-        .filter(|(_, h)| h.urgent || (h.renew && !urgent_only))
+        .filter(|(_, h)| in_round(h, urgent_only))
         .map(|(id, h)| (*id, h.key.clone(), h.owner.clone(), h.ttl))
         .collect()
 }
