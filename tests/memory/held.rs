@@ -60,7 +60,17 @@ pub async fn etcd_locks(n: usize) -> PerLock {
     tokio::time::timeout(Duration::from_secs(60), watched)
         .await
         .expect("every held lock watched within a minute");
-    let (blocks, bytes, chunk_bytes) = Live::now().per(before, n);
+    // Answers the client has not read yet (the watches' creation, on its one stream) are
+    // on the heap for a moment more: the lowest of a second's samples is what stays.
+    let mut least = Live::now();
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = Live::now();
+        if now.chunk_bytes < least.chunk_bytes {
+            least = now;
+        }
+    }
+    let (blocks, bytes, chunk_bytes) = least.per(before, n);
     let held = guards.iter().filter(|g| g.is_held()).count();
     assert_eq!(held, n, "every lock still held when counted");
     for guard in guards {
