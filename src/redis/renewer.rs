@@ -65,6 +65,29 @@ struct Shared {
 }
 
 impl Shared {
+    /// Nothing held yet, no wake-up planned.
+    fn new(
+        backend: Backend,
+        nodes: Arc<[Node]>,
+        quorum: usize,
+        drift_factor: f64,
+        request_timeout: Duration,
+    ) -> Self {
+        Self {
+            backend,
+            nodes,
+            quorum,
+            drift_factor,
+            request_timeout,
+            held: Mutex::default(),
+            next_id: AtomicU64::new(1),
+            changed: Notify::new(),
+            planned_wake: AtomicU64::new(u64::MAX),
+            renew_now: AtomicBool::new(false),
+            base: Instant::now(),
+        }
+    }
+
     fn nanos(&self, at: Instant) -> u64 {
         u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
     }
@@ -92,19 +115,13 @@ impl Renewer {
         drift_factor: f64,
         request_timeout: Duration,
     ) -> Self {
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(Shared::new(
             backend,
             nodes,
             quorum,
             drift_factor,
             request_timeout,
-            held: Mutex::default(),
-            next_id: AtomicU64::new(1),
-            changed: Notify::new(),
-            planned_wake: AtomicU64::new(u64::MAX),
-            renew_now: AtomicBool::new(false),
-            base: Instant::now(),
-        });
+        ));
         let (stop_tx, stop_rx) = oneshot::channel();
         tokio::spawn(run(shared.clone(), stop_rx));
         Self {
@@ -515,19 +532,13 @@ mod tests {
     use super::*;
 
     fn shared() -> Shared {
-        Shared {
-            backend: Backend::Redis,
-            nodes: Arc::from(Vec::new()),
-            quorum: 1,
-            drift_factor: 0.01,
-            request_timeout: Duration::from_secs(1),
-            held: Mutex::default(),
-            next_id: AtomicU64::new(1),
-            changed: Notify::new(),
-            planned_wake: AtomicU64::new(u64::MAX),
-            renew_now: AtomicBool::new(false),
-            base: Instant::now(),
-        }
+        Shared::new(
+            Backend::Redis,
+            Arc::from(Vec::new()),
+            1,
+            0.01,
+            Duration::from_secs(1),
+        )
     }
 
     fn hold(shared: &Shared, id: u64, renew: bool, urgent: bool) {
