@@ -29,6 +29,12 @@ impl ClockInstant {
     fn nanos(self) -> u64 {
         u64::try_from(self.0.as_nanos()).unwrap_or(u64::MAX)
     }
+
+    /// The instant `since_origin` after the clock's origin (tests).
+    #[cfg(test)]
+    pub(crate) const fn from_duration(since_origin: Duration) -> Self {
+        Self(since_origin)
+    }
 }
 
 impl std::ops::Add<Duration> for ClockInstant {

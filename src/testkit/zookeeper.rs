@@ -5,6 +5,11 @@
 //! with its own data dir, the admin server off, fsync off, and a 100 ms tick (so that
 //! session timeouts from 200 ms to 60 s are granted). Readiness is the server's own
 //! answer to the `srvr` four-letter command: `Mode: standalone`, `leader` or `follower`.
+//!
+//! [`ZooKeeperCluster::start_with_peer_links`] puts a [`FaultProxy`] on every member's
+//! way to every other member's quorum port (the one a follower keeps its connection to
+//! the leader on), so that a test can cut one follower off from the leader while it still
+//! serves its clients.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -16,6 +21,7 @@ use tokio::time::Instant;
 
 use super::TestkitError;
 use super::process::{ServerProcess, find_binary, free_port, log_tail};
+use super::proxy::FaultProxy;
 use crate::zookeeper::ZooKeeperConfig;
 
 /// Environment variable that overrides the path of the `java` binary.
@@ -39,6 +45,9 @@ pub struct ZooKeeperCluster {
     java: PathBuf,
     jar: PathBuf,
     members: Vec<Member>,
+    /// `links[a][b]`: the proxy member `a` reaches member `b`'s quorum port through
+    /// ([`start_with_peer_links`](Self::start_with_peer_links)); empty otherwise.
+    links: Vec<Vec<Option<FaultProxy>>>,
     // Last: removed after the processes are gone.
     dir: TempDir,
 }
@@ -61,6 +70,19 @@ impl ZooKeeperCluster {
     /// every member serves (standalone, or leader and followers agreed). A port taken by
     /// someone else meanwhile is retried with fresh ports.
     pub async fn start(members: usize) -> Result<Self, TestkitError> {
+        Self::start_with(members, false).await
+    }
+
+    /// Starts an ensemble as [`start`](Self::start) does, with every member's connection
+    /// to every other member's quorum port going through a fault proxy of its own: see
+    /// [`cut_off_from_leader`](Self::cut_off_from_leader). (Each member's `zoo.cfg` lists
+    /// the others at its proxies: ZooKeeper reads the other members' addresses from the
+    /// static configuration only.)
+    pub async fn start_with_peer_links(members: usize) -> Result<Self, TestkitError> {
+        Self::start_with(members, true).await
+    }
+
+    async fn start_with(members: usize, peer_links: bool) -> Result<Self, TestkitError> {
         if members == 0 {
             return Err(TestkitError::Cluster(
                 "an ensemble needs at least one member".into(),
@@ -84,6 +106,9 @@ impl ZooKeeperCluster {
         loop {
             attempt += 1;
             let mut cluster = Self::prepare(members, java.clone(), jar.clone())?;
+            if peer_links {
+                cluster.links = cluster.peer_links().await?;
+            }
             match cluster.launch_all().await {
                 Ok(()) => return Ok(cluster),
                 Err(err) if attempt < 3 && cluster.lost_a_port() => {
@@ -157,8 +182,30 @@ impl ZooKeeperCluster {
             java,
             jar,
             members,
+            links: Vec::new(),
             dir,
         })
+    }
+
+    /// A proxy for each member to each other member's quorum port.
+    async fn peer_links(&self) -> Result<Vec<Vec<Option<FaultProxy>>>, TestkitError> {
+        let mut links = Vec::new();
+        for a in 0..self.members.len() {
+            let mut from_a = Vec::new();
+            for (b, member) in self.members.iter().enumerate() {
+                from_a.push(if a == b {
+                    None
+                } else {
+                    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], member.peer_port));
+                    let proxy = FaultProxy::start(upstream)
+                        .await
+                        .map_err(|e| TestkitError::io("starting a peer-link proxy", e))?;
+                    Some(proxy)
+                });
+            }
+            links.push(from_a);
+        }
+        Ok(links)
     }
 
     async fn launch_all(&mut self) -> Result<(), TestkitError> {
@@ -201,11 +248,15 @@ impl ZooKeeperCluster {
             std::fs::write(data.join("myid"), format!("{}\n", i + 1))
                 .map_err(|e| io("writing myid", e))?;
             for (j, other) in self.members.iter().enumerate() {
+                let peer_port = match self.links.get(i).and_then(|from_i| from_i.get(j)) {
+                    Some(Some(proxy)) => proxy.address().port(),
+                    _ => other.peer_port,
+                };
                 let _ = writeln!(
                     cfg,
                     "server.{}=127.0.0.1:{}:{}",
                     j + 1,
-                    other.peer_port,
+                    peer_port,
                     other.election_port
                 );
             }
@@ -414,6 +465,35 @@ impl ZooKeeperCluster {
         self.process(i)?
             .resume()
             .map_err(|e| TestkitError::io(format!("resuming member {i}"), e))
+    }
+
+    /// Cuts member `i` off from the leader `leader` (an ensemble started with
+    /// [`start_with_peer_links`](Self::start_with_peer_links)): nothing passes on its
+    /// connection to the leader's quorum port any more, in either direction, while it
+    /// keeps serving its own clients until it notices (after `syncLimit` ticks, 2 s here).
+    pub fn cut_off_from_leader(&self, i: usize, leader: usize) -> Result<(), TestkitError> {
+        self.link(i, leader)?.cut();
+        Ok(())
+    }
+
+    /// Ends [`cut_off_from_leader`](Self::cut_off_from_leader): member `i` reaches the
+    /// leader again (on a new connection).
+    pub fn heal_link(&self, i: usize, leader: usize) -> Result<(), TestkitError> {
+        self.link(i, leader)?.heal();
+        Ok(())
+    }
+
+    fn link(&self, from: usize, to: usize) -> Result<&FaultProxy, TestkitError> {
+        self.links
+            .get(from)
+            .and_then(|from| from.get(to))
+            .and_then(Option::as_ref)
+            .ok_or_else(|| {
+                TestkitError::Cluster(format!(
+                    "no peer link from member {from} to member {to} (started without \
+                     start_with_peer_links?)"
+                ))
+            })
     }
 
     fn process(&self, i: usize) -> Result<&ServerProcess, TestkitError> {

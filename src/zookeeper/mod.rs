@@ -37,15 +37,13 @@
 //!
 //! [`LockGuard::lost`](crate::LockGuard::lost) resolves when:
 //! - the server reports the session expired (`Revoked`) or it was closed (`Closed`);
-//! - the local deadline passes (`Expired`): the send time of the last answered heartbeat
-//!   (one every third of the session timeout) plus the session timeout, on the boot-time
-//!   clock. A holder cut off from the ensemble ("suspended" in Curator's words) learns
-//!   it has lost the lock *before* the server can expire its session and hand the lock
-//!   on, when its server is standalone or in touch with the leader; the session is then
-//!   closed from this side too. The heartbeat is a read a follower answers alone: with a
-//!   follower partitioned from the leader, the holder can believe it holds the lock for
-//!   up to `syncLimit × tickTime` after the leader expired its session and granted the
-//!   lock elsewhere. Fencing still refuses its writes (the next token is larger);
+//! - the local deadline passes (`Expired`): the session timeout after the send time of a
+//!   heartbeat (a `sync`, one every sixth of the timeout) the leader is known to have
+//!   heard of, on the boot-time clock (`session.rs`, `heartbeat.rs`). A holder cut off
+//!   from the ensemble, or talking to a follower cut off from the leader ("suspended" in
+//!   Curator's words), learns it has lost the lock *before* the leader can expire its
+//!   session and hand the lock on; the session is then closed from this side too.
+//!   Fencing still refuses a stale holder's writes (the next token is larger);
 //! - its node is deleted under a live session (`KeyDeleted`).
 //!
 //! # Cancel safety and protected mode
@@ -74,6 +72,7 @@ mod acquire;
 mod config;
 mod error;
 mod guard;
+mod heartbeat;
 mod inspect;
 mod locker;
 mod node;

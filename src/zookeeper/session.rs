@@ -4,22 +4,19 @@
 //! (expired, closed). So the session plays the part of etcd's lease, and its loss is
 //! broadcast to every guard of it. The server expires a session that it has not heard
 //! from for the negotiated session timeout; this side keeps a local deadline on the
-//! boot-time clock ([`LeaseClock`]): the moment the last *answered* heartbeat was sent,
-//! plus that timeout. A guard is trusted until then, and reported lost at it when no
-//! answer came in between (cut off, paused).
+//! boot-time clock ([`LeaseClock`]), which a lock is trusted until and reported lost at.
 //!
-//! That deadline comes before the server can expire the session and hand the lock to
-//! anyone else when the server answering the heartbeat is standalone, or is in touch with
-//! the ensemble's leader. Not otherwise: the heartbeat is a read (`exists`), which a
-//! follower answers alone, and a follower cut off from the leader keeps answering for up
-//! to `syncLimit × tickTime` before it drops its clients. Meanwhile the leader, which no
-//! longer hears of the session, expires it and grants the lock to another session, while
-//! this side keeps extending its deadline: the holder can believe it holds the lock for up
-//! to `syncLimit × tickTime` after the leader expired its session (plus the timeout's
-//! remainder). Fencing still refuses its writes: the next holder's token is larger.
-//! (Closing the window would take a heartbeat through the leader, `sync`, with the
-//! deadline taken from the previous confirmed heartbeat's send time, or a margin of at
-//! least `syncLimit × tickTime` subtracted from the deadline; not done yet.)
+//! The deadline must come before the leader, the only member that expires sessions, can
+//! expire the session and hand the lock to someone else, whichever member the client talks
+//! to. So the heartbeat is a `sync`, which a follower forwards to the leader, and an
+//! answered heartbeat moves the deadline to the send time of an *earlier* heartbeat plus
+//! the timeout: one answered at least a ping period before the later one was sent, whose
+//! touch of the session the follower has then reported to the leader. Why that holds, and
+//! what it assumes, is in `heartbeat.rs`. (A read as heartbeat, as before, left a window:
+//! a follower cut off from the leader answers reads for up to `syncLimit × tickTime`,
+//! while the leader expires the session and grants the lock to another session;
+//! `tests/zookeeper/follower_cut_off.rs` shows the holder learning of its loss 1.9 s after
+//! the next grant with it.)
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -28,6 +25,7 @@ use zookeeper_client::{Client, Error as ZkError, SessionState};
 
 use super::ZooKeeperConfig;
 use super::error::{RequestError, timed};
+use super::heartbeat::{self, Answered};
 use crate::lease_clock::{Clock, ClockInstant, LeaseClock};
 use crate::loss::{LossNotifier, LossWatch, loss_channel};
 use crate::{Backend, LockError, LossReason};
@@ -164,9 +162,10 @@ fn cap(deadline: ClockInstant, hard_end: Option<ClockInstant>) -> ClockInstant {
     }
 }
 
-/// Keeps the local deadline (a heartbeat every third of the timeout, one right after the
-/// session opens and one on every reconnection), and marks the loss: the server reports
-/// the session expired or closed, or the local deadline passes.
+/// Keeps the local deadline (a heartbeat every sixth of the timeout, send to send, one
+/// right after the session opens and one on every reconnection; see `heartbeat.rs` for
+/// what an answer proves), and marks the loss: the server reports the session expired or
+/// closed, or the local deadline passes.
 /// After a loss the session is closed from this side too, so that a lock this side has
 /// reported lost is really given up (the client library would otherwise keep pinging).
 ///
@@ -183,10 +182,11 @@ async fn monitor(
     hard_end: Option<ClockInstant>,
 ) {
     let mut states = client.state_watcher();
-    let every = timeout / 3;
+    let every = heartbeat::interval(timeout);
     // A heartbeat that hangs must not keep the next one from going out: give up on it
     // when the next is due.
     let answer_wait = request_timeout.min(every);
+    let mut answered = Answered::new(timeout);
     let beat = heartbeat(client.clone(), lease.clone(), Duration::ZERO, answer_wait);
     let mut beat = std::pin::pin!(beat);
     let reason = loop {
@@ -205,7 +205,10 @@ async fn monitor(
             (sent, answer) = &mut beat => {
                 match answer {
                     Ok(()) => {
-                        if !lease.extend_to(cap(sent + timeout, hard_end)) {
+                        let proven = answered.confirm(sent, lease.now());
+                        if let Some(deadline) = proven
+                            && !lease.extend_to(cap(deadline, hard_end))
+                        {
                             // Answered after the deadline passed: the guard already
                             // reported the lock gone; it is not revived.
                             break LossReason::Expired;
@@ -216,7 +219,10 @@ async fn monitor(
                         None => tracing::debug!(%err, "heartbeat failed"),
                     },
                 }
-                beat.set(heartbeat(client.clone(), lease.clone(), every, answer_wait));
+                // Send to send: a heartbeat answered late (or given up on) is followed
+                // by the next one sooner, so that the beats keep their pace.
+                let next = every.saturating_sub(lease.now().saturating_duration_since(sent));
+                beat.set(heartbeat(client.clone(), lease.clone(), next, answer_wait));
             }
         }
     };
@@ -229,7 +235,8 @@ async fn monitor(
     drop(client);
 }
 
-/// One heartbeat `after` from now: its send time on the lease's clock, and its answer.
+/// One heartbeat `after` from now (a `sync`, answered through the leader): its send time
+/// on the lease's clock, and its answer.
 async fn heartbeat(
     client: Client,
     lease: Arc<LeaseClock>,
@@ -238,6 +245,6 @@ async fn heartbeat(
 ) -> (ClockInstant, Result<(), RequestError>) {
     tokio::time::sleep(after).await;
     let sent = lease.now();
-    let answer = timed(answer_wait, client.check_stat("/")).await;
-    (sent, answer.map(drop))
+    let answer = timed(answer_wait, client.sync("/")).await;
+    (sent, answer)
 }
