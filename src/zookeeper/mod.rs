@@ -38,7 +38,7 @@
 //! [`LockGuard::lost`](crate::LockGuard::lost) resolves when:
 //! - the server reports the session expired (`Revoked`) or it was closed (`Closed`);
 //! - the local deadline passes (`Expired`): the session timeout after the send time of a
-//!   heartbeat (a `sync`, one every sixth of the timeout) the leader is known to have
+//!   heartbeat (a `sync`, one every tenth of the timeout) the leader is known to have
 //!   heard of, on the boot-time clock (`session.rs`, `heartbeat.rs`). A holder cut off
 //!   from the ensemble, or talking to a follower cut off from the leader ("suspended" in
 //!   Curator's words), learns it has lost the lock *before* the leader can expire its

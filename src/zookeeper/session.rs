@@ -8,7 +8,8 @@
 //!
 //! The deadline must come before the leader, the only member that expires sessions, can
 //! expire the session and hand the lock to someone else, whichever member the client talks
-//! to. So the heartbeat is a `sync`, which a follower forwards to the leader, and an
+//! to (within the limits `heartbeat.rs` lists: a stale leader still answering, observer
+//! masters, a ping late by a twentieth of the timeout). So the heartbeat is a `sync`, which a follower forwards to the leader, and an
 //! answered heartbeat moves the deadline to the send time of an *earlier* heartbeat plus
 //! the timeout: one answered at least a ping period before the later one was sent, whose
 //! touch of the session the follower has then reported to the leader. Why that holds, and
@@ -25,7 +26,7 @@ use zookeeper_client::{Client, Error as ZkError, SessionState};
 
 use super::ZooKeeperConfig;
 use super::error::{RequestError, timed};
-use super::heartbeat::{self, Answered};
+use super::heartbeat::Answered;
 use crate::lease_clock::{Clock, ClockInstant, LeaseClock};
 use crate::loss::{LossNotifier, LossWatch, loss_channel};
 use crate::{Backend, LockError, LossReason};
@@ -68,27 +69,25 @@ impl Session {
         renew: bool,
     ) -> Result<Arc<Self>, LockError> {
         let clock = Clock::BOOT;
-        let sent = clock.now();
-        // Not failing eagerly: during an election every member refuses sessions for a
-        // moment; the client cycles through them until the connect timeout.
-        let connector = Client::connector().with_session_timeout(ttl);
-        let client =
-            match tokio::time::timeout(config.connect_timeout, connector.connect(&config.hosts))
-                .await
-            {
-                Ok(Ok(client)) => client,
-                Ok(Err(err)) => {
-                    return Err(RequestError::Server(err).into_lock_error("connect", None));
-                }
-                Err(_) => {
-                    return Err(LockError::Timeout {
-                        backend: Backend::ZooKeeper,
-                        operation: "connect",
-                        lock: None,
-                        after: config.connect_timeout,
-                    });
-                }
-            };
+        let mut asked = ttl;
+        let (client, sent) = loop {
+            let sent = clock.now();
+            let client = connect(config, asked).await?;
+            let granted = client.session_timeout();
+            // The connection timeout must be a fifth of the timeout the server granted
+            // (see `connect`): a session whose timeout the server raised or lowered is
+            // given up at once (it holds no node yet) and asked for again with the
+            // granted timeout, once.
+            if granted == asked || asked != ttl {
+                break (client, sent);
+            }
+            tracing::debug!(
+                ?ttl,
+                ?granted,
+                "session timeout changed by the server; reconnecting"
+            );
+            asked = granted;
+        };
         let timeout = client.session_timeout();
         // Without renewal the lock ends with its TTL, whatever the server granted.
         let hard_end = (!renew).then(|| sent + ttl);
@@ -102,7 +101,7 @@ impl Session {
             shared.clone(),
             notifier,
             lease.clone(),
-            timeout,
+            Answered::new(timeout, sent),
             config.request_timeout,
             hard_end,
         ));
@@ -155,6 +154,31 @@ impl Drop for Session {
     }
 }
 
+/// Connects a new session asking for `timeout`.
+///
+/// Not failing eagerly: during an election every member refuses sessions for a moment;
+/// the client cycles through them until the connect timeout. A connection that went
+/// silent is given up after a fifth of the session timeout (the client library's
+/// default is 0.4 of it): the deadline lies only 0.6 of the timeout past the last
+/// answered heartbeat's sending (`heartbeat.rs`), and the heartbeat sent on the
+/// reconnection, perhaps after a try through another silent member, must be answered
+/// before it.
+async fn connect(config: &ZooKeeperConfig, timeout: Duration) -> Result<Client, LockError> {
+    let connector = Client::connector()
+        .with_session_timeout(timeout)
+        .with_connection_timeout(timeout / 5);
+    match tokio::time::timeout(config.connect_timeout, connector.connect(&config.hosts)).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(err)) => Err(RequestError::Server(err).into_lock_error("connect", None)),
+        Err(_) => Err(LockError::Timeout {
+            backend: Backend::ZooKeeper,
+            operation: "connect",
+            lock: None,
+            after: config.connect_timeout,
+        }),
+    }
+}
+
 fn cap(deadline: ClockInstant, hard_end: Option<ClockInstant>) -> ClockInstant {
     match hard_end {
         Some(end) => deadline.min(end),
@@ -162,7 +186,7 @@ fn cap(deadline: ClockInstant, hard_end: Option<ClockInstant>) -> ClockInstant {
     }
 }
 
-/// Keeps the local deadline (a heartbeat every sixth of the timeout, send to send, one
+/// Keeps the local deadline (a heartbeat every tenth of the timeout, send to send, one
 /// right after the session opens and one on every reconnection; see `heartbeat.rs` for
 /// what an answer proves), and marks the loss: the server reports the session expired or
 /// closed, or the local deadline passes.
@@ -177,16 +201,14 @@ async fn monitor(
     shared: Shared,
     notifier: LossNotifier,
     lease: Arc<LeaseClock>,
-    timeout: Duration,
+    mut answered: Answered,
     request_timeout: Duration,
     hard_end: Option<ClockInstant>,
 ) {
     let mut states = client.state_watcher();
-    let every = heartbeat::interval(timeout);
     // A heartbeat that hangs must not keep the next one from going out: give up on it
     // when the next is due.
-    let answer_wait = request_timeout.min(every);
-    let mut answered = Answered::new(timeout);
+    let answer_wait = request_timeout.min(answered.interval());
     let beat = heartbeat(client.clone(), lease.clone(), Duration::ZERO, answer_wait);
     let mut beat = std::pin::pin!(beat);
     let reason = loop {
@@ -220,8 +242,9 @@ async fn monitor(
                     },
                 }
                 // Send to send: a heartbeat answered late (or given up on) is followed
-                // by the next one sooner, so that the beats keep their pace.
-                let next = every.saturating_sub(lease.now().saturating_duration_since(sent));
+                // by the next one sooner, so that the beats keep their pace (or at the
+                // moment an answer becomes provable: `Answered::next_send`).
+                let next = answered.next_send(sent).saturating_duration_since(lease.now());
                 beat.set(heartbeat(client.clone(), lease.clone(), next, answer_wait));
             }
         }

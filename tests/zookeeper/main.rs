@@ -7,6 +7,7 @@ mod support;
 mod cancel_safety;
 mod conformance;
 mod cut_off_holder;
+mod fault_soak;
 mod follower_cut_off;
 mod invalid_input;
 mod leader_failover;
