@@ -25,7 +25,8 @@ impl RequestError {
     pub(crate) fn outcome_unknown(&self) -> bool {
         matches!(
             self,
-            Self::Timeout(_) | Self::Server(ZkError::ConnectionLoss | ZkError::Timeout)
+            Self::Timeout(_)
+                | Self::Server(ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_))
         )
     }
 
@@ -54,14 +55,21 @@ impl RequestError {
                 lock,
                 after,
             },
-            Self::Server(err @ (ZkError::ConnectionLoss | ZkError::NoHosts | ZkError::Timeout)) => {
-                LockError::Unavailable {
-                    backend,
-                    operation,
-                    lock,
-                    source: Box::new(err),
-                }
-            }
+            // `Custom`: the client library's own failures of a connection ("no response
+            // from connection", an I/O error), with which it fails the requests then in
+            // flight (zookeeper-client 0.11's session loop); its other uses (SASL, read-only
+            // sessions) are not features this crate turns on.
+            Self::Server(
+                err @ (ZkError::ConnectionLoss
+                | ZkError::NoHosts
+                | ZkError::Timeout
+                | ZkError::Custom(_)),
+            ) => LockError::Unavailable {
+                backend,
+                operation,
+                lock,
+                source: Box::new(err),
+            },
             Self::Server(ZkError::NoAuth) => LockError::PermissionDenied {
                 backend,
                 operation,
