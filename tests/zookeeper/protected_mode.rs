@@ -5,58 +5,96 @@
 use std::time::Duration;
 
 use fencelock::testkit::FaultProxy;
-use fencelock::zookeeper::ZooKeeperLocker;
-use fencelock::{LockBackend, LockGuard, LockOptions};
+use fencelock::zookeeper::{ZooKeeperGuard, ZooKeeperLocker};
+use fencelock::{LockBackend, LockError, LockGuard, LockOptions};
+use tokio::task::JoinHandle;
+use zookeeper_client::Client;
 
 use crate::support::{admin, await_children, namespace, shared, within};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_create_whose_answer_was_lost_is_found_not_repeated() {
-    let cluster = shared();
-    let ns = namespace("protected");
-    let admin = admin(cluster).await;
-    let proxy = FaultProxy::start(cluster.address(0).parse().expect("address"))
-        .await
-        .expect("proxy");
-    let config = cluster
-        .config(&ns)
-        .with_hosts(proxy.address().to_string())
-        .with_request_timeout(Duration::from_millis(300));
-    let a = ZooKeeperLocker::connect(config).await.expect("connect");
-    // The lock's node exists already, so that the create is the first request.
-    admin
-        .mkdir(
-            &format!("{ns}/job"),
-            &zookeeper_client::CreateMode::Persistent
-                .with_acls(zookeeper_client::Acls::anyone_all()),
+/// A locker reaching the shared server through a fault proxy, whose first request (the
+/// create of the lock's node: its parent exists already) the server applies while the
+/// proxy holds the answer.
+struct HeldCreate {
+    admin: Client,
+    proxy: FaultProxy,
+    /// The lock's parent node.
+    parent: String,
+    /// The node the server created, as the admin sees it.
+    created: Vec<String>,
+    /// The acquisition, running; it returns the locker with its outcome.
+    locking: JoinHandle<(ZooKeeperLocker, Result<ZooKeeperGuard, LockError>)>,
+}
+
+impl HeldCreate {
+    async fn start(ns: &str, request_timeout: Duration) -> Self {
+        let cluster = shared();
+        let admin = admin(cluster).await;
+        let proxy = FaultProxy::start(cluster.address(0).parse().expect("address"))
+            .await
+            .expect("proxy");
+        let config = cluster
+            .config(ns)
+            .with_hosts(proxy.address().to_string())
+            .with_request_timeout(request_timeout);
+        let locker = ZooKeeperLocker::connect(config).await.expect("connect");
+        let parent = format!("{ns}/job");
+        admin
+            .mkdir(
+                &parent,
+                &zookeeper_client::CreateMode::Persistent
+                    .with_acls(zookeeper_client::Acls::anyone_all()),
+            )
+            .await
+            .expect("mkdir");
+        proxy.hold_answers();
+        let options = LockOptions::new()
+            .with_ttl(Duration::from_secs(10))
+            .with_wait_timeout(Duration::from_secs(8));
+        let locking = tokio::spawn(async move {
+            let guard = locker.lock("job", &options).await;
+            (locker, guard)
+        });
+        let created = await_children(&admin, &parent, 1).await;
+        Self {
+            admin,
+            proxy,
+            parent,
+            created,
+            locking,
+        }
+    }
+
+    /// The acquisition's locker (kept by the caller for as long as the test needs its
+    /// session) and guard, which must hold the node the server created.
+    async fn guard(&mut self) -> (ZooKeeperLocker, ZooKeeperGuard) {
+        let (locker, guard) = within(
+            Duration::from_secs(15),
+            "the acquisition",
+            &mut self.locking,
         )
         .await
-        .expect("mkdir");
-
-    proxy.hold_answers();
-    let options = LockOptions::new()
-        .with_ttl(Duration::from_secs(10))
-        .with_wait_timeout(Duration::from_secs(8));
-    let locking = tokio::spawn(async move {
-        let guard = a.lock("job", &options).await;
-        (a, guard)
-    });
-    // The server applied the create; its answer is held, then lost with the connection.
-    let created = await_children(&admin, &format!("{ns}/job"), 1).await;
-    proxy.sever();
-    proxy.heal();
-    let (_a, guard) = within(Duration::from_secs(15), "the acquisition", locking)
-        .await
         .expect("task");
-    let guard = guard.expect("A holds the lock with the node it created");
+        let guard = guard.expect("A holds the lock with the node it created");
+        assert_eq!(
+            guard.path(),
+            format!("{}/{}", self.parent, self.created[0]),
+            "the node found is the one the server created"
+        );
+        (locker, guard)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_answer_was_lost_is_found_not_repeated() {
+    let mut held = HeldCreate::start(&namespace("protected"), Duration::from_millis(300)).await;
+    // The server applied the create; its answer is held, then lost with the connection.
+    held.proxy.sever();
+    held.proxy.heal();
+    let (_locker, guard) = held.guard().await;
     assert_eq!(
-        guard.path(),
-        format!("{ns}/job/{}", created[0]),
-        "the node found is the one the server created"
-    );
-    assert_eq!(
-        await_children(&admin, &format!("{ns}/job"), 1).await,
-        created,
+        await_children(&held.admin, &held.parent, 1).await,
+        held.created,
         "no second node"
     );
     let _ = guard.release().await;
@@ -69,58 +107,22 @@ async fn a_create_whose_answer_was_lost_is_found_not_repeated() {
 /// behind in the queue under a live session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_whose_connection_the_library_gave_up_is_found_not_left() {
-    let cluster = shared();
-    let ns = namespace("protected-io");
-    let admin = admin(cluster).await;
-    let proxy = FaultProxy::start(cluster.address(0).parse().expect("address"))
-        .await
-        .expect("proxy");
     // A request timeout longer than the library's connection timeout (2 s for a 10 s
     // session): the create fails with the library's error, not with the timeout.
-    let config = cluster
-        .config(&ns)
-        .with_hosts(proxy.address().to_string())
-        .with_request_timeout(Duration::from_secs(5));
-    let a = ZooKeeperLocker::connect(config).await.expect("connect");
-    admin
-        .mkdir(
-            &format!("{ns}/job"),
-            &zookeeper_client::CreateMode::Persistent
-                .with_acls(zookeeper_client::Acls::anyone_all()),
-        )
-        .await
-        .expect("mkdir");
-
-    proxy.hold_answers();
-    let options = LockOptions::new()
-        .with_ttl(Duration::from_secs(10))
-        .with_wait_timeout(Duration::from_secs(8));
-    let locking = tokio::spawn(async move {
-        let guard = a.lock("job", &options).await;
-        (a, guard)
-    });
+    let mut held = HeldCreate::start(&namespace("protected-io"), Duration::from_secs(5)).await;
     // The server applied the create; its answer is held until the library gives the
     // connection up and opens another (the proxy's second), which then goes through.
-    let created = await_children(&admin, &format!("{ns}/job"), 1).await;
     within(
         Duration::from_secs(10),
         "a new connection",
-        proxy.accepted(2),
+        held.proxy.accepted(2),
     )
     .await;
-    proxy.resume();
-    let (_a, guard) = within(Duration::from_secs(15), "the acquisition", locking)
-        .await
-        .expect("task");
-    let guard = guard.expect("A holds the lock with the node it created");
-    assert_eq!(
-        guard.path(),
-        format!("{ns}/job/{}", created[0]),
-        "the node found is the one the server created"
-    );
+    held.proxy.resume();
+    let (_locker, guard) = held.guard().await;
     let _ = guard.release().await;
     assert_eq!(
-        await_children(&admin, &format!("{ns}/job"), 0).await,
+        await_children(&held.admin, &held.parent, 0).await,
         Vec::<String>::new(),
         "no node left"
     );
