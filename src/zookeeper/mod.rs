@@ -70,6 +70,7 @@
 
 mod acquire;
 mod config;
+mod contender;
 mod error;
 mod guard;
 mod heartbeat;
@@ -80,7 +81,23 @@ mod rwlock;
 mod session;
 
 pub use config::ZooKeeperConfig;
+pub use contender::ContenderKind;
 pub use guard::ZooKeeperGuard;
 pub use inspect::{ZooKeeperEntry, ZooKeeperLockState};
 pub use locker::{MIN_TTL, ZooKeeperLocker};
 pub use rwlock::ZooKeeperRwLock;
+
+/// The least time a healthy lock has left ([`LockGuard::lease_remaining`]) with a
+/// session `timeout` (the one the server granted: [`ZooKeeperLocker::session_timeout`]):
+/// half of it, less a heartbeat's round trip. The local deadline lies 0.6 of the timeout
+/// past the last answered heartbeat's sending and the next answer comes a tenth later,
+/// so the time left swings between 0.6 and 0.5 of the timeout, never near the whole of
+/// it as an etcd or Redis lock renewed every third of its TTL does (between 2/3 and all
+/// of it). Whatever acts before the deadline (`fencelock run`'s SIGTERM) is sized by
+/// this.
+///
+/// [`LockGuard::lease_remaining`]: crate::LockGuard::lease_remaining
+#[must_use]
+pub fn healthy_lease_floor(timeout: std::time::Duration) -> std::time::Duration {
+    heartbeat::healthy_floor(timeout)
+}

@@ -22,4 +22,5 @@ mod run_tls;
 mod run_watchdog_term;
 mod run_zookeeper;
 mod support;
+mod token_history;
 mod usage;
