@@ -5,9 +5,12 @@
 //!
 //! The one of Curator's `InterProcessMutex` and kazoo's `Lock`: each contender creates an
 //! ephemeral sequential node `<namespace>/<name>/_c_<uuid>-lock-<sequence>` in its
-//! session; the lowest sequence number holds the lock; every other contender watches
-//! only the node just before its own and looks again when that one goes (FIFO, one
-//! waiter woken per release). The create and the listing of the queue are sent together
+//! session; the oldest node holds the lock; every other contender watches only the node
+//! just before its own and looks again when that one goes (FIFO, one waiter woken per
+//! release). Other clients' nodes on the path (kazoo's `__lock__`, any name ending in a
+//! sequence number) are contenders too, exclusive unless known to be readers, and a
+//! path that a semaphore of theirs uses is refused (`contender.rs`, docs/zookeeper.md).
+//! The create and the listing of the queue are sent together
 //! (one round trip), the release is one delete: an uncontended lock and release cost two
 //! round trips, each one write through ZooKeeper's atomic broadcast.
 //!
@@ -50,9 +53,11 @@
 //!
 //! The random `_c_<uuid>` id in the node's name is chosen before the create is sent. If
 //! the create's answer is lost (the connection broke, the request timed out), the node is
-//! looked for by that id (after a `sync`) instead of being created a second time. A
-//! dropped or timed-out acquisition removes its node in the background, finding it by the
-//! id if need be, retrying until the server confirms or the session is gone.
+//! looked for by that id (after a `sync`) instead of being created a second time, and
+//! the session is retired (it closes with its last lock, taking any node a create applied
+//! still later left behind). A dropped or timed-out acquisition removes its node in the
+//! background, finding it by the id if need be, retrying until the server confirms or the
+//! session is gone.
 //!
 //! # What is offered beside the lock, and what is not
 //!
