@@ -66,6 +66,22 @@ impl RedisLocker {
         Ok(states)
     }
 
+    /// The last token lock `name`'s counter handed out, whether or not the lock is held
+    /// now; `None` before the first attempt, or when the counter is gone (a flush, an
+    /// eviction, a failover to a replica that missed it). An operator compares it with
+    /// the newest token storage has accepted (`fencelock locks --newest-token`): a
+    /// counter below it hands out tokens again.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    #[tracing::instrument(skip(self), fields(backend = "redis"))]
+    pub async fn last_token(&self, name: &str) -> Result<Option<u64>, LockError> {
+        validate_name(name)?;
+        let key = format!("{}:lock:{name}", self.prefix());
+        Ok(self.state(name, false, vec![key]).await?.last_token)
+    }
+
     /// Every lock and semaphore of this locker's prefix that is held, by name.
     ///
     /// # Cancel safety

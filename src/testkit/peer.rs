@@ -9,7 +9,8 @@
 //! overlap being a marker found already there), `quit`. An answer starting with `error`
 //! is the peer's own failure. kazoo's recipes: `lock`, `read`, `write`, `semaphore`
 //! (PATTERNs are its `extra_lock_patterns`); Curator's: `mutex`, `read`, `write`,
-//! `semaphore` (`InterProcessSemaphoreV2` with one lease).
+//! `semaphore` (`InterProcessSemaphoreV2` with one lease), `semaphore-v1` (the deprecated
+//! `InterProcessSemaphore`, one lease).
 //!
 //! kazoo needs a Python that imports it (Debian's `python3-kazoo`; `FENCELOCK_PYTHON`
 //! names the interpreter). Curator needs the JDK's `javac` (`FENCELOCK_JAVAC_BIN`) and

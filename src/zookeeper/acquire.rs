@@ -220,10 +220,14 @@ async fn join(
                     Err(err) => return Err(err),
                 }
             }
-            Err(err) if err.outcome_unknown() && attempts < CREATE_ATTEMPTS => {
-                // Protected mode: the create may have been applied. Look for it.
+            Err(err) if err.outcome_unknown() => {
+                // Protected mode: the create may have been applied (the last one too,
+                // which is not looked for: the entry's removal sweeps for it).
                 node.ambiguous = true;
                 session.retire();
+                if attempts >= CREATE_ATTEMPTS {
+                    return Err(err);
+                }
                 if let Some(path) = find_patiently(session, node).await? {
                     let stat_path = path.clone();
                     let stat = session

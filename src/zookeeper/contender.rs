@@ -145,13 +145,15 @@ pub(crate) fn queue(children: Vec<String>, cversion: i32) -> Result<Vec<Contende
             return Err(recipe);
         }
         // A reading whose prefix ends in a recipe's marker is the server's (after
-        // `lock-` a negative number reads `lock--...`); otherwise the nearer one.
+        // `lock-` a negative number reads `lock--...`). Between two readings of an
+        // unknown name, the older: it is exclusive, and taking it for younger than it
+        // is could grant a lock beside it (near the wrap both readings are near).
         let Some((kind, age)) = readings(&name)
             .map(|(prefix_len, sequence)| {
                 let kind = ContenderKind::of_prefix(&name[..prefix_len]);
                 (kind, age(cversion, sequence))
             })
-            .min_by_key(|(kind, age)| (*kind == ContenderKind::Unknown, *age))
+            .max_by_key(|(kind, age)| (*kind != ContenderKind::Unknown, *age))
         else {
             continue;
         };
@@ -173,8 +175,8 @@ fn age(cversion: i32, sequence: i32) -> u32 {
 /// (`-000000042`), or a minus and ten digits (`-1500000000`, magnitude at least 10^9).
 /// Ten digits after a `-` read both as a positive number after a name ending in `-`
 /// (`lock-`) and as a negative one: a recipe's marker before the number tells them
-/// apart, and for other names the age does (the wrong reading is far from the parent's
-/// `cversion` except right at the wrap).
+/// apart; an unknown name is taken at its older reading (waiting longer than needed
+/// beats being granted beside it).
 fn readings(name: &str) -> impl Iterator<Item = (usize, i32)> + '_ {
     let bytes = name.as_bytes();
     let digits = bytes
@@ -285,13 +287,20 @@ mod tests {
     }
 
     #[test]
-    fn ten_digits_after_a_minus_are_read_by_their_age() {
-        // `latch-1500000000` is latch- and 1,500,000,000 near that cversion, and latch
-        // and -1,500,000,000 near its negative.
-        let near_positive = queue(vec!["x-latch-1500000000".into()], 1_500_000_003).expect("ok");
-        assert_eq!(near_positive[0].age, 3);
-        let near_negative = queue(vec!["x-latch-1500000000".into()], -1_499_999_990).expect("ok");
-        assert_eq!(near_negative[0].age, 10);
+    fn an_unknown_name_that_reads_two_ways_is_taken_at_its_older_reading() {
+        // `x-latch-2147483640` is latch- and 2,147,483,640 (100 changes ago) or latch and
+        // -2,147,483,640 (84 changes ago). Taken as the younger, it would sort behind our
+        // node of 90 changes ago, and our lock would be granted beside it.
+        let queued = queue(
+            vec!["_c_a-lock--2147483646".into(), "x-latch-2147483640".into()],
+            -2_147_483_556,
+        )
+        .expect("ok");
+        assert_eq!(
+            names(&queued),
+            ["x-latch-2147483640", "_c_a-lock--2147483646"]
+        );
+        assert_eq!(queued[0].age, 100);
         assert!(
             readings("x-lock-0000000001").count() == 1,
             "no negative with a leading 0"

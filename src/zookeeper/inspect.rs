@@ -16,6 +16,10 @@ pub struct ZooKeeperLockState {
     /// Its contenders' nodes in queue order, whichever client made them (kazoo's and
     /// Curator's too); the first holds the lock.
     pub entries: Vec<ZooKeeperEntry>,
+    /// The other client's recipe that uses this path in a way fencelock cannot queue
+    /// beside (a semaphore): its acquisitions are refused
+    /// ([`LockError::IncompatibleRecipe`]), and `entries` is empty.
+    pub incompatible: Option<&'static str>,
 }
 
 /// One contender's node.
@@ -38,7 +42,9 @@ pub struct ZooKeeperEntry {
 }
 
 impl ZooKeeperLocker {
-    /// The queue of the lock `name` (empty if nobody holds or waits for it).
+    /// The queue of the lock `name` (empty if nobody holds or waits for it; empty with
+    /// [`incompatible`](ZooKeeperLockState::incompatible) set if another client's
+    /// semaphore uses its path).
     #[tracing::instrument(skip(self), fields(backend = "zookeeper"))]
     pub async fn inspect(&self, name: &str) -> Result<ZooKeeperLockState, LockError> {
         validate_name(name)?;
@@ -57,12 +63,16 @@ impl ZooKeeperLocker {
                 .map(|(children, parent)| (children, parent.cversion))
                 .map_err(fail)?,
         };
-        let contenders =
-            queue(children, cversion).map_err(|recipe| LockError::IncompatibleRecipe {
-                backend: Backend::ZooKeeper,
-                lock: name.to_owned(),
-                recipe: recipe.describe(),
-            })?;
+        let contenders = match queue(children, cversion) {
+            Ok(contenders) => contenders,
+            Err(recipe) => {
+                return Ok(ZooKeeperLockState {
+                    name: name.to_owned(),
+                    entries: Vec::new(),
+                    incompatible: Some(recipe.describe()),
+                });
+            }
+        };
         let mut entries = Vec::new();
         // Whether a node that does not share with readers was seen yet.
         let mut exclusive_ahead = false;
@@ -93,6 +103,7 @@ impl ZooKeeperLocker {
         Ok(ZooKeeperLockState {
             name: name.to_owned(),
             entries,
+            incompatible: None,
         })
     }
 
@@ -159,7 +170,7 @@ impl ZooKeeperLocker {
         let mut states = Vec::new();
         for name in names.iter().filter(|name| validate_name(name).is_ok()) {
             let state = self.inspect(name).await?;
-            if !state.entries.is_empty() {
+            if !state.entries.is_empty() || state.incompatible.is_some() {
                 states.push(state);
             }
         }

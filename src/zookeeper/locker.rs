@@ -119,17 +119,6 @@ impl ZooKeeperLocker {
         Ok(session)
     }
 
-    /// Lets go of the shared `session` (retired or lost): it closes once the last lock
-    /// or removal that holds it is done. (A retired session that an acquisition dropped
-    /// mid-way left in the map is replaced by the next acquisition with its TTL.)
-    async fn forget(&self, session: &Arc<Session>) {
-        self.inner
-            .sessions
-            .lock()
-            .await
-            .retain(|_, shared| !Arc::ptr_eq(shared, session));
-    }
-
     pub(crate) async fn acquire(
         &self,
         name: &str,
@@ -142,18 +131,11 @@ impl ZooKeeperLocker {
         let started = Instant::now();
         let attempt = async {
             let session = self.session_for(options).await?;
-            let acquired = acquire(
-                session.clone(),
-                &self.inner.config.namespace,
-                name,
-                mark,
-                wait,
-            )
-            .await;
-            if !session.accepts_new() {
-                self.forget(&session).await;
-            }
-            acquired
+            let _forget = ForgetIfRetired {
+                locker: self,
+                session: session.clone(),
+            };
+            acquire(session, &self.inner.config.namespace, name, mark, wait).await
         };
         let result = match options.wait_timeout().filter(|_| wait) {
             Some(limit) => match tokio::time::timeout(limit, attempt).await {
@@ -167,6 +149,34 @@ impl ZooKeeperLocker {
         };
         crate::metrics::acquisition(crate::Backend::ZooKeeper, name, started, &result);
         result
+    }
+}
+
+/// Lets go of an acquisition's shared session once the acquisition ends (or is dropped)
+/// if it is retired or lost, so that it closes with its last lock or removal instead of
+/// living on in the map. In the background: the map's lock is held while a new session
+/// opens, which must not delay a grant.
+struct ForgetIfRetired<'a> {
+    locker: &'a ZooKeeperLocker,
+    session: Arc<Session>,
+}
+
+impl Drop for ForgetIfRetired<'_> {
+    fn drop(&mut self) {
+        if self.session.accepts_new() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (inner, session) = (self.locker.inner.clone(), self.session.clone());
+        runtime.spawn(async move {
+            inner
+                .sessions
+                .lock()
+                .await
+                .retain(|_, shared| !Arc::ptr_eq(shared, &session));
+        });
     }
 }
 

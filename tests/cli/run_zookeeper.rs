@@ -313,14 +313,20 @@ async fn locks_on_zookeeper_shows_a_kazoo_holder_with_its_kind() {
     let waiter = ZooKeeperLocker::connect(cluster.config(&format!("/{ns}")))
         .await
         .expect("connect");
-    assert!(
-        waiter
-            .try_lock("job", &LockOptions::new())
+    let queued = tokio::spawn(async move { waiter.lock("job", &LockOptions::new()).await });
+    let admin = cluster.client().await.expect("admin");
+    loop {
+        let (children, _, watcher) = admin
+            .get_and_watch_children(&format!("/{ns}/job"))
             .await
-            .expect("try_lock")
-            .is_none(),
-        "kazoo holds"
-    );
+            .expect("watch");
+        if children.len() == 2 {
+            break;
+        }
+        tokio::time::timeout(Duration::from_secs(10), watcher.changed())
+            .await
+            .expect("our waiter joins");
+    }
     let output = fencelock_on("locks", &cluster.connect_string(), &format!("/{ns}"))
         .args(["--lock", "job", "--json"])
         .output()
@@ -329,7 +335,8 @@ async fn locks_on_zookeeper_shows_a_kazoo_holder_with_its_kind() {
     let out = String::from_utf8_lossy(&output.stdout);
     let report: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     let holders = report["locks"][0]["holders"].as_array().expect("holders");
-    assert_eq!(holders.len(), 1, "{out}");
+    let waiters = report["locks"][0]["waiters"].as_array().expect("waiters");
+    assert_eq!((holders.len(), waiters.len()), (1, 1), "{out}");
     assert_eq!(holders[0]["kind"], "kazoo-lock", "{out}");
     assert!(
         holders[0]["path"]
@@ -337,5 +344,71 @@ async fn locks_on_zookeeper_shows_a_kazoo_holder_with_its_kind() {
             .is_some_and(|path| path.contains("__lock__")),
         "{out}"
     );
+    assert_eq!(waiters[0]["kind"], "lock", "{out}");
     kazoo.ask("release", answer).await.expect("release");
+    let granted = tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("our waiter is granted once kazoo releases")
+        .expect("task")
+        .expect("lock");
+    let _ = granted.release().await;
+}
+
+/// A path another client's semaphore uses is reported as refused, not as a failure of the
+/// whole report: the other locks of the namespace are listed, and `--newest-token` still
+/// checks (the report used to fail with 70 at the first such path).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_on_zookeeper_lists_a_semaphore_path_as_refused() {
+    let cluster = zookeeper();
+    let ns = "/cli-zk-semaphore";
+    let mut curator = fencelock::testkit::LockPeer::curator(&cluster.connect_string())
+        .await
+        .expect("curator");
+    let answer = Duration::from_secs(30);
+    assert_eq!(
+        curator
+            .ask(&format!("hold semaphore {ns}/sem"), answer)
+            .await
+            .expect("hold"),
+        "held"
+    );
+    let locks = ZooKeeperLocker::connect(cluster.config(ns))
+        .await
+        .expect("connect");
+    let held = locks.lock("job", &LockOptions::new()).await.expect("lock");
+    let refused = locks
+        .try_lock("sem", &LockOptions::new())
+        .await
+        .expect_err("the semaphore's path is refused");
+    assert!(refused.is_incompatible_recipe(), "{refused}");
+    let output = fencelock_on("locks", &cluster.connect_string(), ns)
+        .args(["--json", "--newest-token", "1"])
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .expect("fencelock locks");
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{out}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let by_name = |name: &str| {
+        report["locks"]
+            .as_array()
+            .and_then(|locks| locks.iter().find(|lock| lock["name"] == name))
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name} in {out}"))
+    };
+    assert_eq!(by_name("job")["holders"][0]["token"], held.token().get());
+    assert!(
+        by_name("sem")["incompatible"]
+            .as_str()
+            .is_some_and(|recipe| recipe.contains("InterProcessSemaphoreV2")),
+        "{out}"
+    );
+    let _ = held.release().await;
+    curator.ask("release", answer).await.expect("release");
 }

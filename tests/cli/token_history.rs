@@ -2,14 +2,15 @@
 //! data dir restored from an older copy does go back: its zxids start again below tokens
 //! storage has already seen, so the fence refuses every new holder's writes, and
 //! `fencelock locks --newest-token` says why. On etcd the same check runs against the
-//! store's current revision.
+//! store's current revision, and on Redis against a lock's counter, held or not.
 
 use std::process::Stdio;
 use std::time::Duration;
 
 use fencelock::etcd::EtcdLocker;
 use fencelock::postgres::{Fence, FenceError};
-use fencelock::testkit::{EtcdCluster, PostgresServer, ZooKeeperCluster};
+use fencelock::redis::{RedisConfig, RedisLocker};
+use fencelock::testkit::{EtcdCluster, PostgresServer, RedisServer, ZooKeeperCluster};
 use fencelock::zookeeper::ZooKeeperLocker;
 use fencelock::{FencingToken, LockBackend, LockGuard, LockOptions, ReleaseOutcome};
 use tokio::process::Command;
@@ -157,4 +158,38 @@ async fn the_check_compares_a_token_with_etcds_current_revision() {
         guard.release().await.expect("release"),
         ReleaseOutcome::Released
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_compares_a_token_with_a_redis_locks_counter_held_or_not() {
+    let redis = RedisServer::start().await.expect("redis");
+    let url = redis.url();
+    let locks = RedisLocker::connect(RedisConfig::new(url.clone()))
+        .await
+        .expect("connect");
+    let mut last = 0;
+    for _ in 0..5 {
+        let guard = locks.lock("job", &LockOptions::new()).await.expect("lock");
+        last = guard.token().get();
+        let _ = guard.release().await;
+    }
+    let args = ["--backend", "redis", "--redis", &url, "--lock", "job"];
+    // Nobody holds it: the counter is read all the same.
+    let (code, stderr) = check(&args, last).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, stderr) = check(&args, last + 1).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("counter is at {last}")),
+        "{stderr}"
+    );
+    // The counter lost (a flush; a failover to a replica that missed it).
+    let mut admin = redis.connection().await.expect("admin");
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut admin)
+        .await
+        .expect("flush");
+    let (code, stderr) = check(&args, last).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("counter is gone"), "{stderr}");
 }

@@ -10,7 +10,7 @@ use fencelock::{LockBackend, LockError, LockGuard, LockOptions};
 use tokio::task::JoinHandle;
 use zookeeper_client::Client;
 
-use crate::support::{admin, await_children, namespace, shared, within};
+use crate::support::{admin, await_children, children, namespace, shared, within};
 
 /// A locker reaching the shared server through a fault proxy, whose first request (the
 /// create of the lock's node: its parent exists already) the server applies while the
@@ -20,7 +20,7 @@ struct HeldCreate {
     proxy: FaultProxy,
     /// The lock's parent node.
     parent: String,
-    /// The node the server created, as the admin sees it.
+    /// The node the server created for the acquisition, as the admin sees it.
     created: Vec<String>,
     /// The acquisition, running; it returns the locker with its outcome.
     locking: JoinHandle<(ZooKeeperLocker, Result<ZooKeeperGuard, LockError>)>,
@@ -28,6 +28,11 @@ struct HeldCreate {
 
 impl HeldCreate {
     async fn start(ns: &str, request_timeout: Duration) -> Self {
+        Self::start_waiting(ns, request_timeout, Duration::from_secs(8)).await
+    }
+
+    /// [`start`](Self::start) with the acquisition's wait timeout.
+    async fn start_waiting(ns: &str, request_timeout: Duration, wait: Duration) -> Self {
         let cluster = shared();
         let admin = admin(cluster).await;
         let proxy = FaultProxy::start(cluster.address(0).parse().expect("address"))
@@ -39,23 +44,31 @@ impl HeldCreate {
             .with_request_timeout(request_timeout);
         let locker = ZooKeeperLocker::connect(config).await.expect("connect");
         let parent = format!("{ns}/job");
-        admin
+        let made = admin
             .mkdir(
                 &parent,
                 &zookeeper_client::CreateMode::Persistent
                     .with_acls(zookeeper_client::Acls::anyone_all()),
             )
-            .await
-            .expect("mkdir");
+            .await;
+        assert!(
+            matches!(made, Ok(()) | Err(zookeeper_client::Error::NodeExists)),
+            "mkdir: {made:?}"
+        );
+        let before = children(&admin, &parent).await;
         proxy.hold_answers();
         let options = LockOptions::new()
             .with_ttl(Duration::from_secs(10))
-            .with_wait_timeout(Duration::from_secs(8));
+            .with_wait_timeout(wait);
         let locking = tokio::spawn(async move {
             let guard = locker.lock("job", &options).await;
             (locker, guard)
         });
-        let created = await_children(&admin, &parent, 1).await;
+        let created: Vec<String> = await_children(&admin, &parent, before.len() + 1)
+            .await
+            .into_iter()
+            .filter(|child| !before.contains(child))
+            .collect();
         Self {
             admin,
             proxy,
@@ -180,5 +193,72 @@ async fn a_create_applied_late_is_removed_and_its_session_retired() {
         session,
         "the retired session is not reused"
     );
+    session_closes(session).await;
     let _ = next.release().await;
+}
+
+/// Waits until the server no longer lists session `id` among its connections (`cons`):
+/// nothing tells a third party that a session closed, so the four-letter answer is read
+/// again until it does, within 10 s.
+async fn session_closes(id: i64) {
+    let sid = format!("sid=0x{id:x}");
+    within(
+        Duration::from_secs(10),
+        "the retired session to close",
+        async {
+            while shared()
+                .four_letter(0, "cons")
+                .await
+                .expect("cons")
+                .contains(&sid)
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        },
+    )
+    .await;
+}
+
+/// A retired session closes when the acquisition that retired it is dropped (here by its
+/// wait timeout, while it waits behind another holder): nothing else holds it, and a
+/// create applied later than the sweep would live on with it otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retired_session_closes_when_its_acquisition_is_dropped() {
+    let ns = namespace("protected-dropped");
+    let holder = crate::support::locker(shared(), &ns).await;
+    let held_by_other = holder
+        .lock("job", &LockOptions::new())
+        .await
+        .expect("the other holder");
+    let mut held =
+        HeldCreate::start_waiting(&ns, Duration::from_millis(300), Duration::from_secs(3)).await;
+    // The session the acquisition runs in: the owner of the node it created.
+    let mine = format!("{}/{}", held.parent, held.created[0]);
+    let owner = held
+        .admin
+        .check_stat(&mine)
+        .await
+        .expect("stat")
+        .expect("our node")
+        .ephemeral_owner;
+    held.proxy.sever();
+    held.proxy.heal();
+    let (_locker, outcome) = within(
+        Duration::from_secs(15),
+        "the acquisition",
+        &mut held.locking,
+    )
+    .await
+    .expect("task");
+    assert!(
+        outcome.as_ref().is_err_and(LockError::is_wait_timeout),
+        "{outcome:?}"
+    );
+    session_closes(owner).await;
+    assert_eq!(
+        await_children(&held.admin, &held.parent, 1).await.len(),
+        1,
+        "only the other holder's node is left"
+    );
+    let _ = held_by_other.release().await;
 }

@@ -267,17 +267,19 @@ async fn redis_report(args: &LocksArgs) -> Result<Found, LockError> {
         Some(name) => locks.inspect(name).await?,
         None => locks.inspect_all().await?,
     };
-    let behind = args.newest_token.and_then(|newest| {
-        let last = states.iter().filter_map(|state| state.last_token).max();
-        last.is_none_or(|last| last < newest).then(|| {
-            let counter = last.map_or_else(|| "none".to_owned(), |last| last.to_string());
-            history_behind(
-                &format!("the lock's token counter is at {counter}"),
-                newest,
-                "docs/redis.md",
-            )
-        })
-    });
+    let behind = match (args.newest_token, &args.lock) {
+        (Some(newest), Some(name)) => {
+            let last = locks.last_token(name).await?;
+            last.is_none_or(|last| last < newest).then(|| {
+                let counter = last.map_or_else(
+                    || "the lock's token counter is gone".to_owned(),
+                    |last| format!("the lock's token counter is at {last}"),
+                );
+                history_behind(&counter, newest, "docs/redis.md")
+            })
+        }
+        _ => None,
+    };
     let report = if args.json {
         redis_json(&args.service.namespace, &states)
     } else {
@@ -393,7 +395,8 @@ async fn zookeeper_report(args: &LocksArgs) -> Result<Found, LockError> {
 /// `ENTRY = {"path": ..., "token": czxid, "session_id": ..., "role": "exclusive" |
 /// "reader", "kind": "lock" | "reader" | "writer" | "kazoo-lock" | "kazoo-reader" |
 /// "unknown"}` (readers of a read-write lock share it; `kind` names the recipe, and
-/// other clients' nodes on the path are listed too).
+/// other clients' nodes on the path are listed too); `"incompatible"` names the other
+/// client's semaphore whose path fencelock refuses to share (`null` otherwise).
 fn zookeeper_json(namespace: &str, states: &[ZooKeeperLockState]) -> String {
     let entry = |e: &ZooKeeperEntry| {
         json!({
@@ -412,6 +415,7 @@ fn zookeeper_json(namespace: &str, states: &[ZooKeeperLockState]) -> String {
                 "name": state.name,
                 "holders": holders.into_iter().map(entry).collect::<Vec<_>>(),
                 "waiters": waiters.into_iter().map(entry).collect::<Vec<_>>(),
+                "incompatible": state.incompatible,
             })
         })
         .collect();
@@ -425,7 +429,10 @@ fn zookeeper_json(namespace: &str, states: &[ZooKeeperLockState]) -> String {
 fn zookeeper_table(states: &[ZooKeeperLockState]) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
-    if states.iter().all(|s| s.entries.is_empty()) {
+    if states
+        .iter()
+        .all(|s| s.entries.is_empty() && s.incompatible.is_none())
+    {
         out.push_str("no lock is held or waited for\n");
         return out;
     }
@@ -435,6 +442,13 @@ fn zookeeper_table(states: &[ZooKeeperLockState]) -> String {
         "lock", "state", "kind", "token (czxid)", "session"
     );
     for state in states {
+        if let Some(recipe) = state.incompatible {
+            let _ = writeln!(
+                out,
+                "{:<24} refused: its path is shared with {recipe}",
+                state.name
+            );
+        }
         for (place, entry) in state.entries.iter().enumerate() {
             let position = if entry.holds {
                 "holds".to_owned()

@@ -1,7 +1,8 @@
 // An Apache Curator client the interop tests drive over stdin, one command per line: the
 // same protocol as kazoo_peer.py (hold, try, release, loop, quit). RECIPE: mutex
 // (InterProcessMutex), read and write (InterProcessReadWriteLock), semaphore
-// (InterProcessSemaphoreV2 with one lease). Compiled by the test with the JDK's javac
+// (InterProcessSemaphoreV2 with one lease), semaphore-v1 (the deprecated
+// InterProcessSemaphore with one lease). Compiled by the test with the JDK's javac
 // against Debian's libcurator-recipes-java.
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
@@ -34,6 +35,19 @@ public class CuratorPeer {
             case "write": return wrap(new InterProcessReadWriteLock(client, path).writeLock());
             case "semaphore": {
                 InterProcessSemaphoreV2 semaphore = new InterProcessSemaphoreV2(client, path, 1);
+                return new Held() {
+                    Lease lease;
+                    public boolean acquire(long millis) throws Exception {
+                        lease = semaphore.acquire(millis, TimeUnit.MILLISECONDS);
+                        return lease != null;
+                    }
+                    public void release() throws Exception { semaphore.returnLease(lease); }
+                };
+            }
+            case "semaphore-v1": {
+                @SuppressWarnings("deprecation")
+                org.apache.curator.framework.recipes.locks.InterProcessSemaphore semaphore =
+                    new org.apache.curator.framework.recipes.locks.InterProcessSemaphore(client, path, 1);
                 return new Held() {
                     Lease lease;
                     public boolean acquire(long millis) throws Exception {

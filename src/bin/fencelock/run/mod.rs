@@ -84,8 +84,9 @@ pub struct RunArgs {
     /// Time between SIGTERM and SIGKILL when renewals stop being confirmed (SIGKILL comes
     /// no later than the lease deadline), and for processes the command leaves behind.
     /// Default: a quarter of --ttl, at most 5s; at most half of --ttl (on ZooKeeper a
-    /// sixth and a third of the granted session timeout: a healthy lock's time left
-    /// swings down to half of it there, not to two thirds). Renewals go out
+    /// sixth and a third of the granted session timeout, checked once connected: a
+    /// healthy lock's time left swings down to half of it there, not to two thirds).
+    /// Renewals go out
     /// every third of --ttl; one that fails or gets no answer within a ninth of --ttl
     /// (250ms to 1s) is retried (on etcd at once, then) after 100ms, 200ms, ... (at most
     /// that ninth), on etcd, Redis and Redlock alike:
@@ -214,7 +215,9 @@ impl Failure {
 
     fn from_lock_error(err: LockError) -> Self {
         Self {
-            code: if err.is_invalid_input() {
+            // A name another client's recipe holds is the caller's to change, as a bad
+            // name is: retrying does not help.
+            code: if err.is_invalid_input() || err.is_incompatible_recipe() {
                 EXIT_USAGE
             } else {
                 EXIT_INTERNAL
