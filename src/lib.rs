@@ -66,12 +66,14 @@
 
 mod backend;
 mod error;
+mod holder;
 // The lease deadline of the lease-based backends.
 #[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper"))]
 mod lease_clock;
 mod loss;
 pub mod metrics;
 mod name;
+mod operate;
 mod options;
 #[cfg(any(feature = "etcd", feature = "redis"))]
 mod retry;
@@ -104,8 +106,10 @@ pub mod zookeeper;
 
 pub use backend::{LockBackend, LockGuard, ReleaseOutcome};
 pub use error::{Backend, BoxError, LockError};
+pub use holder::{HolderInfo, MAX_LABEL_LEN};
 pub use loss::LossReason;
 pub use name::{MAX_NAME_LEN, validate_name};
+pub use operate::{BreakOutcome, TokenCheck};
 pub use options::{LockOptions, MAX_TTL};
 pub use tls::{Pem, TlsConfig};
 pub use token::FencingToken;

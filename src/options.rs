@@ -27,6 +27,9 @@ pub struct LockOptions {
     ttl: Duration,
     wait_timeout: Option<Duration>,
     renew: bool,
+    holder_info: bool,
+    holder_label: Option<String>,
+    holder_program: Option<String>,
 }
 
 impl Default for LockOptions {
@@ -35,6 +38,9 @@ impl Default for LockOptions {
             ttl: Duration::from_secs(10),
             wait_timeout: None,
             renew: true,
+            holder_info: true,
+            holder_label: None,
+            holder_program: None,
         }
     }
 }
@@ -73,6 +79,52 @@ impl LockOptions {
     pub fn with_renewal(mut self, renew: bool) -> Self {
         self.renew = renew;
         self
+    }
+
+    /// A label recorded with the holder (a job id, a URL: at most 256 bytes), for
+    /// operators (`fencelock locks`, the backends' `inspect`). See
+    /// [`HolderInfo`](crate::HolderInfo).
+    pub fn with_holder_label(mut self, label: impl Into<String>) -> Self {
+        self.holder_label = Some(label.into());
+        self
+    }
+
+    /// Whether the acquisition records who holds (the default): host name, pid, program,
+    /// the time asked (by this machine's clock), the TTL and the label, where the backend
+    /// keeps them (the ZooKeeper node's data, the etcd key's value, the Redis key's
+    /// value). `false` records nothing, for services whose host or program names must
+    /// not reach the lock service.
+    pub fn with_holder_info(mut self, record: bool) -> Self {
+        self.holder_info = record;
+        self
+    }
+
+    /// The program recorded with the holder, instead of the file name this process was
+    /// started as (`fencelock run` records the command it runs).
+    pub fn with_holder_program(mut self, program: impl Into<String>) -> Self {
+        self.holder_program = Some(program.into());
+        self
+    }
+
+    /// The holder's label, if one was given.
+    #[must_use]
+    pub fn holder_label(&self) -> Option<&str> {
+        self.holder_label.as_deref()
+    }
+
+    /// The holder record an acquisition with these options leaves, made now; `None`
+    /// when [`with_holder_info`](Self::with_holder_info) is off. (PostgreSQL advisory
+    /// locks keep no record: the server shows their sessions itself.)
+    #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
+    pub(crate) fn holder_record(&self) -> Option<Vec<u8>> {
+        self.holder_info.then(|| {
+            crate::HolderInfo::this_process(
+                self.ttl,
+                self.holder_label.as_deref(),
+                self.holder_program.as_deref(),
+            )
+            .encode()
+        })
     }
 
     /// The lease TTL.
@@ -114,6 +166,18 @@ impl LockOptions {
             return Err(invalid(
                 "ttl",
                 format!("{:?} is above the maximum of 24h", self.ttl),
+            ));
+        }
+        if let Some(label) = &self.holder_label
+            && label.len() > crate::holder::MAX_LABEL_LEN
+        {
+            return Err(invalid(
+                "holder_label",
+                format!(
+                    "{} bytes: at most {} are recorded",
+                    label.len(),
+                    crate::holder::MAX_LABEL_LEN
+                ),
             ));
         }
         if self.wait_timeout == Some(Duration::ZERO) {

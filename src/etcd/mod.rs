@@ -28,6 +28,7 @@ mod keys;
 mod kind;
 mod late_joins;
 mod locker;
+mod operate;
 mod queue;
 mod rwlock;
 mod semaphore;

@@ -20,6 +20,7 @@ mod inspect;
 mod keys;
 mod locker;
 mod node;
+mod operate;
 mod owner;
 mod renewer;
 mod scripts;

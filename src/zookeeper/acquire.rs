@@ -41,13 +41,14 @@ const CREATE_ATTEMPTS: usize = 5;
 /// finding it by its protected-mode id if the create's answer never came. The removal
 /// queues behind the create in the session, and is retried until confirmed or the
 /// session is gone (which removes the node).
-#[tracing::instrument(skip(session, namespace), fields(backend = "zookeeper", session = format_args!("{:#x}", session.id)))]
+#[tracing::instrument(skip(session, namespace, holder), fields(backend = "zookeeper", session = format_args!("{:#x}", session.id)))]
 pub(crate) async fn acquire(
     session: Arc<Session>,
     namespace: &str,
     name: &str,
     mark: Mark,
     wait: bool,
+    holder: &[u8],
 ) -> Result<Option<ZooKeeperGuard>, LockError> {
     let fail = |err: RequestError, operation| err.into_lock_error(operation, Some(name));
     let dir = format!("{namespace}/{name}");
@@ -61,7 +62,7 @@ pub(crate) async fn acquire(
         },
         armed: true,
     };
-    let (path, token, mut children) = join(&session, &mut entry.node, mark)
+    let (path, token, mut children) = join(&session, &mut entry.node, mark, holder)
         .await
         .map_err(|err| fail(err, "acquire"))?;
     entry.node.path = Some(path.clone());
@@ -169,7 +170,8 @@ pub(crate) async fn acquire(
 /// The children of a lock's node and its `cversion`, from one answer.
 type Listing = (Vec<String>, i32);
 
-/// Creates our node (the lock's node first if it is missing), with the queue as it
+/// Creates our node (the lock's node first if it is missing), holding `holder` as its
+/// data, with the queue as it
 /// stands right after the create when the answer came (`None` if it must be read).
 /// Returns the node's path and its czxid.
 ///
@@ -183,6 +185,7 @@ async fn join(
     session: &Session,
     node: &mut NodeRef,
     mark: Mark,
+    holder: &[u8],
 ) -> Result<(String, FencingToken, Option<Listing>), RequestError> {
     let prefix = format!("{}/{}{}", node.dir, node.id, mark.as_str());
     let mut attempts = 0;
@@ -192,7 +195,9 @@ async fn join(
         let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
         // Both requests are sent now, in this order, on one session: the listing sees
         // the create. One round trip for both.
-        let create = client.create(&prefix, b"", &options);
+        // The node's data is the holder record (`HolderInfo`), as kazoo and Curator put
+        // an identifier there: one create either way.
+        let create = client.create(&prefix, holder, &options);
         let listing = client.get_children(&node.dir);
         let timeout = session.request_timeout;
         let (created, listed) = tokio::join!(

@@ -3,9 +3,10 @@
 use zookeeper_client::{Acls, CreateMode, Error as ZkError};
 
 use super::ZooKeeperLocker;
-use super::contender::{ContenderKind, queue};
+use super::contender::{Contender, ContenderKind, Incompatible, queue};
 use super::error::RequestError;
-use crate::{Backend, FencingToken, LockError, LockOptions, validate_name};
+use super::session::Session;
+use crate::{Backend, FencingToken, HolderInfo, LockError, LockOptions, validate_name};
 
 /// One lock's queue, first in line first: the holder, then the waiters.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,6 +40,29 @@ pub struct ZooKeeperEntry {
     pub reader: bool,
     /// Which recipe made the node, as far as its name tells.
     pub kind: ContenderKind,
+    /// Who made it, from the holder record in its data (fencelock's nodes).
+    pub holder: Option<HolderInfo>,
+    /// Its data when it is not a holder record, as text (lossy UTF-8): kazoo's
+    /// identifier, Curator's address; `None` when empty.
+    pub data: Option<String>,
+}
+
+/// The contenders under the lock's node `dir`, in queue order (none if it does not
+/// exist), or the other client's recipe that makes the path unusable.
+pub(super) async fn queue_of(
+    session: &Session,
+    dir: &str,
+) -> Result<Result<Vec<Contender>, Incompatible>, RequestError> {
+    let listed = session
+        .call(|client| async move { client.get_children(dir).await })
+        .await;
+    Ok(match listed {
+        Err(RequestError::Server(ZkError::NoNode)) => Ok(Vec::new()),
+        other => {
+            let (children, parent) = other?;
+            queue(children, parent.cversion)
+        }
+    })
 }
 
 impl ZooKeeperLocker {
@@ -51,19 +75,7 @@ impl ZooKeeperLocker {
         let fail = |err: RequestError| err.into_lock_error("inspect", Some(name));
         let session = self.session_for(&LockOptions::new()).await?;
         let dir = format!("{}/{name}", self.config().namespace);
-        let listed = {
-            let dir = dir.clone();
-            session
-                .call(|client| async move { client.get_children(&dir).await })
-                .await
-        };
-        let (children, cversion) = match listed {
-            Err(RequestError::Server(ZkError::NoNode)) => (Vec::new(), 0),
-            other => other
-                .map(|(children, parent)| (children, parent.cversion))
-                .map_err(fail)?,
-        };
-        let contenders = match queue(children, cversion) {
+        let contenders = match queue_of(&session, &dir).await.map_err(fail)? {
             Ok(contenders) => contenders,
             Err(recipe) => {
                 return Ok(ZooKeeperLockState {
@@ -79,22 +91,30 @@ impl ZooKeeperLocker {
         for contender in contenders {
             let exclusive = !contender.kind.shares_with_readers();
             let path = format!("{dir}/{}", contender.name);
-            let stat = {
+            let read = {
                 let path = path.clone();
                 session
-                    .call(|client| async move { client.check_stat(&path).await })
+                    .call(|client| async move { client.get_data(&path).await })
                     .await
-                    .map_err(fail)?
             };
-            // Gone between the listing and now: no longer in the queue.
-            let Some(stat) = stat else { continue };
+            let (data, stat) = match read {
+                Ok(read) => read,
+                // Gone between the listing and now: no longer in the queue.
+                Err(RequestError::Server(ZkError::NoNode)) => continue,
+                Err(err) => return Err(fail(err)),
+            };
+            let holder = HolderInfo::decode(&data);
             // First in line, or a reader with no writer ahead (readers share).
             let holds = entries.is_empty() || (!exclusive && !exclusive_ahead);
             exclusive_ahead |= exclusive;
+            let data = (holder.is_none() && !data.is_empty())
+                .then(|| String::from_utf8_lossy(&data).into_owned());
             entries.push(ZooKeeperEntry {
                 holds,
                 reader: !exclusive,
                 kind: contender.kind,
+                holder,
+                data,
                 path,
                 token: FencingToken::new(u64::try_from(stat.czxid).unwrap_or(0)),
                 session_id: stat.ephemeral_owner,

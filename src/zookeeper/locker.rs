@@ -135,7 +135,16 @@ impl ZooKeeperLocker {
                 locker: self,
                 session: session.clone(),
             };
-            acquire(session, &self.inner.config.namespace, name, mark, wait).await
+            let holder = options.holder_record().unwrap_or_default();
+            acquire(
+                session,
+                &self.inner.config.namespace,
+                name,
+                mark,
+                wait,
+                &holder,
+            )
+            .await
         };
         let result = match options.wait_timeout().filter(|_| wait) {
             Some(limit) => match tokio::time::timeout(limit, attempt).await {

@@ -82,6 +82,7 @@ mod heartbeat;
 mod inspect;
 mod locker;
 mod node;
+mod operate;
 mod rwlock;
 mod session;
 

@@ -3,6 +3,7 @@
 mod check_log;
 mod etcdctl_interop;
 mod locks;
+mod operate;
 mod run;
 mod run_blip;
 mod run_cut_off;

@@ -405,6 +405,8 @@ fn zookeeper_json(namespace: &str, states: &[ZooKeeperLockState]) -> String {
             "session_id": format!("{:#x}", e.session_id),
             "role": if e.reader { "reader" } else { "exclusive" },
             "kind": e.kind.as_str(),
+            "holder": e.holder.as_ref().map(holder_json),
+            "data": e.data,
         })
     };
     let locks: Vec<Value> = states
@@ -424,6 +426,34 @@ fn zookeeper_json(namespace: &str, states: &[ZooKeeperLockState]) -> String {
         "{}\n",
         serde_json::to_string_pretty(&report).unwrap_or_default()
     )
+}
+
+/// `{"host": ..., "pid": ..., "program": ..., "since": "2026-12-02T14:02:11Z" (the
+/// holder's clock), "since_unix_ms": ..., "ttl_ms": ..., "label": ...}`.
+fn holder_json(holder: &fencelock::HolderInfo) -> Value {
+    let since = holder
+        .since
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    json!({
+        "host": holder.host,
+        "pid": holder.pid,
+        "program": holder.program,
+        "since": humantime::format_rfc3339_seconds(holder.since).to_string(),
+        "since_unix_ms": u64::try_from(since.as_millis()).unwrap_or(u64::MAX),
+        "ttl_ms": u64::try_from(holder.ttl.as_millis()).unwrap_or(u64::MAX),
+        "label": holder.label,
+    })
+}
+
+/// The line under an entry that says who it is: its holder record, or another client's
+/// data (kazoo's identifier, Curator's address).
+fn who(holder: Option<&fencelock::HolderInfo>, data: Option<&str>) -> Option<String> {
+    match (holder, data) {
+        (Some(holder), _) => Some(holder.describe(std::time::SystemTime::now())),
+        (None, Some(data)) => Some(format!("data {data:?}")),
+        (None, None) => None,
+    }
 }
 
 fn zookeeper_table(states: &[ZooKeeperLockState]) -> String {
@@ -465,6 +495,9 @@ fn zookeeper_table(states: &[ZooKeeperLockState]) -> String {
                 entry.session_id,
                 entry.path
             );
+            if let Some(who) = who(entry.holder.as_ref(), entry.data.as_deref()) {
+                let _ = writeln!(out, "{:<24} `- {who}", "");
+            }
         }
     }
     out

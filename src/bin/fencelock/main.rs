@@ -7,6 +7,7 @@ mod chaos;
 mod endpoints;
 mod locks;
 mod metrics_listen;
+mod operate;
 mod run;
 mod security;
 mod service;
@@ -32,6 +33,12 @@ enum Command {
     Run(run::RunArgs),
     /// Show who holds which etcd lock (token, lease, TTL left) and who waits behind them.
     Locks(locks::LocksArgs),
+    /// Whether a token still holds its lock (exit 0) or not (1): for services that cannot
+    /// keep a fence row. A moment's answer: the fence in storage is what closes the window.
+    Check(operate::CheckArgs),
+    /// End one stuck holder safely: delete exactly the holder with a token (or owner, on
+    /// Redis), never one granted since; or every holder and waiter with --all.
+    Break(operate::BreakArgs),
     /// Check a log of critical sections (JSON lines) for overlapping holders, stale
     /// writes accepted or rejected, and tokens out of grant order.
     CheckLog(chaos::CheckLogArgs),
@@ -68,6 +75,8 @@ fn main() -> ExitCode {
         Command::Run(args) => return runtime.block_on(run::run(args)),
         Command::CheckLog(args) => return chaos::check_log(&args),
         Command::Locks(args) => return runtime.block_on(locks::locks(args)),
+        Command::Check(args) => return runtime.block_on(operate::check(args)),
+        Command::Break(args) => return runtime.block_on(operate::break_lock(args)),
         Command::ChaosWorker(args) => return runtime.block_on(chaos::worker::work(args)),
         command => command,
     };

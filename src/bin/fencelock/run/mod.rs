@@ -100,6 +100,14 @@ pub struct RunArgs {
     backend: RunBackend,
     #[command(flatten)]
     service: crate::service::ServiceArgs,
+    /// A label recorded with the holder (a job id, a URL; at most 256 bytes): `fencelock
+    /// locks` shows it beside the host, pid, command and since when. The command's name
+    /// is recorded as the holder's program.
+    #[arg(long, env = "FENCELOCK_LABEL")]
+    label: Option<String>,
+    /// Record nothing about the holder (host, pid, command, label) with the lock.
+    #[arg(long)]
+    no_holder_info: bool,
     /// The independent Redis masters, for --backend redlock (comma-separated).
     #[arg(
         long,
@@ -246,7 +254,17 @@ async fn run_inner(args: RunArgs) -> Result<u8, Failure> {
             code: start_failure_status(&err),
         });
     }
-    let mut options = LockOptions::new().with_ttl(args.ttl);
+    let command_name = std::path::Path::new(program).file_name().map_or_else(
+        || program.clone(),
+        |name| name.to_string_lossy().into_owned(),
+    );
+    let mut options = LockOptions::new()
+        .with_ttl(args.ttl)
+        .with_holder_program(command_name)
+        .with_holder_info(!args.no_holder_info);
+    if let Some(label) = &args.label {
+        options = options.with_holder_label(label.clone());
+    }
     if let Some(wait) = args.wait {
         options = options.with_wait_timeout(wait);
     }
