@@ -65,6 +65,17 @@ pub enum FenceError {
     #[error("unsupported transaction options: {0}")]
     UnsupportedOptions(&'static str),
 
+    /// The connection may still owe the answer to a statement whose future was dropped
+    /// (a caller's timeout, a cancelled task): mysql_async would hand that answer to the
+    /// next command, and every later answer would be one behind, so a refused fence could
+    /// read as passed. Nothing was sent on it. Drop the connection (closing it rolls back
+    /// whatever it left open) and use a new one.
+    #[error(
+        "the connection was abandoned in the middle of a statement (a dropped future) and may \
+         still owe its answer: drop it and connect again"
+    )]
+    ConnectionUnusable,
+
     /// The database failed (connection lost, SQL error, deadlock, ...). The transaction
     /// was not committed.
     #[error("database error: {0}")]
@@ -107,6 +118,14 @@ impl FenceError {
     #[must_use]
     pub fn is_conflict(&self) -> bool {
         matches!(self, Self::VersionConflict { .. })
+    }
+
+    /// The connection was abandoned mid-statement and is refused
+    /// ([`ConnectionUnusable`](Self::ConnectionUnusable)): drop it, and run the whole
+    /// transaction again on a new one.
+    #[must_use]
+    pub fn is_connection_unusable(&self) -> bool {
+        matches!(self, Self::ConnectionUnusable)
     }
 
     /// The row the write was meant for does not exist.

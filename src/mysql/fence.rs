@@ -149,11 +149,13 @@ impl Fence {
     ///
     /// # Cancel safety
     ///
-    /// Nothing is committed unless [`commit`](FencedTransaction::commit) is called. If
-    /// this future or the returned transaction is dropped, mysql_async rolls back before
-    /// the connection's next command, or the server does when the connection closes;
-    /// until then the fence row stays locked, and other writers of `resource` wait.
-    /// Drop or reuse the connection soon after.
+    /// Nothing is committed unless [`commit`](FencedTransaction::commit) is called. A
+    /// returned transaction that is dropped is rolled back by mysql_async before the
+    /// connection's next command. This future dropped while a statement waits for its
+    /// answer (a timeout while the fence row is locked by another writer) leaves the
+    /// connection owing that answer: every fence call on it is then refused with
+    /// [`FenceError::ConnectionUnusable`] and sends nothing. Drop such a connection: the
+    /// server rolls back when it closes, and until then the fence row stays locked.
     #[tracing::instrument(skip(self, conn), fields(table = self.table.sql(), token = %token))]
     pub async fn begin<'a>(
         &self,
@@ -179,6 +181,7 @@ impl Fence {
         token: FencingToken,
     ) -> Result<FencedTransaction<'a>, FenceError> {
         check_key(resource)?;
+        usable(conn)?;
         if options.consistent_snapshot() {
             return Err(FenceError::UnsupportedOptions(
                 "a consistent snapshot is taken before the fence row's lock is waited for, \
@@ -211,7 +214,10 @@ impl Fence {
     /// # Cancel safety
     ///
     /// Dropping the future leaves the transaction open in an unknown state (the fence row
-    /// may be locked or moved forward): roll it back, never commit it.
+    /// may be locked or moved forward) and the connection owing an answer: drop the
+    /// transaction and its connection, never commit it. (A fenced transaction's
+    /// [`commit`](FencedTransaction::commit) refuses such a connection; mysql_async's own
+    /// `Transaction::commit` does not.)
     #[tracing::instrument(skip(self, tx), fields(table = self.table.sql(), token = %token))]
     pub async fn check(
         &self,
@@ -220,6 +226,7 @@ impl Fence {
         token: FencingToken,
     ) -> Result<(), FenceError> {
         check_key(resource)?;
+        usable(tx)?;
         let value = Value::UInt(token.get());
         let key = Value::Bytes(resource.as_bytes().to_vec());
         tx.exec_drop(&self.lock_sql, vec![key.clone()]).await?;
@@ -254,6 +261,20 @@ impl Fence {
             first_column(conn, &sql, vec![Value::Bytes(resource.as_bytes().to_vec())]).await?;
         Ok(row.flatten().map(FencingToken::new))
     }
+}
+
+/// Refuses a connection that may owe the answer to an abandoned statement.
+///
+/// mysql_async marks a connection disconnected when a command starts and clears the mark
+/// when its answer has been read, so a future dropped in between (a timeout while the
+/// statement waits for the fence row) leaves the mark set, although the connection is
+/// still open; its next command would read the abandoned statement's answer as its own
+/// (mysql_async 0.37 sends it regardless). A connection really closed is marked too.
+fn usable(conn: &Conn) -> Result<(), FenceError> {
+    if conn.is_disconnected() {
+        return Err(FenceError::ConnectionUnusable);
+    }
+    Ok(())
 }
 
 /// A transaction that passed the fence. Use it like a [`Transaction`] (it derefs to one:
@@ -301,9 +322,12 @@ impl FencedTransaction<'_> {
     /// # Cancel safety
     ///
     /// Not cancel safe: once `COMMIT` is sent, dropping the future leaves its outcome
-    /// unknown (it may have committed).
+    /// unknown (it may have committed). If a statement of yours on this transaction was
+    /// abandoned before its answer came, nothing is sent and the answer is
+    /// [`FenceError::ConnectionUnusable`]: drop the connection, which rolls back.
     #[tracing::instrument(skip(self), fields(resource = %self.resource, token = %self.token))]
     pub async fn commit(self) -> Result<(), FenceError> {
+        usable(&self.tx)?;
         self.tx.commit().await?;
         Ok(())
     }
@@ -312,8 +336,10 @@ impl FencedTransaction<'_> {
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future still rolls back (before the connection's next command).
+    /// Dropping the future leaves the connection owing an answer (later fence calls on it
+    /// are refused): drop the connection, the server rolls back when it closes.
     pub async fn rollback(self) -> Result<(), FenceError> {
+        usable(&self.tx)?;
         self.tx.rollback().await?;
         Ok(())
     }

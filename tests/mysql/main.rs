@@ -5,6 +5,7 @@
 
 mod support;
 
+mod abandoned_begin;
 mod concurrent_writers;
 mod connect_errors;
 mod idempotency;
