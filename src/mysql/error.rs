@@ -76,6 +76,20 @@ pub enum FenceError {
     )]
     ConnectionUnusable,
 
+    /// The server ended the fenced transaction before `commit` (a deadlock rolled it
+    /// back, or a statement such as DDL committed it implicitly): nothing was committed
+    /// by `commit`. Statements run after that point ran outside the fence; with
+    /// `autocommit = 1` each of them was committed on its own.
+    #[error(
+        "the fenced transaction for {resource:?} had already ended on the server (rolled \
+         back by a deadlock, or committed implicitly by a statement such as DDL); \
+         statements after that ran unfenced, and nothing more was committed"
+    )]
+    TransactionEnded {
+        /// The protected resource.
+        resource: String,
+    },
+
     /// The database failed (connection lost, SQL error, deadlock, ...). The transaction
     /// was not committed.
     #[error("database error: {0}")]
@@ -126,6 +140,13 @@ impl FenceError {
     #[must_use]
     pub fn is_connection_unusable(&self) -> bool {
         matches!(self, Self::ConnectionUnusable)
+    }
+
+    /// `commit` found that the server had ended the fenced transaction already
+    /// ([`TransactionEnded`](Self::TransactionEnded)).
+    #[must_use]
+    pub fn is_transaction_ended(&self) -> bool {
+        matches!(self, Self::TransactionEnded { .. })
     }
 
     /// The row the write was meant for does not exist.

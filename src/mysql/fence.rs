@@ -189,7 +189,13 @@ impl Fence {
             ));
         }
         let mut tx = conn.start_transaction(options).await?;
-        if let Err(err) = self.check(&mut tx, resource, token).await {
+        let passed = match self.check(&mut tx, resource, token).await {
+            // The mark that `commit` looks for: a savepoint lives exactly as long as the
+            // transaction that took it.
+            Ok(()) => tx.query_drop(MARK).await.map_err(FenceError::from),
+            Err(err) => Err(err),
+        };
+        if let Err(err) = passed {
             // Free the fence row now rather than at the connection's next command.
             if let Err(rollback) = tx.rollback().await {
                 tracing::debug!(%rollback, "rollback after a refused fence failed");
@@ -263,6 +269,20 @@ impl Fence {
     }
 }
 
+/// The savepoint a fenced transaction takes once it has passed the fence, and releases
+/// just before `COMMIT`. The server can end a transaction without the client noticing: a
+/// deadlock rolls it back (and frees the fence row), a statement that commits implicitly
+/// (DDL, `LOCK TABLES`, `SET autocommit = 1`, ...) commits it; every statement after that
+/// runs outside it (autocommitted, unfenced; or, with `autocommit = 0`, in a new
+/// transaction of its own). A savepoint is gone with its transaction, so a `RELEASE` that
+/// fails with [`ER_SP_DOES_NOT_EXIST`] says the transaction `COMMIT` would end is not
+/// the fenced one. (`@@in_transaction` would not tell a new transaction from the fenced
+/// one, and MySQL has no such variable.)
+const MARK: &str = "SAVEPOINT fencelock_fenced";
+const RELEASE_MARK: &str = "RELEASE SAVEPOINT fencelock_fenced";
+/// "SAVEPOINT ... does not exist", MariaDB and MySQL.
+const ER_SP_DOES_NOT_EXIST: u16 = 1305;
+
 /// Refuses a connection that may owe the answer to an abandoned statement.
 ///
 /// mysql_async marks a connection disconnected when a command starts and clears the mark
@@ -317,7 +337,13 @@ impl FencedTransaction<'_> {
         self.token
     }
 
-    /// Commits the fence and the caller's statements together.
+    /// Commits the fence and the caller's statements together, if the server still runs
+    /// the transaction that passed the fence: one that the server ended in between (a
+    /// deadlock rolled it back; a statement such as `CREATE TABLE` committed it
+    /// implicitly) is not committed, and the answer is [`FenceError::TransactionEnded`].
+    /// Statements of yours that ran after that point ran unfenced, outside it (with
+    /// `autocommit = 1`, each committed on its own: that cannot be undone; with
+    /// `autocommit = 0`, in a new transaction, which is rolled back).
     ///
     /// # Cancel safety
     ///
@@ -326,8 +352,24 @@ impl FencedTransaction<'_> {
     /// abandoned before its answer came, nothing is sent and the answer is
     /// [`FenceError::ConnectionUnusable`]: drop the connection, which rolls back.
     #[tracing::instrument(skip(self), fields(resource = %self.resource, token = %self.token))]
-    pub async fn commit(self) -> Result<(), FenceError> {
+    pub async fn commit(mut self) -> Result<(), FenceError> {
         usable(&self.tx)?;
+        let ended = match self.tx.query_drop(RELEASE_MARK).await {
+            Ok(()) => None,
+            Err(mysql_async::Error::Server(server)) if server.code == ER_SP_DOES_NOT_EXIST => {
+                Some(FenceError::TransactionEnded {
+                    resource: self.resource.clone(),
+                })
+            }
+            Err(err) => Some(err.into()),
+        };
+        if let Some(err) = ended {
+            // Whatever runs now is not the fenced transaction: never commit it.
+            if let Err(rollback) = self.tx.rollback().await {
+                tracing::debug!(%rollback, "rollback after a failed release of the mark failed");
+            }
+            return Err(err);
+        }
         self.tx.commit().await?;
         Ok(())
     }

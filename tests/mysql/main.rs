@@ -15,4 +15,5 @@ mod single_statement;
 mod stale_holder;
 mod stale_token;
 mod tls;
+mod transaction_ended;
 mod version_cas;
