@@ -15,6 +15,7 @@ mod server_version;
 mod single_statement;
 mod stale_holder;
 mod stale_token;
+mod transaction_ended;
 mod version_cas;
 mod wait_timeout_covers_connecting;
 mod wait_timeout_frees_at_once;
