@@ -4,6 +4,7 @@
 
 mod support;
 
+mod advisory_heartbeat;
 mod advisory_lock;
 mod cancel_then_reuse;
 mod concurrent_writers;
