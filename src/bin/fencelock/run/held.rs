@@ -69,7 +69,7 @@ impl<G: LockGuard> Held<'_, G> {
             diag!("the watchdog's pipe is closed");
             return Ending::NotStarted(EXIT_INTERNAL);
         };
-        let mut job = match Job::start(command, pipe) {
+        let mut job = match Job::start(command, pipe, watchdog.pid()) {
             Ok(job) => job,
             Err(err) => {
                 let status = start_failure_status(&err);
@@ -87,7 +87,7 @@ impl<G: LockGuard> Held<'_, G> {
             Err(err) => {
                 // The group first, the words after: nothing of the command may outlive
                 // what follows (the release of the lock).
-                job.signal_group(libc::SIGKILL);
+                job.signal_all(libc::SIGKILL);
                 job.wait_group_gone().await;
                 diag!("supervising the command failed ({err}); killed its process group");
                 Ending::Failed
@@ -112,15 +112,15 @@ impl<G: LockGuard> Held<'_, G> {
                     diag!("lock lost ({reason}); killed the command");
                 }
                 () = tokio::time::sleep(next) => {}
-                signal = signals.next() => job.signal_group(signal),
+                signal = signals.next() => job.signal_all(signal),
             }
         };
         let left = job.running_members();
         if !left.is_empty() && !enforcer.killed {
-            job.signal_group(libc::SIGTERM);
+            job.signal_all(libc::SIGTERM);
             diag!(
-                "the command left {} process(es) running in its group; terminating them \
-                 before the lock is released",
+                "the command left {} process(es) running; terminating them before the lock \
+                 is released",
                 left.len()
             );
             enforcer.leftovers_until = Some(tokio::time::Instant::now() + self.grace);
@@ -134,7 +134,7 @@ impl<G: LockGuard> Held<'_, G> {
                     diag!("lock lost ({reason}); killed what is left of the command");
                 }
                 () = tokio::time::sleep(next) => {}
-                signal = signals.next() => job.signal_group(signal),
+                signal = signals.next() => job.signal_all(signal),
             }
         }
         Ok(if enforcer.killed {
@@ -176,7 +176,7 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
     fn enforce(&mut self, job: &Job) -> Duration {
         if self.killed {
             // Keep at it: a process may have been forking when the signal went out.
-            job.signal_group(libc::SIGKILL);
+            job.signal_all(libc::SIGKILL);
             return GROUP_POLL;
         }
         let Held {
@@ -193,7 +193,7 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
         }
         if let Some(until) = self.leftovers_until {
             if tokio::time::Instant::now() >= until {
-                job.signal_group(libc::SIGKILL);
+                job.signal_all(libc::SIGKILL);
             }
         }
         let term_at = grace + margin;
@@ -201,7 +201,7 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
             if !self.warned {
                 self.warned = true;
                 self.terminated = true;
-                job.signal_group(libc::SIGTERM);
+                job.signal_all(libc::SIGTERM);
                 diag!(
                     "renewals of the lock are not being confirmed; sent SIGTERM, SIGKILL in \
                      {:?} unless they resume",
@@ -222,7 +222,7 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
 
     fn kill(&mut self, job: &Job) {
         self.killed = true;
-        job.signal_group(libc::SIGKILL);
+        job.signal_all(libc::SIGKILL);
     }
 }
 
