@@ -173,17 +173,18 @@ impl Job {
 
     /// The command's processes that are still running: its descendants (and theirs),
     /// whatever group they moved to, a process whose main thread exited counted while
-    /// another thread runs. Orphans handed to us that have exited are reaped.
+    /// another thread runs. Orphans handed to us that have exited are reaped first.
     pub fn running_members(&self) -> Vec<Process> {
+        self.reap_orphans();
         let mut running = tree::descendants(&[self.watchdog]);
-        for finished in running
-            .iter()
-            .filter(|p| p.zombie_child && p.pid != self.pid)
-        {
-            tree::reap(finished);
-        }
         running.retain(|p| p.running);
         running
+    }
+
+    /// Reaps the command's orphans (handed to this process) that have exited; the command
+    /// itself stays a zombie until [`reap`](Self::reap).
+    pub fn reap_orphans(&self) {
+        tree::reap_orphans(&[self.pid, self.watchdog]);
     }
 
     /// Waits until no process of the command runs (after a SIGKILL to it: a process that

@@ -99,10 +99,11 @@ impl<G: LockGuard> Held<'_, G> {
     }
 
     /// Waits for the command, forwarding signals, and enforces the lease deadline, first
-    /// on the command, then on whatever it left behind in its group.
+    /// on the command, then on whatever it left behind.
     async fn supervise(&self, job: &mut Job, signals: &mut Forwarded) -> std::io::Result<Ending> {
         let mut enforcer = Enforcer::new(self);
         let exit = loop {
+            job.reap_orphans();
             let next = enforcer.enforce(job);
             tokio::select! {
                 biased;

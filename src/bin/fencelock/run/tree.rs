@@ -13,8 +13,7 @@
 //!
 //! Signals go through a pidfd opened on a process whose start time was just read again,
 //! so a pid reused by an unrelated process after its owner exited is never signalled.
-//! Orphans handed to `fencelock` are reaped here once they exit (the command itself and
-//! the watchdog are not: they are waited for by their own handles).
+//! Orphans handed to `fencelock` are reaped here once they exit ([`reap_orphans`]).
 
 use std::collections::HashSet;
 use std::io;
@@ -28,8 +27,6 @@ pub struct Process {
     /// Some thread of it still runs (a process whose main thread exited shows as a zombie
     /// while its other threads work on).
     pub running: bool,
-    /// Its parent is `fencelock` and it has exited: it waits for `fencelock` to reap it.
-    pub zombie_child: bool,
 }
 
 /// Makes this process the reaper of its orphaned descendants.
@@ -55,24 +52,33 @@ pub fn descendants(skip: &[libc::pid_t]) -> Vec<Process> {
         let Some(stat) = Stat::read(pid) else {
             continue; // gone (and reaped) since its parent listed it
         };
-        let running = stat.running() || any_thread_running(pid);
         found.push(Process {
             pid,
             started: stat.started,
-            running,
-            zombie_child: !running && stat.ppid == me,
+            running: stat.running() || any_thread_running(pid),
         });
         next.extend(children(pid));
     }
     found
 }
 
-/// Reaps `process`, an exited child of this process, without waiting.
-pub fn reap(process: &Process) {
-    let mut status = 0;
-    // SAFETY: waitpid on a child of ours that has exited; WNOHANG never blocks.
-    unsafe {
-        libc::waitpid(process.pid, &mut status, libc::WNOHANG);
+/// Reaps the children of this process that have exited, but the ones in `keep` (waited
+/// for by their own handles). Orphans handed to a subreaper become its zombies when they
+/// exit: left unreaped by a long-running command that orphans processes all the time,
+/// they would fill the process table.
+pub fn reap_orphans(keep: &[libc::pid_t]) {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    for pid in children(me) {
+        if keep.contains(&pid) || Stat::read(pid).is_none_or(|stat| stat.running()) {
+            continue;
+        }
+        let mut status = 0;
+        // SAFETY: waitpid on a child of ours that has exited; WNOHANG never blocks (a
+        // zombie whose other threads still run is not reaped yet: it returns 0).
+        unsafe {
+            libc::waitpid(pid, &mut status, libc::WNOHANG);
+        }
     }
 }
 
@@ -197,7 +203,6 @@ fn any_thread_running(pid: libc::pid_t) -> bool {
 #[derive(Debug, PartialEq, Eq)]
 struct Stat {
     state: char,
-    ppid: libc::pid_t,
     started: u64,
 }
 
@@ -210,10 +215,9 @@ impl Stat {
         // The command name (in parentheses) may contain anything: parse after it.
         let (_, rest) = text.rsplit_once(')')?;
         let fields: Vec<&str> = rest.split_whitespace().collect();
-        // After the name: state (field 3), ppid (4), ..., starttime (22).
+        // After the name: state (field 3), ..., starttime (22).
         Some(Self {
             state: fields.first()?.chars().next()?,
-            ppid: fields.get(1)?.parse().ok()?,
             started: fields.get(19)?.parse().ok()?,
         })
     }
@@ -236,7 +240,6 @@ mod tests {
             Stat::parse(line),
             Some(Stat {
                 state: 'S',
-                ppid: 17,
                 started: 987_654,
             })
         );
