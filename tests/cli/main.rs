@@ -16,6 +16,7 @@ mod run_metrics;
 mod run_redis;
 mod run_redis_blips;
 mod run_sigchld_ignored;
+mod run_signals_inherited;
 mod run_start_failure;
 mod run_stderr_stuck;
 mod run_terminal;

@@ -77,8 +77,8 @@ impl Job {
         let parent = unsafe { libc::getpid() };
         command.process_group(0);
         // SAFETY: between fork and exec only async-signal-safe calls (prctl, getppid,
-        // getpid, signal, write, _exit by returning an error) are made, and no memory is
-        // allocated: the line for the watchdog is formatted on the stack.
+        // getpid, signal, sigprocmask, write, _exit by returning an error) are made, and
+        // no memory is allocated: the line for the watchdog is formatted on the stack.
         unsafe {
             command.pre_exec(move || {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
@@ -140,10 +140,11 @@ impl Job {
         exit
     }
 
-    /// Sends `signal` to every process of the command: its group at once (which reaches
-    /// a process forking at that moment too), then each running descendant by pid, in
-    /// whatever group or session it is. A process with none left is not an error; one the
-    /// signal cannot reach (another user's) is reported once.
+    /// Sends `signal` to every process of the command, once each: its group at once (which
+    /// reaches a process forking at that moment too), then by pid each running descendant
+    /// that is in another group or session (a second SIGTERM to a process that handled
+    /// the first is, to many programs, "stop at once"). A process with none left is not an
+    /// error; one the signal cannot reach (another user's) is reported once.
     pub fn signal_all(&self, signal: i32) {
         // SAFETY: kill(2) on the group we created; its leader is not reaped yet, so the
         // group id cannot belong to anyone else.
@@ -154,7 +155,11 @@ impl Job {
                 super::diag::diag!("cannot signal the command's process group: {err}");
             }
         }
-        for process in self.running_members() {
+        let elsewhere = self
+            .running_members()
+            .into_iter()
+            .filter(|p| p.group != self.pid);
+        for process in elsewhere {
             if let Err(err) = tree::signal(&process, signal) {
                 let mut warned = self
                     .unreachable
@@ -230,15 +235,21 @@ impl Drop for Job {
 ///   terminal's background, and the terminal would stop it for reading from it (or for
 ///   writing, with `stty tostop`): stopped for good, with fencelock renewing its lock.
 ///   Ignored, a read from the terminal fails (`EIO`) and a write goes through.
+/// - Nothing blocked: the mask is inherited from the forking thread (the standard
+///   library does not reset it), and a parent of fencelock may have blocked SIGTERM.
 ///
 /// Only async-signal-safe calls: this runs between fork and exec.
 fn inherit_signals() {
-    // SAFETY: signal(2) is async-signal-safe; no handler is installed, only dispositions.
+    // SAFETY: signal(2), sigemptyset(3) and sigprocmask(2) are async-signal-safe; no
+    // handler is installed, only dispositions; the set lives on this stack.
     unsafe {
         libc::signal(libc::SIGTERM, libc::SIG_DFL);
         libc::signal(libc::SIGCHLD, libc::SIG_DFL);
         libc::signal(libc::SIGTTIN, libc::SIG_IGN);
         libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
     }
 }
 

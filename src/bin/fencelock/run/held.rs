@@ -1,14 +1,14 @@
 //! A held lock and the command under it: started under the watchdog, supervised until
-//! its whole process group is gone, killed before the lease's deadline. Backend-neutral:
+//! every process of it is gone, killed before the lease's deadline. Backend-neutral:
 //! it asks the guard only for its token, its loss and its lease's remaining time.
 
 use std::time::Duration;
 
 use fencelock::LockGuard;
-use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::child::{Exit, Job, start_failure_status};
 use super::diag::diag;
+use super::signals::Forwarded;
 use super::watchdog::Watchdog;
 use super::{CHECK, EXIT_INTERNAL, GROUP_POLL};
 
@@ -40,8 +40,8 @@ pub(super) struct Held<'a, G> {
 }
 
 impl<G: LockGuard> Held<'_, G> {
-    /// Starts the command under the watchdog and supervises it until its whole group is
-    /// gone.
+    /// Starts the command under the watchdog and supervises it until every process of it
+    /// is gone.
     pub(super) async fn run_command(&self, program: &str, rest: &[String], lock: &str) -> Ending {
         // Before the command starts: a Ctrl-Z or a SIGTERM that comes the moment it runs
         // is caught (and forwarded), never acted on by fencelock itself.
@@ -224,47 +224,5 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
     fn kill(&mut self, job: &Job) {
         self.killed = true;
         job.signal_all(libc::SIGKILL);
-    }
-}
-
-/// SIGINT, SIGTERM and SIGHUP received by fencelock, for the command's group; and the
-/// terminal's stop signal, refused.
-struct Forwarded {
-    interrupt: Signal,
-    terminate: Signal,
-    hangup: Signal,
-    /// SIGTSTP (Ctrl-Z): a stopped fencelock renews nothing while the command, in a group
-    /// of its own that the terminal does not stop, runs on past the lease. Caught, so
-    /// that fencelock refuses to be stopped while the command runs.
-    stop: Signal,
-}
-
-impl Forwarded {
-    fn new() -> std::io::Result<Self> {
-        Ok(Self {
-            interrupt: signal(SignalKind::interrupt())?,
-            terminate: signal(SignalKind::terminate())?,
-            hangup: signal(SignalKind::hangup())?,
-            stop: signal(SignalKind::from_raw(libc::SIGTSTP))?,
-        })
-    }
-
-    /// The next signal to forward.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: a signal that arrives meanwhile is kept for the next call.
-    async fn next(&mut self) -> i32 {
-        loop {
-            tokio::select! {
-                _ = self.interrupt.recv() => return libc::SIGINT,
-                _ = self.terminate.recv() => return libc::SIGTERM,
-                _ = self.hangup.recv() => return libc::SIGHUP,
-                _ = self.stop.recv() => diag!(
-                    "not stopping while the command holds the lock (a stopped fencelock \
-                     renews nothing); Ctrl-C interrupts the command"
-                ),
-            }
-        }
     }
 }

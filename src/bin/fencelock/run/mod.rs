@@ -41,6 +41,7 @@
 mod child;
 mod diag;
 mod held;
+mod signals;
 mod tree;
 mod watchdog;
 
@@ -165,31 +166,6 @@ pub async fn run(args: RunArgs) -> ExitCode {
     ExitCode::from(code)
 }
 
-/// Undoes a SIGCHLD disposition inherited from the parent (ignored, or `SA_NOCLDWAIT`: a
-/// Python daemon or a supervisor that ignores it passes that on through `exec`). With it
-/// the kernel reaps the command the moment it exits: its status is lost and its pid, the
-/// group id every later signal goes to, can be reused by an unrelated process.
-fn reset_sigchld() -> std::io::Result<()> {
-    // SAFETY: an all-zero sigaction is a valid value; SIG_DFL with no flags is the
-    // disposition a process starts with when nobody changed it.
-    unsafe {
-        let mut action: libc::sigaction = std::mem::zeroed();
-        action.sa_sigaction = libc::SIG_DFL;
-        libc::sigemptyset(&mut action.sa_mask);
-        if libc::sigaction(libc::SIGCHLD, &action, std::ptr::null_mut()) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // A background fencelock on a terminal with `stty tostop` would be stopped by
-        // its own diagnostic line (SIGTTOU), with SIGKILL still due by the lease
-        // deadline: ignored, the write goes through.
-        action.sa_sigaction = libc::SIG_IGN;
-        if libc::sigaction(libc::SIGTTOU, &action, std::ptr::null_mut()) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
 /// A reason to stop, with the exit status it gets.
 struct Failure {
     message: String,
@@ -225,7 +201,8 @@ impl Failure {
 
 async fn run_inner(args: RunArgs) -> Result<u8, Failure> {
     let grace = grace(&args)?;
-    reset_sigchld().map_err(|err| Failure::internal(format!("cannot reset SIGCHLD: {err}")))?;
+    signals::reset_inherited()
+        .map_err(|err| Failure::internal(format!("cannot reset inherited signals: {err}")))?;
     let (program, rest) = args
         .command
         .split_first()

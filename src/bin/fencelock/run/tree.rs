@@ -24,6 +24,8 @@ pub struct Process {
     pub pid: libc::pid_t,
     /// When it started (clock ticks since boot): with the pid, names one process for good.
     pub started: u64,
+    /// Its process group.
+    pub group: libc::pid_t,
     /// Some thread of it still runs (a process whose main thread exited shows as a zombie
     /// while its other threads work on).
     pub running: bool,
@@ -55,6 +57,7 @@ pub fn descendants(skip: &[libc::pid_t]) -> Vec<Process> {
         found.push(Process {
             pid,
             started: stat.started,
+            group: stat.group,
             running: stat.running() || any_thread_running(pid),
         });
         next.extend(children(pid));
@@ -203,6 +206,7 @@ fn any_thread_running(pid: libc::pid_t) -> bool {
 #[derive(Debug, PartialEq, Eq)]
 struct Stat {
     state: char,
+    group: libc::pid_t,
     started: u64,
 }
 
@@ -215,9 +219,10 @@ impl Stat {
         // The command name (in parentheses) may contain anything: parse after it.
         let (_, rest) = text.rsplit_once(')')?;
         let fields: Vec<&str> = rest.split_whitespace().collect();
-        // After the name: state (field 3), ..., starttime (22).
+        // After the name: state (field 3), ppid (4), pgrp (5), ..., starttime (22).
         Some(Self {
             state: fields.first()?.chars().next()?,
+            group: fields.get(2)?.parse().ok()?,
             started: fields.get(19)?.parse().ok()?,
         })
     }
@@ -240,6 +245,7 @@ mod tests {
             Stat::parse(line),
             Some(Stat {
                 state: 'S',
+                group: 4242,
                 started: 987_654,
             })
         );
