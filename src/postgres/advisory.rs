@@ -20,6 +20,7 @@ use tokio_postgres::{Client, Config};
 use super::cancel::{self, Cancel, Target};
 use super::connect::{Connector, connect_timeout, map_error, parse, spawn_connection};
 use super::heartbeat::{BEAT, Beat, Heartbeat, client_keepalives, settings_sql};
+use super::ident::Ident;
 use tracing::Instrument;
 
 use crate::lease_clock::{Clock, ClockInstant, LeaseClock};
@@ -30,7 +31,9 @@ use crate::{
     ReleaseOutcome, TlsConfig, validate_name,
 };
 
-const SEQUENCE: &str = "fencelock_advisory_tokens";
+/// The token sequence, schema-qualified: roles with different `search_path`s must draw
+/// from the same one (two sequences would hand out the same tokens).
+const SEQUENCE: &str = "\"public\".\"fencelock_advisory_tokens\"";
 /// The shortest TTL: the server's keepalive settings are whole seconds.
 pub const MIN_TTL: Duration = Duration::from_secs(1);
 /// The lock key is a 64-bit hash of the name, computed by the server.
@@ -59,7 +62,7 @@ const MAX_IDLE: usize = 64;
 ///
 /// # async fn run() -> Result<(), fencelock::LockError> {
 /// let locks = PgAdvisoryLocker::connect("host=127.0.0.1 user=app dbname=app").await?;
-/// locks.ensure_schema().await?; // once: the token sequence
+/// locks.ensure_schema().await?; // once: the token sequence, public.fencelock_advisory_tokens
 /// let guard = locks.lock("nightly-report", &LockOptions::new()).await?;
 /// println!("token {}", guard.token());
 /// guard.release().await?;
@@ -68,6 +71,8 @@ const MAX_IDLE: usize = 64;
 #[derive(Clone)]
 pub struct PgAdvisoryLocker {
     inner: Arc<Inner>,
+    /// The token sequence, quoted.
+    sequence: Ident,
 }
 
 struct Inner {
@@ -84,6 +89,7 @@ impl std::fmt::Debug for PgAdvisoryLocker {
         f.debug_struct("PgAdvisoryLocker")
             .field("hosts", &self.inner.config.get_hosts())
             .field("dbname", &self.inner.config.get_dbname())
+            .field("sequence", &self.sequence.sql())
             .finish_non_exhaustive()
     }
 }
@@ -130,7 +136,25 @@ impl PgAdvisoryLocker {
         });
         let first = inner.open().await?;
         inner.put_back(first);
-        Ok(Self { inner })
+        Ok(Self {
+            inner,
+            sequence: Ident::trusted(SEQUENCE),
+        })
+    }
+
+    /// Draws tokens from another sequence (`schema.name`, or `name` resolved by each
+    /// connection's `search_path`, which is only safe if every client resolves it the
+    /// same way); the default is `public.fencelock_advisory_tokens`. Every client of the
+    /// same locks must use the same sequence: tokens from two sequences are not ordered.
+    pub fn with_sequence(mut self, sequence: &str) -> Result<Self, LockError> {
+        self.sequence = Ident::parse(sequence).map_err(|_| LockError::InvalidConfig {
+            backend: Backend::Postgres,
+            reason: format!(
+                "invalid sequence name {sequence:?}: use letters, digits and '_', optionally \
+                 schema-qualified"
+            ),
+        })?;
+        Ok(self)
     }
 
     /// Creates the token sequence if it does not exist (explicitly, once).
@@ -138,7 +162,10 @@ impl PgAdvisoryLocker {
         let conn = self.inner.take().await?;
         let created = conn
             .client
-            .batch_execute(&format!("CREATE SEQUENCE IF NOT EXISTS {SEQUENCE}"))
+            .batch_execute(&format!(
+                "CREATE SEQUENCE IF NOT EXISTS {}",
+                self.sequence.sql()
+            ))
             .await
             .map_err(|err| map_error("ensure schema", None, err));
         self.inner.put_back(conn);
@@ -172,6 +199,7 @@ impl PgAdvisoryLocker {
             deadline: options.wait_timeout().map(|t| Instant::now() + t),
             wait_timeout: options.wait_timeout(),
             ttl: options.ttl(),
+            sequence: self.sequence.clone(),
         };
         tokio::spawn(task.run(wait, reply).instrument(tracing::Span::current()));
         answer.await.unwrap_or_else(|_| {
@@ -255,6 +283,7 @@ struct Acquisition {
     deadline: Option<Instant>,
     wait_timeout: Option<Duration>,
     ttl: Duration,
+    sequence: Ident,
 }
 
 type Reply = oneshot::Sender<Result<Option<PgAdvisoryGuard>, LockError>>;
@@ -280,7 +309,8 @@ impl Acquisition {
         let name = self.name.as_str();
         if !wait {
             let sql = format!(
-                "SELECT CASE WHEN pg_try_advisory_lock({KEY}) THEN nextval('{SEQUENCE}') END"
+                "SELECT CASE WHEN pg_try_advisory_lock({KEY}) THEN nextval('{}') END",
+                self.sequence.sql()
             );
             let sent = Clock::BOOT.now();
             let result = conn
@@ -300,8 +330,10 @@ impl Acquisition {
             return;
         }
         // The subquery takes the lock before the outer query draws the token.
-        let sql =
-            format!("SELECT nextval('{SEQUENCE}') FROM (SELECT pg_advisory_lock({KEY})) AS locked");
+        let sql = format!(
+            "SELECT nextval('{}') FROM (SELECT pg_advisory_lock({KEY})) AS locked",
+            self.sequence.sql()
+        );
         let limit = self.inner.connect_timeout;
         let sent = Clock::BOOT.now();
         let (outcome, settled, cancelled) = {

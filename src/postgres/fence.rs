@@ -58,15 +58,18 @@ impl Default for Fence {
 }
 
 impl Fence {
-    /// Fences in table `fencelock_fences`, accepting equal tokens.
+    /// Fences in table `public.fencelock_fences`, accepting equal tokens. The name is
+    /// schema-qualified so that every role finds the same table whatever its
+    /// `search_path` (two fence tables would each accept the other's stale tokens).
     pub fn new() -> Self {
         Self::build(
-            Ident::trusted("\"fencelock_fences\""),
+            Ident::trusted("\"public\".\"fencelock_fences\""),
             FenceMode::AllowEqual,
         )
     }
 
-    /// Fences in another table (`name` or `schema.name`).
+    /// Fences in another table: `schema.name`, or `name` as each connection's
+    /// `search_path` resolves it (safe only if every writer resolves it the same way).
     pub fn with_table(self, table: &str) -> Result<Self, FenceError> {
         Ok(Self::build(Ident::parse(table)?, self.mode))
     }

@@ -12,6 +12,7 @@ mod conformance;
 mod idempotency;
 mod invalid_input;
 mod same_token;
+mod search_path;
 mod server_version;
 mod single_statement;
 mod stale_holder;
