@@ -38,8 +38,9 @@ pub enum FenceMode {
     #[default]
     AllowEqual,
     /// Accept only a strictly newer token: each grant may write once. Use it where two
-    /// grants could carry the same token (the Redis counter after a failover): the second
-    /// is then refused instead of trusted.
+    /// grants could carry the same token (the Redis counter after a failover; PostgreSQL
+    /// advisory-lock tokens after an asynchronous failover or a crash with
+    /// `synchronous_commit = off`): the second is then refused instead of trusted.
     Strict,
 }
 
