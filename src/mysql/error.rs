@@ -40,6 +40,33 @@ pub enum FenceError {
         current: Option<i64>,
     },
 
+    /// The token does not fit the column that would store it: outside strict SQL mode
+    /// the server would cut it to the column's largest value, and every later token above
+    /// that, stale or not, would pass. Nothing was written.
+    #[error(
+        "fencing token {token} for {resource:?} does not fit the token column {column}: \
+         use BIGINT UNSIGNED"
+    )]
+    TokenOutOfRange {
+        /// The protected resource.
+        resource: String,
+        /// The token presented.
+        token: FencingToken,
+        /// The column, and what it is declared as where known.
+        column: String,
+    },
+
+    /// A token column (of an existing fence table) that cannot hold every token.
+    #[error(
+        "the token column {column} is {column_type}: it must hold any 64-bit token (BIGINT UNSIGNED)"
+    )]
+    NarrowTokenColumn {
+        /// The column.
+        column: String,
+        /// Its declared type.
+        column_type: String,
+    },
+
     /// A table or column name that is not a plain SQL identifier.
     #[error(
         "invalid SQL identifier {0:?}: use ASCII letters, digits and '_' (not starting with \

@@ -24,8 +24,9 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Transaction, TxOpts, Value};
 
 use super::FenceError;
+use super::capacity;
 use super::ident::{Ident, MAX_KEY, check_key};
-use super::rows::{affected, first_column};
+use super::rows::{affected_warned, first_column};
 use crate::FencingToken;
 
 /// Whether a token equal to the stored one may write.
@@ -81,7 +82,7 @@ impl Default for Fence {
 impl Fence {
     /// Fences in table `fencelock_fences`, accepting equal tokens.
     pub fn new() -> Self {
-        Self::build(Ident::trusted("`fencelock_fences`"), FenceMode::AllowEqual)
+        Self::build(Ident::trusted("fencelock_fences"), FenceMode::AllowEqual)
     }
 
     /// Fences in another table (`name` or `database.name`).
@@ -126,8 +127,10 @@ impl Fence {
         self.mode
     }
 
-    /// Creates the fence table (InnoDB) if it does not exist. Call it once (at deploy or
-    /// start-up); writes never create schema implicitly.
+    /// Creates the fence table (InnoDB) if it does not exist, and checks that an existing
+    /// one's `token` column holds any token ([`FenceError::NarrowTokenColumn`] if not: it
+    /// must be `BIGINT UNSIGNED`). Call it once (at deploy or start-up); writes never
+    /// create schema implicitly.
     #[tracing::instrument(skip_all, fields(table = self.table.sql()))]
     pub async fn ensure_schema(&self, conn: &mut impl Queryable) -> Result<(), FenceError> {
         let sql = format!(
@@ -140,7 +143,14 @@ impl Fence {
             self.table.sql()
         );
         conn.query_drop(sql).await?;
-        Ok(())
+        let column = Ident::trusted("token");
+        match capacity::read(conn, &self.table, &column).await? {
+            Some(found) if found.max < u64::MAX => Err(FenceError::NarrowTokenColumn {
+                column: format!("{}.{}", self.table.sql(), column.sql()),
+                column_type: found.column_type,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Begins a transaction (the session's isolation level) that has passed the fence
@@ -237,12 +247,21 @@ impl Fence {
         let value = Value::UInt(token.get());
         let key = Value::Bytes(resource.as_bytes().to_vec());
         tx.exec_drop(&self.lock_sql, vec![key.clone()]).await?;
-        let matched = affected(
+        let (matched, warned) = affected_warned(
             &mut *tx,
             &self.advance_sql,
             vec![value.clone(), key.clone(), value],
         )
         .await?;
+        if matched == 1 && warned > 0 {
+            // Outside strict SQL mode a token too large for the column is stored cut to
+            // fit, with a warning (a table of the caller's with a narrow column).
+            return Err(FenceError::TokenOutOfRange {
+                resource: resource.to_owned(),
+                token,
+                column: format!("{}.`token`", self.table.sql()),
+            });
+        }
         if matched == 1 {
             return Ok(());
         }

@@ -10,6 +10,7 @@ mod concurrent_writers;
 mod connect_errors;
 mod idempotency;
 mod invalid_input;
+mod narrow_token_column;
 mod server_version;
 mod single_statement;
 mod stale_holder;
