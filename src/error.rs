@@ -161,6 +161,23 @@ pub enum LockError {
         reason: String,
     },
 
+    /// The lock's name is in use by another client's recipe that keeps its holders where
+    /// this lock cannot see them and does not see this lock's nodes (on ZooKeeper:
+    /// Curator's `InterProcessSemaphoreV2`, kazoo's `Semaphore`): both could hold at
+    /// once, so nothing was taken. Use another name for one of them.
+    #[error(
+        "{backend} lock {lock:?} shares its path with {recipe}, which cannot exclude it: \
+         use another lock name"
+    )]
+    IncompatibleRecipe {
+        /// The backend.
+        backend: Backend,
+        /// The lock.
+        lock: String,
+        /// The other recipe, and what gave it away.
+        recipe: &'static str,
+    },
+
     /// The lease behind the lock (or behind a wait for it) is gone: ownership cannot be
     /// relied on any more.
     #[error("lease lost{}: {reason}", on_lock(.lock))]
@@ -252,6 +269,13 @@ impl LockError {
     #[must_use]
     pub fn is_unsafe_server(&self) -> bool {
         matches!(self, Self::UnsafeServer { .. })
+    }
+
+    /// The lock's name is taken by another client's recipe that cannot exclude it (see
+    /// [`LockError::IncompatibleRecipe`]).
+    #[must_use]
+    pub fn is_incompatible_recipe(&self) -> bool {
+        matches!(self, Self::IncompatibleRecipe { .. })
     }
 }
 

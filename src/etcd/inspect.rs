@@ -132,6 +132,30 @@ impl EtcdLocker {
         self.read_locks(&prefix, None).await
     }
 
+    /// The store's current revision: every later grant's token (its key's create
+    /// revision) is larger. A token storage has seen above it means etcd's history is
+    /// behind that token: the data was restored from an older snapshot, or the cluster
+    /// was rebuilt empty, and until the revision passes the token every grant carries
+    /// one storage has seen (`fencelock locks --newest-token` checks it; docs/etcd.md).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    #[tracing::instrument(skip(self), fields(backend = "etcd"))]
+    pub async fn current_revision(&self) -> Result<u64, LockError> {
+        let timeout = self.config().request_timeout;
+        let client = self.client();
+        let key = format!("{}/", self.config().namespace);
+        let response = call_retrying("revision", None, timeout, || {
+            let mut kv = client.kv_client();
+            let key = key.clone();
+            async move { kv.get(key, Some(GetOptions::new().with_count_only())).await }
+        })
+        .await?;
+        let revision = response.header().map_or(0, |h| h.revision());
+        u64::try_from(revision).map_err(|_| malformed("revision", None, "a negative revision"))
+    }
+
     async fn read_locks(
         &self,
         prefix: &str,

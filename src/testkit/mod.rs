@@ -28,6 +28,7 @@ pub mod conformance;
 mod containers;
 mod etcd;
 mod mariadb;
+mod peer;
 mod pki;
 mod postgres;
 mod process;
@@ -47,6 +48,7 @@ pub use etcd::{
     ETCD_BIN_ENV, EtcdCluster, EtcdClusterBuilder, compact_now, fetch_metrics, metric_sum,
 };
 pub use mariadb::{MARIADB_BIN_ENV, MariaDbServer};
+pub use peer::{CURATOR_JAR_ENV, JAVAC_BIN_ENV, LockPeer, PYTHON_ENV, python_with_kazoo};
 pub use pki::{CertPair, ServerTls, TestPki};
 pub use postgres::{PG_BIN_DIR_ENV, PostgresServer};
 pub use process::{ProcessOptions, ServerProcess, free_port};

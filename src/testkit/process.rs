@@ -17,7 +17,7 @@ type SpawnRequest = (Command, mpsc::Sender<io::Result<Child>>);
 /// The kernel sends that signal when the *thread* that forked the child exits, so the
 /// fork must happen on a thread that lives as long as the process: then a test binary or a
 /// CLI killed outright (no destructors run) still takes its servers with it.
-fn spawn_supervised(command: Command) -> io::Result<Child> {
+pub(crate) fn spawn_supervised(command: Command) -> io::Result<Child> {
     static LAUNCHER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
     let launcher = LAUNCHER.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<SpawnRequest>();
@@ -91,28 +91,8 @@ impl ServerProcess {
             .args(args)
             .stdin(Stdio::null())
             .stdout(out)
-            .stderr(err)
-            .process_group(0);
-        let run_as = options.run_as;
-        // SAFETY: only async-signal-safe calls (setgid, setuid, prctl) between fork and
-        // exec, touching no memory of the parent.
-        unsafe {
-            command.pre_exec(move || {
-                if let Some((uid, gid)) = run_as {
-                    if libc::setgroups(0, std::ptr::null()) != 0
-                        || libc::setgid(gid) != 0
-                        || libc::setuid(uid) != 0
-                    {
-                        return Err(io::Error::last_os_error());
-                    }
-                }
-                // After any change of user: a credential change clears the death signal.
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+            .stderr(err);
+        die_with_us(&mut command, options.run_as);
         let child = spawn_supervised(command)?;
         Ok(Self {
             child,
@@ -183,6 +163,33 @@ impl Drop for ServerProcess {
         if let Err(err) = self.kill() {
             tracing::warn!(%err, pid = self.child.id(), "could not stop server process");
         }
+    }
+}
+
+/// Makes `command` run in a process group of its own (a Ctrl-C in the terminal reaches
+/// only us, and we stop it), as `run_as` (uid, gid) if given, and get SIGKILL when the
+/// thread that forks it exits: spawn it with [`spawn_supervised`], whose thread lives as
+/// long as the process.
+pub(crate) fn die_with_us(command: &mut Command, run_as: Option<(u32, u32)>) {
+    command.process_group(0);
+    // SAFETY: only async-signal-safe calls (setgroups, setgid, setuid, prctl) between
+    // fork and exec, touching no memory of the parent.
+    unsafe {
+        command.pre_exec(move || {
+            if let Some((uid, gid)) = run_as {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(gid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            // After any change of user: a credential change clears the death signal.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
 

@@ -39,6 +39,9 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 /// smallest session timeout it grants is two ticks.
 pub const TICK: Duration = Duration::from_millis(100);
 
+/// The members' `maxSessionTimeout` unless a test asks for another.
+const DEFAULT_MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A running ZooKeeper server or ensemble for tests. Dropping it stops every member.
 #[derive(Debug)]
 pub struct ZooKeeperCluster {
@@ -48,6 +51,8 @@ pub struct ZooKeeperCluster {
     /// `links[a][b]`: the proxy member `a` reaches member `b`'s quorum port through
     /// ([`start_with_peer_links`](Self::start_with_peer_links)); empty otherwise.
     links: Vec<Vec<Option<FaultProxy>>>,
+    /// The members' `maxSessionTimeout`.
+    max_session_timeout: Duration,
     // Last: removed after the processes are gone.
     dir: TempDir,
 }
@@ -70,7 +75,14 @@ impl ZooKeeperCluster {
     /// every member serves (standalone, or leader and followers agreed). A port taken by
     /// someone else meanwhile is retried with fresh ports.
     pub async fn start(members: usize) -> Result<Self, TestkitError> {
-        Self::start_with(members, false).await
+        Self::start_with(members, false, DEFAULT_MAX_SESSION_TIMEOUT).await
+    }
+
+    /// Starts one standalone server that grants session timeouts of at most `max` (its
+    /// `maxSessionTimeout`; 60 s otherwise): a server that lowers the TTL a client asks
+    /// for, as a default one (`tickTime=2000`) does above 40 s.
+    pub async fn single_with_max_session_timeout(max: Duration) -> Result<Self, TestkitError> {
+        Self::start_with(1, false, max).await
     }
 
     /// Starts an ensemble as [`start`](Self::start) does, with every member's connection
@@ -79,10 +91,14 @@ impl ZooKeeperCluster {
     /// the others at its proxies: ZooKeeper reads the other members' addresses from the
     /// static configuration only.)
     pub async fn start_with_peer_links(members: usize) -> Result<Self, TestkitError> {
-        Self::start_with(members, true).await
+        Self::start_with(members, true, DEFAULT_MAX_SESSION_TIMEOUT).await
     }
 
-    async fn start_with(members: usize, peer_links: bool) -> Result<Self, TestkitError> {
+    async fn start_with(
+        members: usize,
+        peer_links: bool,
+        max_session_timeout: Duration,
+    ) -> Result<Self, TestkitError> {
         if members == 0 {
             return Err(TestkitError::Cluster(
                 "an ensemble needs at least one member".into(),
@@ -106,6 +122,7 @@ impl ZooKeeperCluster {
         loop {
             attempt += 1;
             let mut cluster = Self::prepare(members, java.clone(), jar.clone())?;
+            cluster.max_session_timeout = max_session_timeout;
             if peer_links {
                 cluster.links = cluster.peer_links().await?;
             }
@@ -183,6 +200,7 @@ impl ZooKeeperCluster {
             jar,
             members,
             links: Vec::new(),
+            max_session_timeout: DEFAULT_MAX_SESSION_TIMEOUT,
             dir,
         })
     }
@@ -236,13 +254,14 @@ impl ZooKeeperCluster {
         let mut cfg = format!(
             "tickTime={tick}\ninitLimit=50\nsyncLimit=20\ndataDir={data}\n\
              clientPort={port}\nclientPortAddress=127.0.0.1\n\
-             minSessionTimeout={min}\nmaxSessionTimeout=60000\n\
+             minSessionTimeout={min}\nmaxSessionTimeout={max}\n\
              admin.enableServer=false\nforceSync=no\n\
              4lw.commands.whitelist=srvr,ruok,mntr,cons,stat\n",
             tick = TICK.as_millis(),
             data = data.display(),
             port = member.client_port,
             min = (2 * TICK).as_millis(),
+            max = self.max_session_timeout.as_millis(),
         );
         if self.members.len() > 1 {
             std::fs::write(data.join("myid"), format!("{}\n", i + 1))
@@ -438,6 +457,13 @@ impl ZooKeeperCluster {
         process
             .kill()
             .map_err(|e| TestkitError::io(format!("killing member {i}"), e))
+    }
+
+    /// Member `i`'s data directory (`dataDir`): a test that restores a member from an
+    /// older copy kills it, swaps this directory, and restarts it.
+    #[must_use]
+    pub fn data_dir(&self, i: usize) -> PathBuf {
+        self.member_dir(i).join("data")
     }
 
     /// Starts a killed member again on its ports and data; waits until it serves.

@@ -4,11 +4,12 @@ use std::sync::Arc;
 
 use zookeeper_client::{Acls, CreateMode, Error as ZkError};
 
+use super::contender::{Contender, queue};
 use super::error::RequestError;
 use super::guard::ZooKeeperGuard;
-use super::node::{Mark, NodeRef, parse, protected_id, queue};
+use super::node::{Mark, NodeRef, protected_id};
 use super::session::Session;
-use crate::{FencingToken, LockError, LossReason};
+use crate::{Backend, FencingToken, LockError, LossReason};
 
 /// Our node while the acquisition runs: removed (in the background) if the acquisition
 /// ends without a guard, found by its id if the create's answer never came.
@@ -56,6 +57,7 @@ pub(crate) async fn acquire(
             dir: dir.clone(),
             id: protected_id(),
             path: None,
+            ambiguous: false,
         },
         armed: true,
     };
@@ -65,36 +67,40 @@ pub(crate) async fn acquire(
     entry.node.path = Some(path.clone());
     let mine = path.rsplit('/').next().unwrap_or_default().to_owned();
     loop {
-        let contenders = match children.take() {
-            Some(children) => queue(children),
+        let (children, cversion) = match children.take() {
+            Some(listed) => listed,
             None => {
                 let dir = dir.clone();
-                let listed = patiently(&session, move |client| {
+                patiently(&session, move |client| {
                     let dir = dir.clone();
-                    async move { client.list_children(&dir).await }
+                    async move { client.get_children(&dir).await }
                 })
-                .await;
-                queue(listed.map_err(|e| fail(e, "wait"))?)
+                .await
+                .map(|(children, parent)| (children, parent.cversion))
+                .map_err(|e| fail(e, "wait"))?
             }
         };
+        let contenders =
+            queue(children, cversion).map_err(|recipe| LockError::IncompatibleRecipe {
+                backend: Backend::ZooKeeper,
+                lock: name.to_owned(),
+                recipe: recipe.describe(),
+            })?;
         // A node with our id that is not ours: a create whose outcome was unknown, found
         // missing, and applied after all. It would queue us behind ourselves for as long
         // as the session lives: remove it (the next listing shows it gone).
         if let Some(orphan) = contenders
             .iter()
-            .find(|child| child.starts_with(&entry.node.id) && **child != mine)
+            .find(|child| child.name.starts_with(&entry.node.id) && child.name != mine)
         {
-            let orphan = format!("{dir}/{orphan}");
+            let orphan = format!("{dir}/{}", orphan.name);
             tracing::warn!(%orphan, "removing a second node of this acquisition");
-            let deleted = session
-                .call(|client| async move { client.delete(&orphan, None).await })
-                .await;
-            match deleted {
-                Ok(()) | Err(RequestError::Server(ZkError::NoNode)) => continue,
+            match super::node::delete(&session, orphan).await {
+                Ok(()) => continue,
                 Err(err) => return Err(fail(err, "wait")),
             }
         }
-        let Some(place) = contenders.iter().position(|child| *child == mine) else {
+        let Some(place) = contenders.iter().position(|child| child.name == mine) else {
             // Our node is gone: deleted by someone, or the session ended.
             let reason = session.loss.current().unwrap_or(LossReason::KeyDeleted);
             return Err(LockError::LeaseLost {
@@ -103,13 +109,14 @@ pub(crate) async fn acquire(
             });
         };
         // Whom we wait for: the node just before ours; for a reader, the last node
-        // before ours that excludes readers (a writer, a mutex contender).
+        // before ours that does not share with readers (a writer, a mutex contender,
+        // kazoo's lock, a node of a recipe we do not know).
         let blocker = if mark.excludes_readers() {
             place.checked_sub(1)
         } else {
             contenders[..place]
                 .iter()
-                .rposition(|child| parse(child).is_none_or(|(kind, _)| kind.excludes_readers()))
+                .rposition(|child: &Contender| !child.kind.shares_with_readers())
         };
         let Some(blocker) = blocker else {
             if !session.usable() {
@@ -140,7 +147,7 @@ pub(crate) async fn acquire(
         }
         // Watch only the blocker: one waiter wakes per release (no herd; the readers
         // behind one writer wake together).
-        let predecessor = format!("{dir}/{}", contenders[blocker]);
+        let predecessor = format!("{dir}/{}", contenders[blocker].name);
         let watched = patiently(&session, move |client| {
             let predecessor = predecessor.clone();
             async move { client.check_and_watch_stat(&predecessor).await }
@@ -159,14 +166,24 @@ pub(crate) async fn acquire(
     }
 }
 
+/// The children of a lock's node and its `cversion`, from one answer.
+type Listing = (Vec<String>, i32);
+
 /// Creates our node (the lock's node first if it is missing), with the queue as it
 /// stands right after the create when the answer came (`None` if it must be read).
 /// Returns the node's path and its czxid.
+///
+/// A create whose outcome is unknown marks the node ambiguous (its removal looks for
+/// every node with its id) and retires the session: a create applied later than the
+/// lookup that did not find it (which ZooKeeper's `SessionMoved` rule rules out, except
+/// through an observer master) would otherwise queue a node nobody owns, under a
+/// session that lives on; once the session's last lock is gone it is closed, and such a
+/// node with it.
 async fn join(
     session: &Session,
     node: &mut NodeRef,
     mark: Mark,
-) -> Result<(String, FencingToken, Option<Vec<String>>), RequestError> {
+) -> Result<(String, FencingToken, Option<Listing>), RequestError> {
     let prefix = format!("{}/{}{}", node.dir, node.id, mark.as_str());
     let mut attempts = 0;
     loop {
@@ -176,7 +193,7 @@ async fn join(
         // Both requests are sent now, in this order, on one session: the listing sees
         // the create. One round trip for both.
         let create = client.create(&prefix, b"", &options);
-        let listing = client.list_children(&node.dir);
+        let listing = client.get_children(&node.dir);
         let timeout = session.request_timeout;
         let (created, listed) = tokio::join!(
             super::error::timed(timeout, create),
@@ -185,7 +202,10 @@ async fn join(
         match created {
             Ok((stat, sequence)) => {
                 let path = format!("{prefix}{sequence}");
-                return Ok((path, czxid(stat.czxid)?, listed.ok()));
+                let listed = listed
+                    .ok()
+                    .map(|(children, parent)| (children, parent.cversion));
+                return Ok((path, czxid(stat.czxid)?, listed));
             }
             Err(RequestError::Server(ZkError::NoNode)) if attempts < CREATE_ATTEMPTS => {
                 let dir = node.dir.clone();
@@ -202,6 +222,8 @@ async fn join(
             }
             Err(err) if err.outcome_unknown() && attempts < CREATE_ATTEMPTS => {
                 // Protected mode: the create may have been applied. Look for it.
+                node.ambiguous = true;
+                session.retire();
                 if let Some(path) = find_patiently(session, node).await? {
                     let stat_path = path.clone();
                     let stat = session
@@ -223,7 +245,11 @@ async fn join(
 async fn find_patiently(session: &Session, node: &NodeRef) -> Result<Option<String>, RequestError> {
     let mut pause = std::time::Duration::from_millis(50);
     loop {
-        match node.find(session).await {
+        match node
+            .find_all(session)
+            .await
+            .map(|found| found.into_iter().next())
+        {
             Err(err) if err.outcome_unknown() && session.usable() => {
                 tracing::debug!(%err, "looking for our node failed; retrying");
                 tokio::time::sleep(pause).await;

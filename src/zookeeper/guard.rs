@@ -177,6 +177,10 @@ impl LockGuard for ZooKeeperGuard {
             .call(|client| async move { client.delete(&path, None).await })
             .await;
         self.detach();
+        if self.node.ambiguous {
+            // Another node with our id may exist (a create applied late): look for it.
+            self.node.clone().remove_in_background(self.session.clone());
+        }
         let outcome = match deleted {
             Ok(()) if !lost_before => Ok(ReleaseOutcome::Released),
             Ok(()) | Err(super::error::RequestError::Server(ZkError::NoNode)) => {

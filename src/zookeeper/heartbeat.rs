@@ -75,6 +75,17 @@ pub(crate) fn interval(timeout: Duration) -> Duration {
     timeout / BEATS_PER_TIMEOUT
 }
 
+/// The least time a healthy lock has left, for a session `timeout`: half of it. In
+/// steady state an answer proves the beat four back (0.4 of the timeout), so the
+/// deadline lies 0.6 of the timeout past the last answered beat's sending, and the next
+/// answer comes a beat (a tenth) later: the time left swings between 0.6 and 0.5 of the
+/// timeout, less an answer's round trip.
+pub(crate) fn healthy_floor(timeout: Duration) -> Duration {
+    // The beats an answer proves back: the fewest that span the ping gap (four).
+    let beats_back = (PING_GAP_HUNDREDTHS * BEATS_PER_TIMEOUT).div_ceil(100);
+    timeout.saturating_sub(interval(timeout) * (beats_back + 1))
+}
+
 /// The smallest gap between an earlier heartbeat's answer and a later heartbeat's
 /// sending for a session timeout; see [`PING_GAP_HUNDREDTHS`].
 pub(crate) fn ping_gap(timeout: Duration) -> Duration {
@@ -187,6 +198,9 @@ mod tests {
         // 395 ms after it (>= 350 ms): the first one's touch reached the leader.
         assert_eq!(answered.confirm(at(400), at(405)), Some(at(1_000)));
         assert_eq!(answered.confirm(at(500), at(505)), Some(at(1_100)));
+        // Just before the next answer (at 605), 495 ms are left: the healthy floor,
+        // less the answer's 5 ms.
+        assert_eq!(healthy_floor(TIMEOUT), Duration::from_millis(500));
     }
 
     #[test]

@@ -1,11 +1,11 @@
 //! Who holds which lock and who waits, read from the tree (`fencelock locks`).
 
-use zookeeper_client::Error as ZkError;
+use zookeeper_client::{Acls, CreateMode, Error as ZkError};
 
 use super::ZooKeeperLocker;
+use super::contender::{ContenderKind, queue};
 use super::error::RequestError;
-use super::node::{parse, queue};
-use crate::{FencingToken, LockError, LockOptions, validate_name};
+use crate::{Backend, FencingToken, LockError, LockOptions, validate_name};
 
 /// One lock's queue, first in line first: the holder, then the waiters.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -13,7 +13,8 @@ use crate::{FencingToken, LockError, LockOptions, validate_name};
 pub struct ZooKeeperLockState {
     /// The lock's name.
     pub name: String,
-    /// Its contenders' nodes in queue order; the first holds the lock.
+    /// Its contenders' nodes in queue order, whichever client made them (kazoo's and
+    /// Curator's too); the first holds the lock.
     pub entries: Vec<ZooKeeperEntry>,
 }
 
@@ -29,8 +30,11 @@ pub struct ZooKeeperEntry {
     pub session_id: i64,
     /// Whether it holds the lock: first in line, or a reader with no writer ahead.
     pub holds: bool,
-    /// Whether it is a reader of the read-write lock of the same name.
+    /// Whether it is a reader of the read-write lock of the same name (fencelock's,
+    /// Curator's or kazoo's): readers share.
     pub reader: bool,
+    /// Which recipe made the node, as far as its name tells.
+    pub kind: ContenderKind,
 }
 
 impl ZooKeeperLocker {
@@ -44,19 +48,27 @@ impl ZooKeeperLocker {
         let listed = {
             let dir = dir.clone();
             session
-                .call(|client| async move { client.list_children(&dir).await })
+                .call(|client| async move { client.get_children(&dir).await })
                 .await
         };
-        let children = match listed {
-            Err(RequestError::Server(ZkError::NoNode)) => Vec::new(),
-            other => other.map_err(fail)?,
+        let (children, cversion) = match listed {
+            Err(RequestError::Server(ZkError::NoNode)) => (Vec::new(), 0),
+            other => other
+                .map(|(children, parent)| (children, parent.cversion))
+                .map_err(fail)?,
         };
+        let contenders =
+            queue(children, cversion).map_err(|recipe| LockError::IncompatibleRecipe {
+                backend: Backend::ZooKeeper,
+                lock: name.to_owned(),
+                recipe: recipe.describe(),
+            })?;
         let mut entries = Vec::new();
-        // Whether an exclusive node (a lock contender, a writer) was seen yet.
+        // Whether a node that does not share with readers was seen yet.
         let mut exclusive_ahead = false;
-        for child in queue(children) {
-            let exclusive = parse(&child).is_none_or(|(mark, _)| mark.excludes_readers());
-            let path = format!("{dir}/{child}");
+        for contender in contenders {
+            let exclusive = !contender.kind.shares_with_readers();
+            let path = format!("{dir}/{}", contender.name);
             let stat = {
                 let path = path.clone();
                 session
@@ -72,6 +84,7 @@ impl ZooKeeperLocker {
             entries.push(ZooKeeperEntry {
                 holds,
                 reader: !exclusive,
+                kind: contender.kind,
                 path,
                 token: FencingToken::new(u64::try_from(stat.czxid).unwrap_or(0)),
                 session_id: stat.ephemeral_owner,
@@ -81,6 +94,54 @@ impl ZooKeeperLocker {
             name: name.to_owned(),
             entries,
         })
+    }
+
+    /// A zxid the ensemble assigns now: the `czxid` of a probe node created (and deleted
+    /// at once) under the namespace, so a write through the leader. Every later grant's
+    /// token is larger. A token storage has seen that is not below it means the
+    /// ensemble's history is behind that token (a data dir restored from an older copy,
+    /// or wiped; a standalone server with `forceSync=no` that crashed): until the zxids
+    /// pass it, every grant carries a token storage has seen (`fencelock locks
+    /// --newest-token` checks it; docs/zookeeper.md).
+    #[tracing::instrument(skip(self), fields(backend = "zookeeper"))]
+    pub async fn current_zxid(&self) -> Result<FencingToken, LockError> {
+        let fail = |err: RequestError| err.into_lock_error("current zxid", None);
+        let session = self.session_for(&LockOptions::new()).await?;
+        let namespace = &self.config().namespace;
+        let probe = format!("{namespace}/fencelock-zxid-probe-");
+        let mut made_namespace = false;
+        let (stat, sequence) = loop {
+            let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+            let probe = probe.as_str();
+            let created = session
+                .call(|client| async move { client.create(probe, b"", &options).await })
+                .await;
+            match created {
+                Err(RequestError::Server(ZkError::NoNode)) if !made_namespace => {
+                    made_namespace = true;
+                    let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+                    let made = session
+                        .call(|client| async move { client.mkdir(namespace, &options).await })
+                        .await;
+                    match made {
+                        Ok(()) | Err(RequestError::Server(ZkError::NodeExists)) => {}
+                        Err(err) => return Err(fail(err)),
+                    }
+                }
+                created => break created.map_err(fail)?,
+            }
+        };
+        let path = format!("{probe}{sequence}");
+        // Ephemeral: a delete that fails goes with the session.
+        let _ = super::node::delete(&session, path).await;
+        u64::try_from(stat.czxid)
+            .map(FencingToken::new)
+            .map_err(|_| LockError::Backend {
+                backend: Backend::ZooKeeper,
+                operation: "current zxid",
+                lock: None,
+                source: format!("the server reported czxid {}", stat.czxid).into(),
+            })
     }
 
     /// The queues of every lock of the namespace that has one, by name.

@@ -85,6 +85,19 @@ impl ZooKeeperLocker {
         &self.inner.config
     }
 
+    /// The session timeout the server grants to locks taken with `options`: the TTL
+    /// asked for, raised or lowered into the server's `minSessionTimeout` ..
+    /// `maxSessionTimeout` (4 s and 40 s with the default `tickTime=2000`). It is the
+    /// lock's real lease; [`ZooKeeperGuard::session_timeout`] says the same once held.
+    /// Opens the session locks with this TTL share (if not open yet), so that it is
+    /// known before the first lock; a lock without renewal gets a session of its own
+    /// when taken, and this one is closed again.
+    #[tracing::instrument(skip(self, options), fields(backend = "zookeeper", ttl = ?options.ttl()))]
+    pub async fn session_timeout(&self, options: &LockOptions) -> Result<Duration, LockError> {
+        options.validate(MIN_TTL)?;
+        Ok(self.session_for(options).await?.timeout)
+    }
+
     /// The session for a lock with `options`: the shared one for its TTL, or a new one
     /// of its own for a lock without renewal.
     pub(crate) async fn session_for(
@@ -97,13 +110,24 @@ impl ZooKeeperLocker {
         }
         let mut sessions = self.inner.sessions.lock().await;
         if let Some(session) = sessions.get(&options.ttl()) {
-            if session.usable() {
+            if session.accepts_new() {
                 return Ok(session.clone());
             }
         }
         let session = Session::open(config, options.ttl(), true).await?;
         sessions.insert(options.ttl(), session.clone());
         Ok(session)
+    }
+
+    /// Lets go of the shared `session` (retired or lost): it closes once the last lock
+    /// or removal that holds it is done. (A retired session that an acquisition dropped
+    /// mid-way left in the map is replaced by the next acquisition with its TTL.)
+    async fn forget(&self, session: &Arc<Session>) {
+        self.inner
+            .sessions
+            .lock()
+            .await
+            .retain(|_, shared| !Arc::ptr_eq(shared, session));
     }
 
     pub(crate) async fn acquire(
@@ -118,7 +142,18 @@ impl ZooKeeperLocker {
         let started = Instant::now();
         let attempt = async {
             let session = self.session_for(options).await?;
-            acquire(session, &self.inner.config.namespace, name, mark, wait).await
+            let acquired = acquire(
+                session.clone(),
+                &self.inner.config.namespace,
+                name,
+                mark,
+                wait,
+            )
+            .await;
+            if !session.accepts_new() {
+                self.forget(&session).await;
+            }
+            acquired
         };
         let result = match options.wait_timeout().filter(|_| wait) {
             Some(limit) => match tokio::time::timeout(limit, attempt).await {

@@ -5,9 +5,12 @@
 //!
 //! The one of Curator's `InterProcessMutex` and kazoo's `Lock`: each contender creates an
 //! ephemeral sequential node `<namespace>/<name>/_c_<uuid>-lock-<sequence>` in its
-//! session; the lowest sequence number holds the lock; every other contender watches
-//! only the node just before its own and looks again when that one goes (FIFO, one
-//! waiter woken per release). The create and the listing of the queue are sent together
+//! session; the oldest node holds the lock; every other contender watches only the node
+//! just before its own and looks again when that one goes (FIFO, one waiter woken per
+//! release). Other clients' nodes on the path (kazoo's `__lock__`, any name ending in a
+//! sequence number) are contenders too, exclusive unless known to be readers, and a
+//! path that a semaphore of theirs uses is refused (`contender.rs`, docs/zookeeper.md).
+//! The create and the listing of the queue are sent together
 //! (one round trip), the release is one delete: an uncontended lock and release cost two
 //! round trips, each one write through ZooKeeper's atomic broadcast.
 //!
@@ -50,9 +53,11 @@
 //!
 //! The random `_c_<uuid>` id in the node's name is chosen before the create is sent. If
 //! the create's answer is lost (the connection broke, the request timed out), the node is
-//! looked for by that id (after a `sync`) instead of being created a second time. A
-//! dropped or timed-out acquisition removes its node in the background, finding it by the
-//! id if need be, retrying until the server confirms or the session is gone.
+//! looked for by that id (after a `sync`) instead of being created a second time, and
+//! the session is retired (it closes with its last lock, taking any node a create applied
+//! still later left behind). A dropped or timed-out acquisition removes its node in the
+//! background, finding it by the id if need be, retrying until the server confirms or the
+//! session is gone.
 //!
 //! # What is offered beside the lock, and what is not
 //!
@@ -70,6 +75,7 @@
 
 mod acquire;
 mod config;
+mod contender;
 mod error;
 mod guard;
 mod heartbeat;
@@ -80,7 +86,23 @@ mod rwlock;
 mod session;
 
 pub use config::ZooKeeperConfig;
+pub use contender::ContenderKind;
 pub use guard::ZooKeeperGuard;
 pub use inspect::{ZooKeeperEntry, ZooKeeperLockState};
 pub use locker::{MIN_TTL, ZooKeeperLocker};
 pub use rwlock::ZooKeeperRwLock;
+
+/// The least time a healthy lock has left ([`LockGuard::lease_remaining`]) with a
+/// session `timeout` (the one the server granted: [`ZooKeeperLocker::session_timeout`]):
+/// half of it, less a heartbeat's round trip. The local deadline lies 0.6 of the timeout
+/// past the last answered heartbeat's sending and the next answer comes a tenth later,
+/// so the time left swings between 0.6 and 0.5 of the timeout, never near the whole of
+/// it as an etcd or Redis lock renewed every third of its TTL does (between 2/3 and all
+/// of it). Whatever acts before the deadline (`fencelock run`'s SIGTERM) is sized by
+/// this.
+///
+/// [`LockGuard::lease_remaining`]: crate::LockGuard::lease_remaining
+#[must_use]
+pub fn healthy_lease_floor(timeout: std::time::Duration) -> std::time::Duration {
+    heartbeat::healthy_floor(timeout)
+}

@@ -28,8 +28,6 @@ pub(crate) enum Mark {
 }
 
 impl Mark {
-    const ALL: [Mark; 3] = [Mark::Lock, Mark::Read, Mark::Write];
-
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Lock => "-lock-",
@@ -42,19 +40,6 @@ impl Mark {
     pub(crate) fn excludes_readers(self) -> bool {
         self != Self::Read
     }
-}
-
-/// The kind and sequence number of a contender's node name, if it is one.
-pub(crate) fn parse(node: &str) -> Option<(Mark, u64)> {
-    let (mark, at) = Mark::ALL
-        .iter()
-        .filter_map(|mark| node.rfind(mark.as_str()).map(|at| (*mark, at)))
-        .max_by_key(|(_, at)| *at)?;
-    let digits = &node[at + mark.as_str().len()..];
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    Some((mark, digits.parse().ok()?))
 }
 
 /// A fresh protected-mode id, `_c_<uuid v4>`.
@@ -82,18 +67,6 @@ pub(crate) fn protected_id() -> String {
     )
 }
 
-/// The sequence number of a contender's node name, if it is one.
-pub(crate) fn sequence(node: &str) -> Option<u64> {
-    parse(node).map(|(_, sequence)| sequence)
-}
-
-/// The contenders among `children`, in queue order (by sequence number).
-pub(crate) fn queue(mut children: Vec<String>) -> Vec<String> {
-    children.retain(|child| sequence(child).is_some());
-    children.sort_by_key(|child| sequence(child));
-    children
-}
-
 /// Where one acquisition's node is, or may be.
 #[derive(Clone, Debug)]
 pub(crate) struct NodeRef {
@@ -103,12 +76,16 @@ pub(crate) struct NodeRef {
     pub(crate) id: String,
     /// The full path, once the create's answer told it.
     pub(crate) path: Option<String>,
+    /// A create of this acquisition had an unknown outcome: a node with its id other
+    /// than `path` may still appear (a create applied late), so removing ours looks for
+    /// every node with the id.
+    pub(crate) ambiguous: bool,
 }
 
 impl NodeRef {
-    /// Finds our node by its id: after a `sync`, so that the server we read from has
-    /// applied every earlier request of the session (the create among them).
-    pub(crate) async fn find(&self, session: &Session) -> Result<Option<String>, RequestError> {
+    /// The paths of every node with our id: after a `sync`, so that the server we read
+    /// from has applied every earlier request of the session (the creates among them).
+    pub(crate) async fn find_all(&self, session: &Session) -> Result<Vec<String>, RequestError> {
         let dir = self.dir.clone();
         session
             .call(|client| async move { client.sync(&dir).await })
@@ -118,32 +95,32 @@ impl NodeRef {
             .call(|client| async move { client.list_children(&dir).await })
             .await;
         let children = match children {
-            Err(RequestError::Server(ZkError::NoNode)) => return Ok(None),
+            Err(RequestError::Server(ZkError::NoNode)) => return Ok(Vec::new()),
             other => other?,
         };
         Ok(children
             .into_iter()
-            .find(|child| child.starts_with(&self.id))
-            .map(|child| format!("{}/{child}", self.dir)))
+            .filter(|child| child.starts_with(&self.id))
+            .map(|child| format!("{}/{child}", self.dir))
+            .collect())
     }
 
-    /// Deletes our node (looking for it first if the create's answer never came). `Ok`
-    /// once it is gone or was never created.
+    /// Deletes our node, and every other node with our id when a create's outcome was
+    /// unknown (or the path was never told). `Ok` once they are gone or were never
+    /// created.
     pub(crate) async fn remove(&self, session: &Session) -> Result<(), RequestError> {
-        let path = match &self.path {
-            Some(path) => path.clone(),
-            None => match self.find(session).await? {
-                Some(path) => path,
-                None => return Ok(()),
-            },
-        };
-        let deleted = session
-            .call(|client| async move { client.delete(&path, None).await })
-            .await;
-        match deleted {
-            Ok(()) | Err(RequestError::Server(ZkError::NoNode)) => Ok(()),
-            Err(err) => Err(err),
+        let mut paths: Vec<String> = self.path.iter().cloned().collect();
+        if self.ambiguous || self.path.is_none() {
+            for found in self.find_all(session).await? {
+                if !paths.contains(&found) {
+                    paths.push(found);
+                }
+            }
         }
+        for path in paths {
+            delete(session, path).await?;
+        }
+        Ok(())
     }
 
     /// Removes our node in the background, retrying until the server confirms it or the
@@ -169,43 +146,20 @@ impl NodeRef {
     }
 }
 
+/// Deletes the node at `path`; `Ok` if it is gone already.
+pub(crate) async fn delete(session: &Session, path: String) -> Result<(), RequestError> {
+    let deleted = session
+        .call(|client| async move { client.delete(&path, None).await })
+        .await;
+    match deleted {
+        Ok(()) | Err(RequestError::Server(ZkError::NoNode)) => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sorts_contenders_by_sequence_and_ignores_others() {
-        let children = vec![
-            "_c_b-lock-0000000010".to_owned(),
-            "stray".to_owned(),
-            "_c_a-lock-0000000002".to_owned(),
-            "_c_c-lock-".to_owned(),
-        ];
-        assert_eq!(
-            queue(children),
-            vec!["_c_a-lock-0000000002", "_c_b-lock-0000000010"]
-        );
-    }
-
-    #[test]
-    fn readers_writers_and_locks_share_one_queue() {
-        let children = vec![
-            "_c_b-__WRIT__0000000003".to_owned(),
-            "_c_a-__READ__0000000001".to_owned(),
-            "_c_c-lock-0000000002".to_owned(),
-        ];
-        let queued = queue(children);
-        assert_eq!(
-            queued,
-            vec![
-                "_c_a-__READ__0000000001",
-                "_c_c-lock-0000000002",
-                "_c_b-__WRIT__0000000003"
-            ]
-        );
-        assert_eq!(parse(&queued[0]), Some((Mark::Read, 1)));
-        assert_eq!(parse(&queued[2]), Some((Mark::Write, 3)));
-    }
 
     #[test]
     fn ids_are_unique_and_look_like_curators() {

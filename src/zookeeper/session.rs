@@ -19,6 +19,7 @@
 //! `tests/zookeeper/follower_cut_off.rs` shows the holder learning of its loss 1.9 s after
 //! the next grant with it.)
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -46,6 +47,9 @@ pub(crate) struct Session {
     pub(crate) timeout: Duration,
     /// The ZooKeeper session id (hex in messages).
     pub(crate) id: i64,
+    /// Set once a create's outcome was unknown: no new acquisition joins this session,
+    /// which closes when its last lock is gone (with any node a late create left).
+    retired: AtomicBool,
     monitor: tokio::task::JoinHandle<()>,
 }
 
@@ -117,6 +121,7 @@ impl Session {
             request_timeout: config.request_timeout,
             timeout,
             id,
+            retired: AtomicBool::new(false),
             monitor,
         }))
     }
@@ -133,6 +138,19 @@ impl Session {
     /// Whether new acquisitions may still use this session.
     pub(crate) fn usable(&self) -> bool {
         self.loss.current().is_none() && !self.clock.has_passed()
+    }
+
+    /// Whether a new acquisition may join this session: it is usable and not retired.
+    pub(crate) fn accepts_new(&self) -> bool {
+        self.usable() && !self.retired.load(Ordering::Relaxed)
+    }
+
+    /// Lets no new acquisition join this session (see [`accepts_new`](Self::accepts_new)):
+    /// it ends when the locks and removals that hold it are done.
+    pub(crate) fn retire(&self) {
+        if !self.retired.swap(true, Ordering::Relaxed) {
+            tracing::debug!(session = format_args!("{:#x}", self.id), "session retired");
+        }
     }
 
     /// Runs `request` on this session with the request timeout.

@@ -25,4 +25,5 @@ mod run_watchdog_term;
 mod run_zombie_leader;
 mod run_zookeeper;
 mod support;
+mod token_history;
 mod usage;

@@ -219,3 +219,123 @@ async fn locks_on_zookeeper_shows_the_holder_and_its_waiter() {
         .expect("lock");
     let _ = next.release().await;
 }
+
+/// A server that grants at most 4 s, as a default one (`tickTime=2000`) grants at most
+/// 40 s: the scale of the two runs below, ten times shorter.
+async fn capped_server() -> ZooKeeperCluster {
+    ZooKeeperCluster::single_with_max_session_timeout(Duration::from_secs(4))
+        .await
+        .expect("a capped zookeeper")
+}
+
+/// `--ttl 1h` on a server that grants 4 s: the command runs, timed by the granted
+/// session (it used to be given back at every grant as "answered late": the start
+/// check asked for what a one-hour lease would need), with a warning that says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_zookeeper_a_ttl_above_the_servers_cap_runs_timed_by_the_granted_session() {
+    let cluster = capped_server().await;
+    let output = fencelock_on("run", &cluster.connect_string(), "cli-zk-capped")
+        .args([
+            "--lock", "hourly", "--ttl", "1h", "--wait", "5s", "--", "echo", "ran",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .expect("fencelock run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "ran\n");
+    assert!(
+        stderr.contains("granted a session timeout of 4s, not --ttl 3600s"),
+        "{stderr}"
+    );
+}
+
+/// `--grace` is sized by the granted session too. A healthy lock's time left swings
+/// down to half the session timeout on ZooKeeper: a grace of 2.5 s with a 4 s session
+/// used to SIGTERM the command a second into its run (143), with every heartbeat
+/// answered. Now it is refused before the lock is taken (its ceiling is a third of the
+/// timeout), and the default grace runs the same command to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_zookeeper_the_grace_is_sized_by_the_granted_session() {
+    let cluster = capped_server().await;
+    let run = |grace: Option<&str>| {
+        let mut command = fencelock_on("run", &cluster.connect_string(), "cli-zk-grace");
+        command.args(["--lock", "job", "--ttl", "6s"]);
+        if let Some(grace) = grace {
+            command.args(["--grace", grace]);
+        }
+        command
+            .args(["--", "sh", "-c", "sleep 3; echo finished"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .output()
+    };
+    let refused = run(Some("2500ms")).await.expect("fencelock run");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--grace 2.5s is more than a third of the granted session timeout 4s"),
+        "{stderr}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&refused.stdout),
+        "",
+        "never started"
+    );
+
+    let healthy = run(None).await.expect("fencelock run");
+    let stderr = String::from_utf8_lossy(&healthy.stderr);
+    assert_eq!(healthy.status.code(), Some(0), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&healthy.stdout), "finished\n");
+    assert!(!stderr.contains("SIGTERM"), "{stderr}");
+}
+
+/// A kazoo client's node on the same path is a contender like any other: `locks` shows it
+/// holding, with its kind, and our waiter behind it (it used to be left out of the
+/// report, as it was left out of the queue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_on_zookeeper_shows_a_kazoo_holder_with_its_kind() {
+    let cluster = zookeeper();
+    let ns = "cli-zk-kazoo";
+    let mut kazoo = fencelock::testkit::LockPeer::kazoo(&cluster.connect_string())
+        .await
+        .expect("kazoo");
+    let answer = Duration::from_secs(30);
+    assert_eq!(
+        kazoo
+            .ask(&format!("hold lock /{ns}/job"), answer)
+            .await
+            .expect("hold"),
+        "held"
+    );
+    let waiter = ZooKeeperLocker::connect(cluster.config(&format!("/{ns}")))
+        .await
+        .expect("connect");
+    assert!(
+        waiter
+            .try_lock("job", &LockOptions::new())
+            .await
+            .expect("try_lock")
+            .is_none(),
+        "kazoo holds"
+    );
+    let output = fencelock_on("locks", &cluster.connect_string(), &format!("/{ns}"))
+        .args(["--lock", "job", "--json"])
+        .output()
+        .await
+        .expect("fencelock locks");
+    let out = String::from_utf8_lossy(&output.stdout);
+    let report: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let holders = report["locks"][0]["holders"].as_array().expect("holders");
+    assert_eq!(holders.len(), 1, "{out}");
+    assert_eq!(holders[0]["kind"], "kazoo-lock", "{out}");
+    assert!(
+        holders[0]["path"]
+            .as_str()
+            .is_some_and(|path| path.contains("__lock__")),
+        "{out}"
+    );
+    kazoo.ask("release", answer).await.expect("release");
+}

@@ -9,6 +9,7 @@ mod conformance;
 mod cut_off_holder;
 mod fault_soak;
 mod follower_cut_off;
+mod interop;
 mod invalid_input;
 mod leader_failover;
 mod protected_mode;

@@ -127,3 +127,58 @@ async fn a_create_whose_connection_the_library_gave_up_is_found_not_left() {
         "no node left"
     );
 }
+
+/// A create whose outcome was unknown may still be applied after the lookup that did not
+/// find it (ZooKeeper refuses a moved session's old requests, except through an observer
+/// master). Such a node lands behind ours, and once we release it heads the queue with
+/// nobody to delete it. Here the late node is made by the test, with the acquisition's
+/// id (the server's own late create cannot be timed from outside): the release removes
+/// it, and the acquisition's session is retired (the next lock gets a new one, and the
+/// old one closes with its last lock, taking any later such node with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_applied_late_is_removed_and_its_session_retired() {
+    let mut held =
+        HeldCreate::start(&namespace("protected-late"), Duration::from_millis(300)).await;
+    held.proxy.sever();
+    held.proxy.heal();
+    let (locker, guard) = held.guard().await;
+    let mine = guard
+        .path()
+        .rsplit('/')
+        .next()
+        .expect("a node name")
+        .to_owned();
+    let id = &mine[..mine.find("-lock-").expect("a lock node")];
+    let late = held
+        .admin
+        .create(
+            &format!("{}/{id}-lock-", held.parent),
+            b"",
+            &zookeeper_client::CreateMode::EphemeralSequential
+                .with_acls(zookeeper_client::Acls::anyone_all()),
+        )
+        .await
+        .expect("the late create");
+    assert_eq!(await_children(&held.admin, &held.parent, 2).await.len(), 2);
+    let session = guard.session_id();
+    assert_eq!(
+        guard.release().await.expect("release"),
+        fencelock::ReleaseOutcome::Released
+    );
+    assert_eq!(
+        await_children(&held.admin, &held.parent, 0).await,
+        Vec::<String>::new(),
+        "the late node (sequence {}) is removed with ours",
+        late.1
+    );
+    let next = locker
+        .lock("job", &LockOptions::new().with_ttl(Duration::from_secs(10)))
+        .await
+        .expect("the next lock");
+    assert_ne!(
+        next.session_id(),
+        session,
+        "the retired session is not reused"
+    );
+    let _ = next.release().await;
+}

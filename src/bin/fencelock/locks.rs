@@ -54,14 +54,35 @@ pub struct LocksArgs {
     /// Print JSON instead of a table (schema in docs/operating.md).
     #[arg(long)]
     json: bool,
+    /// The newest fencing token your storage has accepted (for example the largest
+    /// token in its fence table): warn, and exit 1, if the lock service's history is
+    /// behind it (restored from an older copy, or rebuilt empty), for then every grant
+    /// until it catches up carries a token storage has already seen. etcd: checked
+    /// against the store's current revision; ZooKeeper: against a zxid it assigns now;
+    /// Redis (with --lock): against the lock's counter.
+    #[arg(long)]
+    newest_token: Option<u64>,
 }
 
-/// Exit 0 with the report; 2 for invalid arguments; 70 when etcd cannot be read.
+/// What `fencelock locks` found: the report, and what `--newest-token` found wrong.
+struct Found {
+    report: String,
+    behind: Option<String>,
+}
+
+/// Exit 0 with the report; 1 when `--newest-token` finds the lock service's history
+/// behind it; 2 for invalid arguments; 70 when the lock service cannot be read.
 pub async fn locks(args: LocksArgs) -> ExitCode {
     match report(&args).await {
-        Ok(text) => {
-            print!("{text}");
-            ExitCode::SUCCESS
+        Ok(Found { report, behind }) => {
+            print!("{report}");
+            match behind {
+                Some(warning) => {
+                    eprintln!("fencelock locks: warning: {warning}");
+                    ExitCode::from(1)
+                }
+                None => ExitCode::SUCCESS,
+            }
         }
         Err((code, message)) => {
             eprintln!("fencelock locks: {message}");
@@ -70,7 +91,7 @@ pub async fn locks(args: LocksArgs) -> ExitCode {
     }
 }
 
-async fn report(args: &LocksArgs) -> Result<String, (u8, String)> {
+async fn report(args: &LocksArgs) -> Result<Found, (u8, String)> {
     let failed = |err: LockError| {
         let code = if err.is_invalid_input() { 2 } else { 70 };
         (code, err.to_string())
@@ -79,6 +100,12 @@ async fn report(args: &LocksArgs) -> Result<String, (u8, String)> {
         fencelock::validate_name(name).map_err(failed)?;
     }
     if args.backend == LocksBackend::Redis {
+        if args.newest_token.is_some() && args.lock.is_none() {
+            return Err((
+                2,
+                "--newest-token on Redis needs --lock: each lock has a counter of its own".into(),
+            ));
+        }
         return redis_report(args).await.map_err(failed);
     }
     if args.backend == LocksBackend::Zookeeper {
@@ -90,12 +117,37 @@ async fn report(args: &LocksArgs) -> Result<String, (u8, String)> {
         Some(name) => vec![locks.inspect(name).await.map_err(failed)?],
         None => locks.inspect_all().await.map_err(failed)?,
     };
+    let behind = match args.newest_token {
+        Some(newest) => {
+            let current = locks.current_revision().await.map_err(failed)?;
+            (newest > current).then(|| {
+                history_behind(
+                    &format!("etcd's current revision is {current}"),
+                    newest,
+                    "docs/etcd.md",
+                )
+            })
+        }
+        None => None,
+    };
     let _ = locks.close().await;
-    Ok(if args.json {
+    let report = if args.json {
         json_report(&args.service.namespace, &states)
     } else {
         table(&states)
-    })
+    };
+    Ok(Found { report, behind })
+}
+
+/// The warning for a lock service whose history is behind a token storage has seen.
+fn history_behind(state: &str, newest: u64, docs: &str) -> String {
+    format!(
+        "{state}, which is not past token {newest} that your storage has seen: the lock \
+         service's history is behind it (restored from an older copy, or rebuilt empty). \
+         Until it passes {newest}, every grant carries a token your storage has already \
+         seen: a strict fence refuses them all, and a fence that accepts equal tokens lets \
+         a second holder of token {newest} through. See {docs}, \"What the token needs\"."
+    )
 }
 
 fn role(entry: &QueueEntry) -> (&'static str, Option<usize>, Option<String>) {
@@ -208,18 +260,30 @@ fn table(states: &[LockState]) -> String {
     out
 }
 
-async fn redis_report(args: &LocksArgs) -> Result<String, LockError> {
+async fn redis_report(args: &LocksArgs) -> Result<Found, LockError> {
     let config = args.service.redis_config([args.service.redis.clone()]);
     let locks = RedisLocker::connect(config).await?;
     let states = match &args.lock {
         Some(name) => locks.inspect(name).await?,
         None => locks.inspect_all().await?,
     };
-    Ok(if args.json {
+    let behind = args.newest_token.and_then(|newest| {
+        let last = states.iter().filter_map(|state| state.last_token).max();
+        last.is_none_or(|last| last < newest).then(|| {
+            let counter = last.map_or_else(|| "none".to_owned(), |last| last.to_string());
+            history_behind(
+                &format!("the lock's token counter is at {counter}"),
+                newest,
+                "docs/redis.md",
+            )
+        })
+    });
+    let report = if args.json {
         redis_json(&args.service.namespace, &states)
     } else {
         redis_table(&states)
-    })
+    };
+    Ok(Found { report, behind })
 }
 
 fn redis_json(prefix: &str, states: &[RedisLockState]) -> String {
@@ -295,7 +359,7 @@ fn redis_table(states: &[RedisLockState]) -> String {
     out
 }
 
-async fn zookeeper_report(args: &LocksArgs) -> Result<String, LockError> {
+async fn zookeeper_report(args: &LocksArgs) -> Result<Found, LockError> {
     let config = args.service.zookeeper_config();
     let namespace = config.namespace().to_owned();
     let locks = ZooKeeperLocker::connect(config).await?;
@@ -303,17 +367,33 @@ async fn zookeeper_report(args: &LocksArgs) -> Result<String, LockError> {
         Some(name) => vec![locks.inspect(name).await?],
         None => locks.inspect_all().await?,
     };
-    Ok(if args.json {
+    let behind = match args.newest_token {
+        Some(newest) => {
+            let now = locks.current_zxid().await?.get();
+            (newest >= now).then(|| {
+                history_behind(
+                    &format!("ZooKeeper assigns zxid {now:#x} ({now}) now"),
+                    newest,
+                    "docs/zookeeper.md",
+                )
+            })
+        }
+        None => None,
+    };
+    let report = if args.json {
         zookeeper_json(&namespace, &states)
     } else {
         zookeeper_table(&states)
-    })
+    };
+    Ok(Found { report, behind })
 }
 
 /// `{"backend": "zookeeper", "namespace": "/fencelock", "locks": [{"name": ...,
 /// "holders": [ENTRY], "waiters": [ENTRY, ...]}]}` with
 /// `ENTRY = {"path": ..., "token": czxid, "session_id": ..., "role": "exclusive" |
-/// "reader"}` (readers of a read-write lock share it).
+/// "reader", "kind": "lock" | "reader" | "writer" | "kazoo-lock" | "kazoo-reader" |
+/// "unknown"}` (readers of a read-write lock share it; `kind` names the recipe, and
+/// other clients' nodes on the path are listed too).
 fn zookeeper_json(namespace: &str, states: &[ZooKeeperLockState]) -> String {
     let entry = |e: &ZooKeeperEntry| {
         json!({
@@ -321,6 +401,7 @@ fn zookeeper_json(namespace: &str, states: &[ZooKeeperLockState]) -> String {
             "token": e.token.get(),
             "session_id": format!("{:#x}", e.session_id),
             "role": if e.reader { "reader" } else { "exclusive" },
+            "kind": e.kind.as_str(),
         })
     };
     let locks: Vec<Value> = states
@@ -350,8 +431,8 @@ fn zookeeper_table(states: &[ZooKeeperLockState]) -> String {
     }
     let _ = writeln!(
         out,
-        "{:<24} {:<10} {:>14} {:<18}  node",
-        "lock", "state", "token (czxid)", "session"
+        "{:<24} {:<10} {:<12} {:>14} {:<18}  node",
+        "lock", "state", "kind", "token (czxid)", "session"
     );
     for state in states {
         for (place, entry) in state.entries.iter().enumerate() {
@@ -362,9 +443,10 @@ fn zookeeper_table(states: &[ZooKeeperLockState]) -> String {
             };
             let _ = writeln!(
                 out,
-                "{:<24} {:<10} {:>14} {:<18x}  {}",
+                "{:<24} {:<10} {:<12} {:>14} {:<18x}  {}",
                 state.name,
                 position,
+                entry.kind.as_str(),
                 entry.token.get(),
                 entry.session_id,
                 entry.path

@@ -27,8 +27,8 @@ struct Cli {
 enum Command {
     /// Benchmark every lock backend through the same trait, beside the raw ceilings.
     Bench(bench::BenchArgs),
-    /// Run a command while holding a lock (etcd, Redis or Redlock); it is killed before the
-    /// lock can pass on.
+    /// Run a command while holding a lock (etcd, Redis, Redlock or ZooKeeper); it is killed
+    /// before the lock can pass on.
     Run(run::RunArgs),
     /// Show who holds which etcd lock (token, lease, TTL left) and who waits behind them.
     Locks(locks::LocksArgs),

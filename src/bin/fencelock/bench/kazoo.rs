@@ -8,9 +8,6 @@ use std::time::Duration;
 use super::BoxResult;
 use super::stats::{Cell, histogram, record};
 
-/// Environment variable naming the Python to run kazoo with.
-const PYTHON_ENV: &str = "FENCELOCK_PYTHON";
-
 /// Cycles for `seconds`, then prints one latency (microseconds) per line.
 const SCRIPT: &str = r#"
 import sys, time
@@ -32,29 +29,14 @@ zk.close()
 print("\n".join(map(str, latencies)))
 "#;
 
-/// A Python that imports kazoo: `$FENCELOCK_PYTHON`, `python3` on `PATH`, or Debian's
-/// `/usr/bin/python3`.
-async fn python() -> Option<String> {
-    let mut candidates: Vec<String> = std::env::var(PYTHON_ENV).ok().into_iter().collect();
-    candidates.extend(["python3".to_owned(), "/usr/bin/python3".to_owned()]);
-    for python in candidates {
-        let probe = tokio::process::Command::new(&python)
-            .args(["-c", "import kazoo"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .await;
-        if probe.is_ok_and(|status| status.success()) {
-            return Some(python);
-        }
-    }
-    None
-}
-
 /// kazoo's lock + release cycles on one key for `duration`, as a cell; `None` (with a
 /// note on stderr) when no Python with kazoo is installed.
 pub async fn cycles(hosts: &str, path: &str, duration: Duration) -> BoxResult<Option<Cell>> {
-    let Some(python) = python().await else {
+    let Some(python) = tokio::task::spawn_blocking(fencelock::testkit::python_with_kazoo)
+        .await
+        .ok()
+        .flatten()
+    else {
         eprintln!("skipping the kazoo peer: no python3 with kazoo (Debian: python3-kazoo)");
         return Ok(None);
     };

@@ -75,7 +75,10 @@ pub struct RunArgs {
     #[arg(long)]
     permits: Option<usize>,
     /// Lease TTL: how long the lock outlives this process if it dies; at most 24h, at
-    /// least 1s on etcd (whole seconds there: 1.5s becomes 2s), 100ms on Redis.
+    /// least 1s on etcd (whole seconds there: 1.5s becomes 2s), 100ms on Redis. On
+    /// ZooKeeper the session timeout asked for: the server grants one between its
+    /// minSessionTimeout and maxSessionTimeout (4s and 40s by default), which is then
+    /// the lease (a warning says so when it differs).
     #[arg(long, default_value = "10s", value_parser = parse_duration, allow_hyphen_values = true)]
     ttl: Duration,
     /// How long to wait for the lock (default: forever). Durations, here and in --ttl and
@@ -85,7 +88,9 @@ pub struct RunArgs {
     wait: Option<Duration>,
     /// Time between SIGTERM and SIGKILL when renewals stop being confirmed (SIGKILL comes
     /// no later than the lease deadline), and for processes the command leaves behind.
-    /// Default: a quarter of --ttl, at most 5s; at most half of --ttl. Renewals go out
+    /// Default: a quarter of --ttl, at most 5s; at most half of --ttl (on ZooKeeper a
+    /// sixth and a third of the granted session timeout: a healthy lock's time left
+    /// swings down to half of it there, not to two thirds). Renewals go out
     /// every third of --ttl; one that fails or gets no answer within a ninth of --ttl
     /// (250ms to 1s) is retried (on etcd at once, then) after 100ms, 200ms, ... (at most
     /// that ninth), on etcd, Redis and Redlock alike:
@@ -200,7 +205,12 @@ impl Failure {
 }
 
 async fn run_inner(args: RunArgs) -> Result<u8, Failure> {
-    let grace = grace(&args)?;
+    // ZooKeeper's lease is the session timeout the server grants: its grace is sized
+    // once that is known (`on_zookeeper`).
+    let renewed_grace = match args.backend {
+        RunBackend::Zookeeper => None,
+        _ => Some(grace(args.grace, Lease::renewed(args.ttl))?),
+    };
     signals::reset_inherited()
         .map_err(|err| Failure::internal(format!("cannot reset inherited signals: {err}")))?;
     let (program, rest) = args
@@ -235,17 +245,18 @@ async fn run_inner(args: RunArgs) -> Result<u8, Failure> {
         ));
     }
     args.metrics.start().map_err(Failure::internal)?;
-    let task = Task {
+    let task = |grace| Task {
         program,
         rest,
         lock: &args.lock,
         grace,
     };
-    match args.backend {
-        RunBackend::Etcd => on_etcd(&args, &options, task).await,
-        RunBackend::Redis => on_redis(&args, &options, task).await,
-        RunBackend::Redlock => on_redlock(&args, &options, task).await,
-        RunBackend::Zookeeper => on_zookeeper(&args, &options, task).await,
+    match (args.backend, renewed_grace) {
+        (RunBackend::Zookeeper, _) => on_zookeeper(&args, &options, task).await,
+        (_, None) => Err(Failure::internal("no grace for a renewed lease")),
+        (RunBackend::Etcd, Some(grace)) => on_etcd(&args, &options, task(grace)).await,
+        (RunBackend::Redis, Some(grace)) => on_redis(&args, &options, task(grace)).await,
+        (RunBackend::Redlock, Some(grace)) => on_redlock(&args, &options, task(grace)).await,
     }
 }
 
@@ -475,10 +486,14 @@ async fn on_redlock(args: &RunArgs, options: &LockOptions, task: Task<'_>) -> Re
     Ok(on_redis_guard(guard, args.ttl, task).await)
 }
 
-async fn on_zookeeper(
+/// On ZooKeeper the lease is the session timeout the server grants, which may differ
+/// from `--ttl` (a server clamps it into its `minSessionTimeout`..`maxSessionTimeout`),
+/// and a healthy lock's time left swings down to half of it: the grace, its ceiling and
+/// the start check are sized by the granted timeout, known before the lock is taken.
+async fn on_zookeeper<'a>(
     args: &RunArgs,
     options: &LockOptions,
-    task: Task<'_>,
+    task: impl FnOnce(Duration) -> Task<'a>,
 ) -> Result<u8, Failure> {
     if args.permits.is_some() {
         return Err(Failure::usage(
@@ -488,13 +503,27 @@ async fn on_zookeeper(
     let locks = ZooKeeperLocker::connect(args.service.zookeeper_config())
         .await
         .map_err(Failure::from_lock_error)?;
+    let granted = locks
+        .session_timeout(options)
+        .await
+        .map_err(Failure::from_lock_error)?;
+    if granted != args.ttl {
+        diag!(
+            "warning: the ZooKeeper server granted a session timeout of {granted:?}, not \
+             --ttl {:?} (it keeps timeouts within its minSessionTimeout and \
+             maxSessionTimeout): the lock outlives a dead fencelock by {granted:?}, and the \
+             command is timed by it",
+            args.ttl
+        );
+    }
+    let task = task(grace(args.grace, Lease::zookeeper(granted))?);
     let guard = take_in_time(
         |options| {
             let locks = &locks;
             async move { locks.lock(&args.lock, &options).await }
         },
         options,
-        task.needed_at_start(args.ttl),
+        task.needed_at_start(granted),
     )
     .await?;
     // The lease is the session timeout the server granted, which may differ from --ttl.
@@ -561,18 +590,100 @@ async fn release<G: LockGuard>(guard: G, ran: Ran, code: u8) -> u8 {
     }
 }
 
-/// `--grace`, defaulted and checked against `--ttl`.
-fn grace(args: &RunArgs) -> Result<Duration, Failure> {
-    let ceiling = args.ttl / 2;
-    match args.grace {
-        // A quarter: SIGTERM 0.74 TTL after the last confirmed renewal, which leaves the
-        // renewal due at a third of the TTL 0.4 TTL for its retries (issue 21).
-        None => Ok((args.ttl / 4).min(Duration::from_secs(5))),
+/// How a healthy lock's time left moves, which sizes `--grace` and the start check.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Lease {
+    /// How long the lock outlives a holder that went silent.
+    length: Duration,
+    /// The least time left of a lock whose renewals are on schedule.
+    floor: Duration,
+    /// What the length is, for messages.
+    what: &'static str,
+    /// What part of the length the grace ceiling is, for messages.
+    ceiling_is: &'static str,
+}
+
+impl Lease {
+    /// An etcd, Redis or Redlock lock renewed every third of `ttl`: its time left
+    /// swings between the whole TTL and two thirds of it.
+    fn renewed(ttl: Duration) -> Self {
+        Self {
+            length: ttl,
+            floor: ttl * 2 / 3,
+            what: "--ttl",
+            ceiling_is: "half",
+        }
+    }
+
+    /// A ZooKeeper lock in a session the server granted `timeout`: its time left swings
+    /// between 0.6 and 0.5 of it (`fencelock::zookeeper::healthy_lease_floor`).
+    fn zookeeper(timeout: Duration) -> Self {
+        Self {
+            length: timeout,
+            floor: fencelock::zookeeper::healthy_lease_floor(timeout),
+            what: "the granted session timeout",
+            ceiling_is: "a third",
+        }
+    }
+
+    /// The most `--grace` may be: a sixth of the lease short of the floor, so that
+    /// SIGTERM never goes out while renewals are on schedule (etcd: half the TTL).
+    fn grace_ceiling(self) -> Duration {
+        self.floor.saturating_sub(self.length / 6)
+    }
+
+    /// `--grace` by default: half the ceiling, at most 5 s. On etcd a quarter of the
+    /// TTL: SIGTERM 0.74 TTL after the last confirmed renewal, which leaves the renewal
+    /// due at a third of the TTL 0.4 TTL for its retries (issue 21).
+    fn default_grace(self) -> Duration {
+        (self.grace_ceiling() / 2).min(Duration::from_secs(5))
+    }
+}
+
+/// `--grace`, defaulted and checked against the lease.
+fn grace(requested: Option<Duration>, lease: Lease) -> Result<Duration, Failure> {
+    let ceiling = lease.grace_ceiling();
+    match requested {
+        None => Ok(lease.default_grace()),
         Some(grace) if grace <= ceiling => Ok(grace),
         Some(grace) => Err(Failure::usage(format!(
-            "--grace {grace:?} is more than half of --ttl {:?}: SIGTERM would go out while \
-             renewals are still on schedule",
-            args.ttl
+            "--grace {grace:?} is more than {} of {} {:?} ({ceiling:?}): SIGTERM would go \
+             out while renewals are still on schedule",
+            lease.ceiling_is, lease.what, lease.length
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_grace_is_sized_by_how_low_a_healthy_lease_goes() {
+        let etcd = Lease::renewed(Duration::from_secs(12));
+        assert_eq!(etcd.grace_ceiling(), Duration::from_secs(6));
+        assert_eq!(etcd.default_grace(), Duration::from_secs(3));
+        assert_eq!(
+            Lease::renewed(Duration::from_secs(60)).default_grace(),
+            Duration::from_secs(5)
+        );
+        // ZooKeeper: the time left swings down to half the granted timeout.
+        let zookeeper = Lease::zookeeper(Duration::from_secs(12));
+        assert_eq!(zookeeper.grace_ceiling(), Duration::from_secs(4));
+        assert_eq!(zookeeper.default_grace(), Duration::from_secs(2));
+        assert!(
+            grace(
+                Some(Duration::from_secs(25)),
+                Lease::zookeeper(Duration::from_secs(40))
+            )
+            .is_err()
+        );
+        assert!(
+            grace(
+                Some(Duration::from_secs(25)),
+                Lease::renewed(Duration::from_secs(60))
+            )
+            .is_ok()
+        );
     }
 }
