@@ -53,24 +53,27 @@ async fn processes_that_leave_the_group_are_stopped_before_the_release() {
     assert!(stderr.contains("left 3 process(es)"), "{stderr}");
 }
 
-/// Ten orphans (`(true &)`), then the number of zombie children of fencelock (`$PPID`),
-/// once it has none or after 5 s.
+/// Ten orphans (each `true &` of a shell that exits at once, its pid written down), then
+/// how many of them are still in the process table (a zombie is, until it is reaped),
+/// once none is or after 5 s.
 const ORPHANING: &str = "\
-    for i in 1 2 3 4 5 6 7 8 9 10; do (true &); done
-    zombies() { awk -v p=$PPID '$4 == p && $3 == \"Z\"' /proc/[0-9]*/stat 2>/dev/null | wc -l; }
+    for i in 1 2 3 4 5 6 7 8 9 10; do sh -c 'true & echo $! >> orphans'; done
+    left() { n=0; for pid in $(cat orphans); do [ -e /proc/$pid ] && n=$((n + 1)); done; echo $n; }
     i=0
-    while [ $(zombies) -gt 0 ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
-    zombies";
+    while [ $(left) -gt 0 ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
+    left";
 
 /// Being their reaper, fencelock reaps the orphans of a command that runs on: a command
 /// that orphans processes all day must not fill the process table with zombies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orphans_handed_to_fencelock_are_reaped_while_the_command_runs() {
     let etcd = EtcdCluster::single().await.expect("etcd");
+    let dir = tempfile::tempdir().expect("tempdir");
     let mut command = fencelock_run(&etcd.endpoints(), "cli-orphans");
     command
         .args(["--lock", "job", "--ttl", "3s", "--"])
-        .args(["sh", "-c", ORPHANING]);
+        .args(["sh", "-c", ORPHANING])
+        .current_dir(dir.path());
     let output = tokio::time::timeout(Duration::from_secs(20), command.output())
         .await
         .expect("fencelock exits")
@@ -79,6 +82,6 @@ async fn orphans_handed_to_fencelock_are_reaped_while_the_command_runs() {
     assert_eq!(
         String::from_utf8_lossy(&output.stdout).trim(),
         "0",
-        "zombie children of fencelock while the command runs"
+        "orphans left unreaped while the command runs"
     );
 }
