@@ -255,7 +255,9 @@ impl Fence {
         .await?;
         if matched == 1 && warned > 0 {
             // Outside strict SQL mode a token too large for the column is stored cut to
-            // fit, with a warning (a table of the caller's with a narrow column).
+            // fit, with a warning (a table of the caller's with a narrow column). The
+            // statement writes nothing else that could warn on the table `ensure_schema`
+            // makes, so any warning is taken for that.
             return Err(FenceError::TokenOutOfRange {
                 resource: resource.to_owned(),
                 token,

@@ -427,9 +427,14 @@ impl Acquisition {
             // A grant after a long wait: the statement's send time proves little about
             // the session now. A heartbeat at once does; unanswered, the guard keeps the
             // statement's deadline (and may be lost at once).
+            // Bounded by that deadline: past it the guard is lost anyway.
             let beat = clock.now();
-            let answered = conn.client.query_typed_one(BEAT, &[]).await;
-            if answered.and_then(|row| row.try_get::<_, i32>(0)).ok() == Some(conn.pid) {
+            let left = (sent + self.ttl).saturating_duration_since(beat);
+            let answered = tokio::time::timeout(left, conn.client.query_typed_one(BEAT, &[])).await;
+            let pid = answered
+                .ok()
+                .and_then(|row| row.and_then(|row| row.try_get::<_, i32>(0)).ok());
+            if pid == Some(conn.pid) {
                 sent = beat;
             }
         }

@@ -155,12 +155,10 @@ impl Job {
                 super::diag::diag!("cannot signal the command's process group: {err}");
             }
         }
-        let elsewhere = self
-            .running_members()
-            .into_iter()
-            .filter(|p| p.group != self.pid);
-        for process in elsewhere {
-            if let Err(err) = tree::signal(&process, signal) {
+        for process in self.running_members() {
+            // Members of the group got it above: only asked whether they could (signal 0).
+            let sending = if process.group == self.pid { 0 } else { signal };
+            if let Err(err) = tree::signal(&process, sending) {
                 let mut warned = self
                     .unreachable
                     .lock()
@@ -195,7 +193,7 @@ impl Job {
     /// Waits until no process of the command runs (after a SIGKILL to it: a process that
     /// cannot die, in uninterruptible sleep, or one that cannot be signalled, keeps this
     /// waiting, and the lock held).
-    pub async fn wait_group_gone(&self) {
+    pub async fn wait_all_gone(&self) {
         while !self.running_members().is_empty() {
             tokio::time::sleep(super::GROUP_POLL).await;
             self.signal_all(libc::SIGKILL);

@@ -88,7 +88,7 @@ impl<G: LockGuard> Held<'_, G> {
                 // The group first, the words after: nothing of the command may outlive
                 // what follows (the release of the lock).
                 job.signal_all(libc::SIGKILL);
-                job.wait_group_gone().await;
+                job.wait_all_gone().await;
                 diag!("supervising the command failed ({err}); killed its process group");
                 Ending::Failed
             }

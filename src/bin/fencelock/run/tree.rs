@@ -86,7 +86,7 @@ pub fn reap_orphans(keep: &[libc::pid_t]) {
 }
 
 /// Sends `signal` to `process` if it is still the process that was found (same pid, same
-/// start time). Gone is not an error.
+/// start time); signal 0 only checks that it could be sent. Gone is not an error.
 pub fn signal(process: &Process, signal: i32) -> io::Result<()> {
     let pidfd = match PidFd::open(process.pid) {
         Ok(pidfd) => pidfd,
