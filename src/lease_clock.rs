@@ -158,7 +158,7 @@ impl LeaseClock {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads the clock.
-    #[cfg(any(feature = "etcd", feature = "zookeeper"))]
+    #[cfg(any(feature = "etcd", feature = "zookeeper", feature = "postgres"))]
     pub(crate) async fn passed(&self) {
         loop {
             let left = self.remaining();

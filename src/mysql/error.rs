@@ -40,6 +40,33 @@ pub enum FenceError {
         current: Option<i64>,
     },
 
+    /// The token does not fit the column that would store it: outside strict SQL mode
+    /// the server would cut it to the column's largest value, and every later token above
+    /// that, stale or not, would pass. Nothing was written.
+    #[error(
+        "fencing token {token} for {resource:?} does not fit the token column {column}: \
+         use BIGINT UNSIGNED"
+    )]
+    TokenOutOfRange {
+        /// The protected resource.
+        resource: String,
+        /// The token presented.
+        token: FencingToken,
+        /// The column, and what it is declared as where known.
+        column: String,
+    },
+
+    /// A token column (of an existing fence table) that cannot hold every token.
+    #[error(
+        "the token column {column} is {column_type}: it must hold any 64-bit token (BIGINT UNSIGNED)"
+    )]
+    NarrowTokenColumn {
+        /// The column.
+        column: String,
+        /// Its declared type.
+        column_type: String,
+    },
+
     /// A table or column name that is not a plain SQL identifier.
     #[error(
         "invalid SQL identifier {0:?}: use ASCII letters, digits and '_' (not starting with \
@@ -64,6 +91,31 @@ pub enum FenceError {
     /// in order).
     #[error("unsupported transaction options: {0}")]
     UnsupportedOptions(&'static str),
+
+    /// The connection may still owe the answer to a statement whose future was dropped
+    /// (a caller's timeout, a cancelled task): mysql_async would hand that answer to the
+    /// next command, and every later answer would be one behind, so a refused fence could
+    /// read as passed. Nothing was sent on it. Drop the connection (closing it rolls back
+    /// whatever it left open) and use a new one.
+    #[error(
+        "the connection was abandoned in the middle of a statement (a dropped future) and may \
+         still owe its answer: drop it and connect again"
+    )]
+    ConnectionUnusable,
+
+    /// The server ended the fenced transaction before `commit` (a deadlock rolled it
+    /// back, or a statement such as DDL committed it implicitly): nothing was committed
+    /// by `commit`. Statements run after that point ran outside the fence; with
+    /// `autocommit = 1` each of them was committed on its own.
+    #[error(
+        "the fenced transaction for {resource:?} had already ended on the server (rolled \
+         back by a deadlock, or committed implicitly by a statement such as DDL); \
+         statements after that ran unfenced, and nothing more was committed"
+    )]
+    TransactionEnded {
+        /// The protected resource.
+        resource: String,
+    },
 
     /// The database failed (connection lost, SQL error, deadlock, ...). The transaction
     /// was not committed.
@@ -107,6 +159,21 @@ impl FenceError {
     #[must_use]
     pub fn is_conflict(&self) -> bool {
         matches!(self, Self::VersionConflict { .. })
+    }
+
+    /// The connection was abandoned mid-statement and is refused
+    /// ([`ConnectionUnusable`](Self::ConnectionUnusable)): drop it, and run the whole
+    /// transaction again on a new one.
+    #[must_use]
+    pub fn is_connection_unusable(&self) -> bool {
+        matches!(self, Self::ConnectionUnusable)
+    }
+
+    /// `commit` found that the server had ended the fenced transaction already
+    /// ([`TransactionEnded`](Self::TransactionEnded)).
+    #[must_use]
+    pub fn is_transaction_ended(&self) -> bool {
+        matches!(self, Self::TransactionEnded { .. })
     }
 
     /// The row the write was meant for does not exist.

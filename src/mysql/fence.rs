@@ -24,8 +24,9 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Transaction, TxOpts, Value};
 
 use super::FenceError;
+use super::capacity;
 use super::ident::{Ident, MAX_KEY, check_key};
-use super::rows::{affected, first_column};
+use super::rows::{affected_warned, first_column};
 use crate::FencingToken;
 
 /// Whether a token equal to the stored one may write.
@@ -38,8 +39,9 @@ pub enum FenceMode {
     #[default]
     AllowEqual,
     /// Accept only a strictly newer token: each grant may write once. Use it where two
-    /// grants could carry the same token (the Redis counter after a failover): the second
-    /// is then refused instead of trusted.
+    /// grants could carry the same token (the Redis counter after a failover; PostgreSQL
+    /// advisory-lock tokens after an asynchronous failover or a crash with
+    /// `synchronous_commit = off`): the second is then refused instead of trusted.
     Strict,
 }
 
@@ -80,7 +82,7 @@ impl Default for Fence {
 impl Fence {
     /// Fences in table `fencelock_fences`, accepting equal tokens.
     pub fn new() -> Self {
-        Self::build(Ident::trusted("`fencelock_fences`"), FenceMode::AllowEqual)
+        Self::build(Ident::trusted("fencelock_fences"), FenceMode::AllowEqual)
     }
 
     /// Fences in another table (`name` or `database.name`).
@@ -125,8 +127,10 @@ impl Fence {
         self.mode
     }
 
-    /// Creates the fence table (InnoDB) if it does not exist. Call it once (at deploy or
-    /// start-up); writes never create schema implicitly.
+    /// Creates the fence table (InnoDB) if it does not exist, and checks that an existing
+    /// one's `token` column holds any token ([`FenceError::NarrowTokenColumn`] if not: it
+    /// must be `BIGINT UNSIGNED`). Call it once (at deploy or start-up); writes never
+    /// create schema implicitly.
     #[tracing::instrument(skip_all, fields(table = self.table.sql()))]
     pub async fn ensure_schema(&self, conn: &mut impl Queryable) -> Result<(), FenceError> {
         let sql = format!(
@@ -139,7 +143,14 @@ impl Fence {
             self.table.sql()
         );
         conn.query_drop(sql).await?;
-        Ok(())
+        let column = Ident::trusted("token");
+        match capacity::read(conn, &self.table, &column).await? {
+            Some(found) if found.max < u64::MAX => Err(FenceError::NarrowTokenColumn {
+                column: format!("{}.{}", self.table.sql(), column.sql()),
+                column_type: found.column_type,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Begins a transaction (the session's isolation level) that has passed the fence
@@ -149,11 +160,13 @@ impl Fence {
     ///
     /// # Cancel safety
     ///
-    /// Nothing is committed unless [`commit`](FencedTransaction::commit) is called. If
-    /// this future or the returned transaction is dropped, mysql_async rolls back before
-    /// the connection's next command, or the server does when the connection closes;
-    /// until then the fence row stays locked, and other writers of `resource` wait.
-    /// Drop or reuse the connection soon after.
+    /// Nothing is committed unless [`commit`](FencedTransaction::commit) is called. A
+    /// returned transaction that is dropped is rolled back by mysql_async before the
+    /// connection's next command. This future dropped while a statement waits for its
+    /// answer (a timeout while the fence row is locked by another writer) leaves the
+    /// connection owing that answer: every fence call on it is then refused with
+    /// [`FenceError::ConnectionUnusable`] and sends nothing. Drop such a connection: the
+    /// server rolls back when it closes, and until then the fence row stays locked.
     #[tracing::instrument(skip(self, conn), fields(table = self.table.sql(), token = %token))]
     pub async fn begin<'a>(
         &self,
@@ -179,6 +192,7 @@ impl Fence {
         token: FencingToken,
     ) -> Result<FencedTransaction<'a>, FenceError> {
         check_key(resource)?;
+        usable(conn)?;
         if options.consistent_snapshot() {
             return Err(FenceError::UnsupportedOptions(
                 "a consistent snapshot is taken before the fence row's lock is waited for, \
@@ -186,7 +200,13 @@ impl Fence {
             ));
         }
         let mut tx = conn.start_transaction(options).await?;
-        if let Err(err) = self.check(&mut tx, resource, token).await {
+        let passed = match self.check(&mut tx, resource, token).await {
+            // The mark that `commit` looks for: a savepoint lives exactly as long as the
+            // transaction that took it.
+            Ok(()) => tx.query_drop(MARK).await.map_err(FenceError::from),
+            Err(err) => Err(err),
+        };
+        if let Err(err) = passed {
             // Free the fence row now rather than at the connection's next command.
             if let Err(rollback) = tx.rollback().await {
                 tracing::debug!(%rollback, "rollback after a refused fence failed");
@@ -211,7 +231,10 @@ impl Fence {
     /// # Cancel safety
     ///
     /// Dropping the future leaves the transaction open in an unknown state (the fence row
-    /// may be locked or moved forward): roll it back, never commit it.
+    /// may be locked or moved forward) and the connection owing an answer: drop the
+    /// transaction and its connection, never commit it. (A fenced transaction's
+    /// [`commit`](FencedTransaction::commit) refuses such a connection; mysql_async's own
+    /// `Transaction::commit` does not.)
     #[tracing::instrument(skip(self, tx), fields(table = self.table.sql(), token = %token))]
     pub async fn check(
         &self,
@@ -220,15 +243,27 @@ impl Fence {
         token: FencingToken,
     ) -> Result<(), FenceError> {
         check_key(resource)?;
+        usable(tx)?;
         let value = Value::UInt(token.get());
         let key = Value::Bytes(resource.as_bytes().to_vec());
         tx.exec_drop(&self.lock_sql, vec![key.clone()]).await?;
-        let matched = affected(
+        let (matched, warned) = affected_warned(
             &mut *tx,
             &self.advance_sql,
             vec![value.clone(), key.clone(), value],
         )
         .await?;
+        if matched == 1 && warned > 0 {
+            // Outside strict SQL mode a token too large for the column is stored cut to
+            // fit, with a warning (a table of the caller's with a narrow column). The
+            // statement writes nothing else that could warn on the table `ensure_schema`
+            // makes, so any warning is taken for that.
+            return Err(FenceError::TokenOutOfRange {
+                resource: resource.to_owned(),
+                token,
+                column: format!("{}.`token`", self.table.sql()),
+            });
+        }
         if matched == 1 {
             return Ok(());
         }
@@ -254,6 +289,34 @@ impl Fence {
             first_column(conn, &sql, vec![Value::Bytes(resource.as_bytes().to_vec())]).await?;
         Ok(row.flatten().map(FencingToken::new))
     }
+}
+
+/// The savepoint a fenced transaction takes once it has passed the fence, and releases
+/// just before `COMMIT`. The server can end a transaction without the client noticing: a
+/// deadlock rolls it back (and frees the fence row), a statement that commits implicitly
+/// (DDL, `LOCK TABLES`, `SET autocommit = 1`, ...) commits it; every statement after that
+/// runs outside it (autocommitted, unfenced; or, with `autocommit = 0`, in a new
+/// transaction of its own). A savepoint is gone with its transaction, so a `RELEASE` that
+/// fails with [`ER_SP_DOES_NOT_EXIST`] says the transaction `COMMIT` would end is not
+/// the fenced one. (`@@in_transaction` would not tell a new transaction from the fenced
+/// one, and MySQL has no such variable.)
+const MARK: &str = "SAVEPOINT fencelock_fenced";
+const RELEASE_MARK: &str = "RELEASE SAVEPOINT fencelock_fenced";
+/// "SAVEPOINT ... does not exist", MariaDB and MySQL.
+const ER_SP_DOES_NOT_EXIST: u16 = 1305;
+
+/// Refuses a connection that may owe the answer to an abandoned statement.
+///
+/// mysql_async marks a connection disconnected when a command starts and clears the mark
+/// when its answer has been read, so a future dropped in between (a timeout while the
+/// statement waits for the fence row) leaves the mark set, although the connection is
+/// still open; its next command would read the abandoned statement's answer as its own
+/// (mysql_async 0.37 sends it regardless). A connection really closed is marked too.
+fn usable(conn: &Conn) -> Result<(), FenceError> {
+    if conn.is_disconnected() {
+        return Err(FenceError::ConnectionUnusable);
+    }
+    Ok(())
 }
 
 /// A transaction that passed the fence. Use it like a [`Transaction`] (it derefs to one:
@@ -296,14 +359,39 @@ impl FencedTransaction<'_> {
         self.token
     }
 
-    /// Commits the fence and the caller's statements together.
+    /// Commits the fence and the caller's statements together, if the server still runs
+    /// the transaction that passed the fence: one that the server ended in between (a
+    /// deadlock rolled it back; a statement such as `CREATE TABLE` committed it
+    /// implicitly) is not committed, and the answer is [`FenceError::TransactionEnded`].
+    /// Statements of yours that ran after that point ran unfenced, outside it (with
+    /// `autocommit = 1`, each committed on its own: that cannot be undone; with
+    /// `autocommit = 0`, in a new transaction, which is rolled back).
     ///
     /// # Cancel safety
     ///
     /// Not cancel safe: once `COMMIT` is sent, dropping the future leaves its outcome
-    /// unknown (it may have committed).
+    /// unknown (it may have committed). If a statement of yours on this transaction was
+    /// abandoned before its answer came, nothing is sent and the answer is
+    /// [`FenceError::ConnectionUnusable`]: drop the connection, which rolls back.
     #[tracing::instrument(skip(self), fields(resource = %self.resource, token = %self.token))]
-    pub async fn commit(self) -> Result<(), FenceError> {
+    pub async fn commit(mut self) -> Result<(), FenceError> {
+        usable(&self.tx)?;
+        let ended = match self.tx.query_drop(RELEASE_MARK).await {
+            Ok(()) => None,
+            Err(mysql_async::Error::Server(server)) if server.code == ER_SP_DOES_NOT_EXIST => {
+                Some(FenceError::TransactionEnded {
+                    resource: self.resource.clone(),
+                })
+            }
+            Err(err) => Some(err.into()),
+        };
+        if let Some(err) = ended {
+            // Whatever runs now is not the fenced transaction: never commit it.
+            if let Err(rollback) = self.tx.rollback().await {
+                tracing::debug!(%rollback, "rollback after a failed release of the mark failed");
+            }
+            return Err(err);
+        }
         self.tx.commit().await?;
         Ok(())
     }
@@ -312,8 +400,10 @@ impl FencedTransaction<'_> {
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future still rolls back (before the connection's next command).
+    /// Dropping the future leaves the connection owing an answer (later fence calls on it
+    /// are refused): drop the connection, the server rolls back when it closes.
     pub async fn rollback(self) -> Result<(), FenceError> {
+        usable(&self.tx)?;
         self.tx.rollback().await?;
         Ok(())
     }

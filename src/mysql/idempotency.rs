@@ -40,7 +40,7 @@ pub struct IdempotencyKeys {
 impl Default for IdempotencyKeys {
     fn default() -> Self {
         Self {
-            table: Ident::trusted("`fencelock_idempotency`"),
+            table: Ident::trusted("fencelock_idempotency"),
         }
     }
 }

@@ -13,7 +13,13 @@ const MAX_IDENT: usize = 64;
 /// doubled); refusing everything else means no name can close the quote, and no name
 /// depends on `ANSI_QUOTES` or on a trailing space being trimmed.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Ident(String);
+pub(crate) struct Ident {
+    /// Backtick-quoted, ready for SQL.
+    quoted: String,
+    /// The database part, if any, and the name, unquoted.
+    database: Option<String>,
+    name: String,
+}
 
 impl Ident {
     pub(crate) fn parse(name: &str) -> Result<Self, FenceError> {
@@ -28,17 +34,34 @@ impl Ident {
             return Err(FenceError::InvalidIdentifier(name.to_owned()));
         }
         let quoted: Vec<String> = parts.iter().map(|p| format!("`{p}`")).collect();
-        Ok(Self(quoted.join(".")))
+        let (database, name) = match parts.as_slice() {
+            [database, name] => (Some((*database).to_owned()), (*name).to_owned()),
+            _ => (None, name.to_owned()),
+        };
+        Ok(Self {
+            quoted: quoted.join("."),
+            database,
+            name,
+        })
     }
 
-    /// An identifier written in this crate, already quoted.
-    pub(crate) fn trusted(quoted: &str) -> Self {
-        Self(quoted.to_owned())
+    /// A plain name written in this crate (ASCII letters and `_`: nothing to check).
+    pub(crate) fn trusted(name: &'static str) -> Self {
+        Self {
+            quoted: format!("`{name}`"),
+            database: None,
+            name: name.to_owned(),
+        }
     }
 
     /// The quoted form, ready for SQL.
     pub(crate) fn sql(&self) -> &str {
-        &self.0
+        &self.quoted
+    }
+
+    /// The database (if named) and the name, unquoted (for `information_schema`).
+    pub(crate) fn parts(&self) -> (Option<&str>, &str) {
+        (self.database.as_deref(), &self.name)
     }
 }
 
@@ -70,12 +93,18 @@ mod tests {
     #[test]
     fn quotes_plain_and_qualified_names() {
         assert_eq!(
-            Ident::parse("fences").map(|i| i.0).ok(),
+            Ident::parse("fences").map(|i| i.quoted).ok(),
             Some("`fences`".into())
         );
         assert_eq!(
-            Ident::parse("app.fences").map(|i| i.0).ok(),
+            Ident::parse("app.fences").map(|i| i.quoted).ok(),
             Some("`app`.`fences`".into())
+        );
+        assert_eq!(
+            Ident::parse("app.fences")
+                .map(|i| i.parts() == (Some("app"), "fences"))
+                .ok(),
+            Some(true)
         );
         assert!(Ident::parse(&"a".repeat(64)).is_ok());
     }

@@ -3,6 +3,19 @@
 use mysql_async::prelude::{FromValue, Queryable};
 use mysql_async::{DriverError, Row, Value};
 
+/// Runs `sql` and returns the rows it affected and the warnings it raised (outside strict
+/// SQL mode, a value cut to fit its column is a warning, not an error).
+pub(crate) async fn affected_warned(
+    q: &mut impl Queryable,
+    sql: &str,
+    params: Vec<Value>,
+) -> Result<(u64, u16), mysql_async::Error> {
+    let result = q.exec_iter(sql, params).await?;
+    let done = (result.affected_rows(), result.warnings());
+    result.drop_result().await?;
+    Ok(done)
+}
+
 /// Runs `sql` and returns the rows it affected.
 ///
 /// What "affected" counts depends on the connection: by default the rows a statement
@@ -15,10 +28,42 @@ pub(crate) async fn affected(
     sql: &str,
     params: Vec<Value>,
 ) -> Result<u64, mysql_async::Error> {
-    let result = q.exec_iter(sql, params).await?;
-    let rows = result.affected_rows();
-    result.drop_result().await?;
-    Ok(rows)
+    affected_warned(q, sql, params).await.map(|(rows, _)| rows)
+}
+
+/// The first row `sql` returns (`None`: no row), its first four columns converted to
+/// `A`, `B`, `C`, `D`; a value of another type is an error, not a panic (mysql_async's
+/// tuple conversion panics).
+pub(crate) async fn first_row4<A, B, C, D>(
+    q: &mut impl Queryable,
+    sql: &str,
+    params: Vec<Value>,
+) -> Result<Option<(A, B, C, D)>, mysql_async::Error>
+where
+    A: FromValue,
+    B: FromValue,
+    C: FromValue,
+    D: FromValue,
+{
+    let row: Option<Row> = q.exec_first(sql, params).await?;
+    let Some(mut row) = row else {
+        return Ok(None);
+    };
+    Ok(Some((
+        take(&mut row, 0)?,
+        take(&mut row, 1)?,
+        take(&mut row, 2)?,
+        take(&mut row, 3)?,
+    )))
+}
+
+/// Column `index` of `row`, converted to `T`, as an error (not a panic) if it cannot be.
+fn take<T: FromValue>(row: &mut Row, index: usize) -> Result<T, mysql_async::Error> {
+    match row.take_opt::<T, usize>(index) {
+        Some(Ok(value)) => Ok(value),
+        Some(Err(err)) => Err(DriverError::FromValue { value: err.0 }.into()),
+        None => Err(DriverError::FromRow { row: row.clone() }.into()),
+    }
 }
 
 /// The first column of the first row `sql` returns (`None`: no row), converted to `T`
@@ -33,11 +78,7 @@ pub(crate) async fn first_column<T: FromValue>(
     let Some(mut row) = row else {
         return Ok(None);
     };
-    match row.take_opt::<T, usize>(0) {
-        Some(Ok(value)) => Ok(Some(value)),
-        Some(Err(err)) => Err(DriverError::FromValue { value: err.0 }.into()),
-        None => Err(DriverError::FromRow { row }.into()),
-    }
+    take(&mut row, 0).map(Some)
 }
 
 /// A key as a person reads it, for error messages: text as text, numbers as numbers.

@@ -13,10 +13,13 @@
 //! without `CLIENT_FOUND_ROWS`. A NULL token column means no token has been seen yet: the
 //! first fenced write takes it.
 
+use std::sync::{Arc, OnceLock};
+
 use mysql_async::Value;
 use mysql_async::prelude::Queryable;
 
 use super::FenceError;
+use super::capacity::{self, Capacity};
 use super::ident::Ident;
 use super::rows::{affected, describe, first_column};
 use crate::FencingToken;
@@ -41,6 +44,8 @@ pub struct TokenColumn {
     table: Ident,
     key: Ident,
     token: Ident,
+    /// What the token column holds, read once (shared by clones).
+    capacity: Arc<OnceLock<Capacity>>,
 }
 
 impl TokenColumn {
@@ -51,7 +56,21 @@ impl TokenColumn {
             table: Ident::parse(table)?,
             key: Ident::parse(key_column)?,
             token: Ident::parse(token_column)?,
+            capacity: Arc::default(),
         })
+    }
+
+    /// The largest token the token column holds exactly, read from `information_schema`
+    /// on first use (the connection's database, for a table named without one); `None`
+    /// if the column does not exist (the write then fails with the server's error).
+    async fn capacity(&self, conn: &mut impl Queryable) -> Result<Option<&Capacity>, FenceError> {
+        if self.capacity.get().is_none() {
+            let Some(found) = capacity::read(conn, &self.table, &self.token).await? else {
+                return Ok(None);
+            };
+            let _ = self.capacity.set(found);
+        }
+        Ok(self.capacity.get())
     }
 
     /// `UPDATE <table> SET <set>, <token> = ? WHERE <key> = ? AND (<token> IS NULL OR
@@ -62,7 +81,11 @@ impl TokenColumn {
     /// the key. Strictly newer tokens only: the token is the last writer's, so an equal
     /// one would be a repeat. Returns the rows updated; with none, tells a stale token
     /// ([`FenceError::Stale`], with the stored token) from a missing row
-    /// ([`FenceError::NotFound`]).
+    /// ([`FenceError::NotFound`]). A token the column cannot hold is refused before
+    /// anything is sent ([`FenceError::TokenOutOfRange`]): outside strict SQL mode the
+    /// server would store it cut to fit, and let every later token through. The column's
+    /// type is read from `information_schema` at the first update through this value (or
+    /// a clone of it).
     ///
     /// # Cancel safety
     ///
@@ -80,6 +103,15 @@ impl TokenColumn {
     ) -> Result<u64, FenceError> {
         let (table, key_col, token_col) = (self.table.sql(), self.key.sql(), self.token.sql());
         let key: Value = key.into();
+        if let Some(capacity) = self.capacity(conn).await? {
+            if token.get() > capacity.max {
+                return Err(FenceError::TokenOutOfRange {
+                    resource: describe(&key),
+                    token,
+                    column: format!("{table}.{token_col} ({})", capacity.column_type),
+                });
+            }
+        }
         let sql = format!(
             "UPDATE {table} SET {set}, {token_col} = ? \
              WHERE {key_col} = ? AND ({token_col} IS NULL OR {token_col} < ?)"

@@ -1,10 +1,13 @@
 //! PostgreSQL advisory locks behind the common lock trait: the third backend.
 //!
 //! Each held lock owns a connection (session-level `pg_advisory_lock`): the lock lives
-//! exactly as long as that connection, so a crashed client frees it at once, and a
-//! dropped connection is reported through [`LockGuard::lost`]. The token comes from a
-//! sequence, taken in the same statement as the lock. There is no lease: the TTL and
-//! renewal options do not apply.
+//! exactly as long as that connection's server session, so a crashed client frees it at
+//! once, and a dropped connection is reported through [`LockGuard::lost`]. The token comes
+//! from a sequence, taken in the same statement as the lock. The TTL bounds how long a
+//! connection that died silently can go unnoticed (`heartbeat.rs`): the guard is trusted
+//! until the send time of its last answered heartbeat plus the TTL, and the server is
+//! told not to give up on the session sooner. The renewal option does not apply: the
+//! heartbeat always runs, and a lock lives as long as its session.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -16,21 +19,34 @@ use tokio_postgres::{Client, Config};
 
 use super::cancel::{self, Cancel, Target};
 use super::connect::{Connector, connect_timeout, map_error, parse, spawn_connection};
+use super::heartbeat::{BEAT, Beat, Heartbeat, client_keepalives, settings_sql};
+use super::ident::Ident;
 use tracing::Instrument;
 
-use crate::loss::{LossWatch, loss_channel};
+use crate::lease_clock::{Clock, ClockInstant, LeaseClock};
+use crate::loss::{LossNotifier, LossWatch, loss_channel};
 use crate::metrics::{self, Holding, Release};
 use crate::{
     Backend, FencingToken, LockBackend, LockError, LockGuard, LockOptions, LossReason,
     ReleaseOutcome, TlsConfig, validate_name,
 };
 
-const SEQUENCE: &str = "fencelock_advisory_tokens";
+/// The token sequence, schema-qualified: roles with different `search_path`s must draw
+/// from the same one (two sequences would hand out the same tokens).
+const SEQUENCE: &str = "\"public\".\"fencelock_advisory_tokens\"";
+/// The shortest TTL: the server's keepalive settings are whole seconds.
+pub const MIN_TTL: Duration = Duration::from_secs(1);
 /// The lock key is a 64-bit hash of the name, computed by the server.
 const KEY: &str = "hashtextextended($1, 0)";
 const MAX_IDLE: usize = 64;
 
 /// Advisory locks in PostgreSQL, one pooled connection per held lock.
+///
+/// A held lock's connection is proved alive every third of the TTL; the guard trusts the
+/// lock until the send time of the last answered heartbeat plus the TTL, and the server's
+/// session is set not to give up on a silent connection sooner (`heartbeat.rs`,
+/// `docs/fencing-postgres.md`). Not through a pooler in transaction or statement mode: a
+/// session advisory lock needs one server session for its whole life.
 ///
 /// A [wait timeout](LockOptions::with_wait_timeout) bounds the whole `lock` call: taking
 /// a connection from the pool, or opening one, counts against it. A wait that is given
@@ -46,7 +62,7 @@ const MAX_IDLE: usize = 64;
 ///
 /// # async fn run() -> Result<(), fencelock::LockError> {
 /// let locks = PgAdvisoryLocker::connect("host=127.0.0.1 user=app dbname=app").await?;
-/// locks.ensure_schema().await?; // once: the token sequence
+/// locks.ensure_schema().await?; // once: the token sequence, public.fencelock_advisory_tokens
 /// let guard = locks.lock("nightly-report", &LockOptions::new()).await?;
 /// println!("token {}", guard.token());
 /// guard.release().await?;
@@ -55,6 +71,8 @@ const MAX_IDLE: usize = 64;
 #[derive(Clone)]
 pub struct PgAdvisoryLocker {
     inner: Arc<Inner>,
+    /// The token sequence, quoted.
+    sequence: Ident,
 }
 
 struct Inner {
@@ -71,15 +89,23 @@ impl std::fmt::Debug for PgAdvisoryLocker {
         f.debug_struct("PgAdvisoryLocker")
             .field("hosts", &self.inner.config.get_hosts())
             .field("dbname", &self.inner.config.get_dbname())
+            .field("sequence", &self.sequence.sql())
             .finish_non_exhaustive()
     }
 }
 
 /// One connection and the watch that fires when it closes.
 struct Conn {
-    client: Client,
+    /// Shared with the heartbeat of the lock it holds.
+    client: Arc<Client>,
+    /// The server session (`pg_backend_pid()`), which holds the locks taken on it.
     pid: i32,
     closed: LossWatch,
+    notifier: Arc<LossNotifier>,
+    /// The connection's task: aborting it closes the connection.
+    task: tokio::task::AbortHandle,
+    /// The TTL the session's keepalive settings were made for (`heartbeat.rs`).
+    tuned_for: Option<Duration>,
 }
 
 impl PgAdvisoryLocker {
@@ -99,6 +125,7 @@ impl PgAdvisoryLocker {
 
     async fn open_with(connection: &str, tls: Option<&TlsConfig>) -> Result<Self, LockError> {
         let mut config = parse(connection)?;
+        client_keepalives(&mut config);
         let connector = Connector::new(&mut config, tls)?;
         let inner = Arc::new(Inner {
             connect_timeout: connect_timeout(&config),
@@ -109,7 +136,25 @@ impl PgAdvisoryLocker {
         });
         let first = inner.open().await?;
         inner.put_back(first);
-        Ok(Self { inner })
+        Ok(Self {
+            inner,
+            sequence: Ident::trusted(SEQUENCE),
+        })
+    }
+
+    /// Draws tokens from another sequence (`schema.name`, or `name` resolved by each
+    /// connection's `search_path`, which is only safe if every client resolves it the
+    /// same way); the default is `public.fencelock_advisory_tokens`. Every client of the
+    /// same locks must use the same sequence: tokens from two sequences are not ordered.
+    pub fn with_sequence(mut self, sequence: &str) -> Result<Self, LockError> {
+        self.sequence = Ident::parse(sequence).map_err(|_| LockError::InvalidConfig {
+            backend: Backend::Postgres,
+            reason: format!(
+                "invalid sequence name {sequence:?}: use letters, digits and '_', optionally \
+                 schema-qualified"
+            ),
+        })?;
+        Ok(self)
     }
 
     /// Creates the token sequence if it does not exist (explicitly, once).
@@ -117,7 +162,10 @@ impl PgAdvisoryLocker {
         let conn = self.inner.take().await?;
         let created = conn
             .client
-            .batch_execute(&format!("CREATE SEQUENCE IF NOT EXISTS {SEQUENCE}"))
+            .batch_execute(&format!(
+                "CREATE SEQUENCE IF NOT EXISTS {}",
+                self.sequence.sql()
+            ))
             .await
             .map_err(|err| map_error("ensure schema", None, err));
         self.inner.put_back(conn);
@@ -143,13 +191,15 @@ impl PgAdvisoryLocker {
         wait: bool,
     ) -> Result<Option<PgAdvisoryGuard>, LockError> {
         validate_name(name)?;
-        options.validate(Duration::from_millis(1))?;
+        options.validate(MIN_TTL)?;
         let (reply, answer) = oneshot::channel();
         let task = Acquisition {
             inner: self.inner.clone(),
             name: name.to_owned(),
             deadline: options.wait_timeout().map(|t| Instant::now() + t),
             wait_timeout: options.wait_timeout(),
+            ttl: options.ttl(),
+            sequence: self.sequence.clone(),
         };
         tokio::spawn(task.run(wait, reply).instrument(tracing::Span::current()));
         answer.await.unwrap_or_else(|_| {
@@ -170,17 +220,34 @@ impl Inner {
             .connect(&self.config, self.connect_timeout)
             .await?;
         let (notifier, closed) = loss_channel(Backend::Postgres);
-        spawn_connection(connection, notifier);
+        let notifier = Arc::new(notifier);
+        let task = spawn_connection(connection, notifier.clone());
         let pid: i32 = client
             .query_one("SELECT pg_backend_pid()", &[])
             .await
             .and_then(|row| row.try_get(0))
             .map_err(|err| map_error("connect", None, err))?;
         Ok(Conn {
-            client,
+            client: Arc::new(client),
             pid,
             closed,
+            notifier,
+            task,
+            tuned_for: None,
         })
+    }
+
+    /// [`take`](Self::take), with the session's keepalive settings made for `ttl`.
+    async fn take_for(&self, ttl: Duration) -> Result<Conn, LockError> {
+        let mut conn = self.take().await?;
+        if conn.tuned_for != Some(ttl) {
+            conn.client
+                .batch_execute(&settings_sql(ttl))
+                .await
+                .map_err(|err| map_error("connect", None, err))?;
+            conn.tuned_for = Some(ttl);
+        }
+        Ok(conn)
     }
 
     /// An idle connection that is still open, or a new one.
@@ -215,6 +282,8 @@ struct Acquisition {
     name: String,
     deadline: Option<Instant>,
     wait_timeout: Option<Duration>,
+    ttl: Duration,
+    sequence: Ident,
 }
 
 type Reply = oneshot::Sender<Result<Option<PgAdvisoryGuard>, LockError>>;
@@ -222,12 +291,13 @@ type Reply = oneshot::Sender<Result<Option<PgAdvisoryGuard>, LockError>>;
 impl Acquisition {
     async fn run(self, wait: bool, mut reply: Reply) {
         // A waiting call's timeout bounds all of it: taking a connection from the pool,
-        // or opening one (connect, `pg_backend_pid()`), counts against it.
+        // or opening one (connect, `pg_backend_pid()`, the session's settings), counts
+        // against it.
         let taken = match self.deadline.filter(|_| wait) {
-            Some(deadline) => tokio::time::timeout_at(deadline, self.inner.take())
+            Some(deadline) => tokio::time::timeout_at(deadline, self.inner.take_for(self.ttl))
                 .await
                 .unwrap_or_else(|_elapsed| Err(self.timed_out())),
-            None => self.inner.take().await,
+            None => self.inner.take_for(self.ttl).await,
         };
         let conn = match taken {
             Ok(conn) => conn,
@@ -239,15 +309,17 @@ impl Acquisition {
         let name = self.name.as_str();
         if !wait {
             let sql = format!(
-                "SELECT CASE WHEN pg_try_advisory_lock({KEY}) THEN nextval('{SEQUENCE}') END"
+                "SELECT CASE WHEN pg_try_advisory_lock({KEY}) THEN nextval('{}') END",
+                self.sequence.sql()
             );
+            let sent = Clock::BOOT.now();
             let result = conn
                 .client
                 .query_typed_one(&sql, &[(&name, Type::TEXT)])
                 .await
                 .and_then(|row| row.try_get::<_, Option<i64>>(0));
             let outcome = match result {
-                Ok(Some(token)) => Ok(Some(self.guard(conn, token))),
+                Ok(Some(token)) => Ok(Some(self.guard(conn, token, sent).await)),
                 Ok(None) => {
                     self.inner.put_back(conn);
                     Ok(None)
@@ -258,9 +330,12 @@ impl Acquisition {
             return;
         }
         // The subquery takes the lock before the outer query draws the token.
-        let sql =
-            format!("SELECT nextval('{SEQUENCE}') FROM (SELECT pg_advisory_lock({KEY})) AS locked");
+        let sql = format!(
+            "SELECT nextval('{}') FROM (SELECT pg_advisory_lock({KEY})) AS locked",
+            self.sequence.sql()
+        );
         let limit = self.inner.connect_timeout;
+        let sent = Clock::BOOT.now();
         let (outcome, settled, cancelled) = {
             let cancel = conn.client.cancel_token();
             let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 1] =
@@ -305,7 +380,7 @@ impl Acquisition {
         };
         match outcome {
             Waited::Answered(Ok(token)) => {
-                let guard = self.guard(conn, token);
+                let guard = self.guard(conn, token, sent).await;
                 // If the caller is gone, the guard comes back and its drop releases.
                 let _ = reply.send(Ok(Some(guard)));
             }
@@ -344,11 +419,41 @@ impl Acquisition {
         }
     }
 
-    fn guard(self, conn: Conn, token: i64) -> PgAdvisoryGuard {
+    /// The guard of a lock granted by a statement sent at `sent`, its heartbeat started.
+    async fn guard(self, conn: Conn, token: i64, sent: ClockInstant) -> PgAdvisoryGuard {
+        let clock = Clock::BOOT;
+        let mut sent = sent;
+        if clock.now().saturating_duration_since(sent) > self.ttl / 3 {
+            // A grant after a long wait: the statement's send time proves little about
+            // the session now. A heartbeat at once does; unanswered, the guard keeps the
+            // statement's deadline (and may be lost at once).
+            // Bounded by that deadline: past it the guard is lost anyway.
+            let beat = clock.now();
+            let left = (sent + self.ttl).saturating_duration_since(beat);
+            let answered = tokio::time::timeout(left, conn.client.query_typed_one(BEAT, &[])).await;
+            let pid = answered
+                .ok()
+                .and_then(|row| row.and_then(|row| row.try_get::<_, i32>(0)).ok());
+            if pid == Some(conn.pid) {
+                sent = beat;
+            }
+        }
+        let heartbeat = Heartbeat::start(
+            Beat {
+                client: conn.client.clone(),
+                pid: conn.pid,
+                ttl: self.ttl,
+                notifier: conn.notifier.clone(),
+                connection: conn.task.clone(),
+            },
+            LeaseClock::new(clock, sent + self.ttl),
+            sent,
+        );
         PgAdvisoryGuard {
             holding: Some(conn.closed.holding()),
             inner: self.inner,
             conn: Some(conn),
+            heartbeat: Some(heartbeat),
             name: self.name,
             token: FencingToken::new(u64::try_from(token).unwrap_or(0)),
         }
@@ -398,6 +503,8 @@ impl LockBackend for PgAdvisoryLocker {
 pub struct PgAdvisoryGuard {
     inner: Arc<Inner>,
     conn: Option<Conn>,
+    /// Proves the session alive every third of the TTL; stopped with the guard.
+    heartbeat: Option<Heartbeat>,
     name: String,
     token: FencingToken,
     /// Ends when the guard is released or dropped (metrics, loss counting).
@@ -456,21 +563,32 @@ impl LockGuard for PgAdvisoryGuard {
         self.conn
             .as_ref()
             .is_some_and(|conn| conn.closed.current().is_none())
+            && self.heartbeat.as_ref().is_some_and(|h| !h.has_passed())
     }
 
+    /// How long until the guard stops vouching for the lock unless a heartbeat is
+    /// answered: the send time of the last answered one plus the TTL.
     fn lease_remaining(&self) -> Option<std::time::Duration> {
-        None
+        Some(
+            self.heartbeat
+                .as_ref()
+                .map_or(Duration::ZERO, Heartbeat::remaining),
+        )
     }
 
     #[tracing::instrument(skip(self), fields(backend = "postgres", lock = %self.name, token = %self.token))]
     async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
         self.holding = None;
+        let past_deadline = self.heartbeat.take().is_none_or(|h| h.has_passed());
         let Some(conn) = self.conn.take() else {
             metrics::release(Backend::Postgres, Release::NotHeld);
             return Ok(ReleaseOutcome::NotHeld);
         };
-        if conn.closed.current().is_some() {
-            // The connection is gone, and the lock went with it.
+        if conn.closed.current().is_some() || past_deadline {
+            // The connection is gone, and the lock went with it; or the guard has stopped
+            // vouching for it (and may have said so through `lost()`): the connection is
+            // closed, which frees the lock if the server still had it.
+            conn.task.abort();
             metrics::release(Backend::Postgres, Release::NotHeld);
             return Ok(ReleaseOutcome::NotHeld);
         }
@@ -496,6 +614,7 @@ impl LockGuard for PgAdvisoryGuard {
 impl Drop for PgAdvisoryGuard {
     fn drop(&mut self) {
         self.holding = None;
+        self.heartbeat = None;
         let Some(conn) = self.conn.take() else { return };
         metrics::release(Backend::Postgres, Release::Dropped);
         // Without a runtime, dropping the connection closes it, which frees the lock.

@@ -270,12 +270,17 @@ struct ServerSaid {
     source: tokio_postgres::Error,
 }
 
-/// Keeps `conn` running; marks `notifier` when it ends (the connection closed).
-pub(crate) fn spawn_connection(conn: Connection, notifier: crate::loss::LossNotifier) {
+/// Keeps `conn` running; marks `notifier` when it ends (the connection closed). Aborting
+/// the returned handle closes the connection (its socket is dropped).
+pub(crate) fn spawn_connection(
+    conn: Connection,
+    notifier: std::sync::Arc<crate::loss::LossNotifier>,
+) -> tokio::task::AbortHandle {
     tokio::spawn(async move {
         if let Err(err) = conn.await {
             tracing::debug!(%err, "PostgreSQL connection ended");
         }
         notifier.mark(LossReason::Disconnected);
-    });
+    })
+    .abort_handle()
 }

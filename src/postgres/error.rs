@@ -46,6 +46,22 @@ pub enum FenceError {
     #[error("fencing token {0} does not fit in a bigint")]
     TokenOutOfRange(FencingToken),
 
+    /// `commit` found the fenced transaction over already: an error had aborted it
+    /// (`aborted`; PostgreSQL answers its `COMMIT` with `ROLLBACK`), or a `COMMIT` or
+    /// `ROLLBACK` sent through it had ended it. Nothing was committed by `commit`;
+    /// statements run after such an end ran outside the fence (each committed on its own).
+    #[error(
+        "the fenced transaction for {resource:?} was over before commit ({}); nothing was \
+         committed by it",
+        if *aborted { "an error had aborted it" } else { "a COMMIT or ROLLBACK through it had ended it" }
+    )]
+    TransactionEnded {
+        /// The protected resource.
+        resource: String,
+        /// An error had aborted it (otherwise a `COMMIT` or `ROLLBACK` had ended it).
+        aborted: bool,
+    },
+
     /// The database failed (connection lost, SQL error, ...). The transaction was not
     /// committed.
     #[error("database error: {}", describe(.0))]
@@ -71,5 +87,12 @@ impl FenceError {
     #[must_use]
     pub fn is_conflict(&self) -> bool {
         matches!(self, Self::VersionConflict { .. })
+    }
+
+    /// `commit` found the fenced transaction over already
+    /// ([`TransactionEnded`](Self::TransactionEnded)).
+    #[must_use]
+    pub fn is_transaction_ended(&self) -> bool {
+        matches!(self, Self::TransactionEnded { .. })
     }
 }

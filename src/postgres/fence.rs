@@ -3,7 +3,8 @@
 
 use std::ops::Deref;
 
-use tokio_postgres::types::Type;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, GenericClient, Transaction};
 
 use super::FenceError;
@@ -20,8 +21,9 @@ pub enum FenceMode {
     #[default]
     AllowEqual,
     /// Accept only a strictly newer token: each grant may write once. Use it where two
-    /// grants could carry the same token (the Redis counter after a failover): the second
-    /// is then refused instead of trusted.
+    /// grants could carry the same token (the Redis counter after a failover; PostgreSQL
+    /// advisory-lock tokens after an asynchronous failover or a crash with
+    /// `synchronous_commit = off`): the second is then refused instead of trusted.
     Strict,
 }
 
@@ -57,15 +59,18 @@ impl Default for Fence {
 }
 
 impl Fence {
-    /// Fences in table `fencelock_fences`, accepting equal tokens.
+    /// Fences in table `public.fencelock_fences`, accepting equal tokens. The name is
+    /// schema-qualified so that every role finds the same table whatever its
+    /// `search_path` (two fence tables would each accept the other's stale tokens).
     pub fn new() -> Self {
         Self::build(
-            Ident::trusted("\"fencelock_fences\""),
+            Ident::trusted("\"public\".\"fencelock_fences\""),
             FenceMode::AllowEqual,
         )
     }
 
-    /// Fences in another table (`name` or `schema.name`).
+    /// Fences in another table: `schema.name`, or `name` as each connection's
+    /// `search_path` resolves it (safe only if every writer resolves it the same way).
     pub fn with_table(self, table: &str) -> Result<Self, FenceError> {
         Ok(Self::build(Ident::parse(table)?, self.mode))
     }
@@ -84,10 +89,11 @@ impl Fence {
         // One statement: insert the first token of a resource, or move the fence forward
         // if this token is new enough. ON CONFLICT locks the row either way, so the
         // caller's statements that follow run while no other writer can pass the fence.
+        // It returns the transaction's id (assigned by this write), which `commit` checks.
         let advance_sql = format!(
             "INSERT INTO {t} AS f (resource, token) VALUES ($1, $2) \
              ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token, updated_at = now() \
-             WHERE f.token {cmp} EXCLUDED.token RETURNING token"
+             WHERE f.token {cmp} EXCLUDED.token RETURNING txid_current()"
         );
         Self {
             table,
@@ -131,11 +137,12 @@ impl Fence {
         token: FencingToken,
     ) -> Result<FencedTransaction<'a>, FenceError> {
         let tx = client.transaction().await?;
-        self.check(&tx, resource, token).await?;
+        let xid = self.advance(&tx, resource, token).await?;
         Ok(FencedTransaction {
             tx,
             resource: resource.to_owned(),
             token,
+            xid,
         })
     }
 
@@ -148,6 +155,16 @@ impl Fence {
         resource: &str,
         token: FencingToken,
     ) -> Result<(), FenceError> {
+        self.advance(tx, resource, token).await.map(drop)
+    }
+
+    /// Passes the fence; returns the transaction's id.
+    async fn advance(
+        &self,
+        tx: &Transaction<'_>,
+        resource: &str,
+        token: FencingToken,
+    ) -> Result<i64, FenceError> {
         let value = to_bigint(token)?;
         let advanced = tx
             .query_typed_opt(
@@ -155,8 +172,8 @@ impl Fence {
                 &[(&resource, Type::TEXT), (&value, Type::INT8)],
             )
             .await?;
-        if advanced.is_some() {
-            return Ok(());
+        if let Some(row) = advanced {
+            return Ok(row.try_get(0)?);
         }
         let current = self
             .current_in(tx, resource)
@@ -204,7 +221,18 @@ pub struct FencedTransaction<'a> {
     tx: Transaction<'a>,
     resource: String,
     token: FencingToken,
+    /// The id of the transaction that passed the fence (`txid_current()`).
+    xid: i64,
 }
+
+/// Sent just before `COMMIT`, in the same round trip: fails unless the transaction `COMMIT`
+/// will end is the one that passed the fence. In a transaction an error aborted, it fails
+/// like every statement there (25P02), and `COMMIT` is answered `ROLLBACK`; in another one
+/// (the fenced one was ended by a `COMMIT` or `ROLLBACK` of the caller's, and a new one
+/// begun) or none, the id differs and it divides by zero (22012), which aborts a new
+/// transaction, so that `COMMIT` rolls that back too. (The division is by a volatile
+/// value, so the planner cannot fold it into an error of its own.)
+const STILL_FENCED: &str = "SELECT 1 / (txid_current_if_assigned() IS NOT DISTINCT FROM $1)::int";
 
 impl std::fmt::Debug for FencedTransaction<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -230,9 +258,40 @@ impl FencedTransaction<'_> {
         self.token
     }
 
-    /// Commits the fence and the caller's statements together.
+    /// Commits the fence and the caller's statements together, if the transaction is
+    /// still the one that passed the fence: one that an error aborted (its `COMMIT` is
+    /// answered `ROLLBACK`, which tokio-postgres reports as success), or that a `COMMIT` or
+    /// `ROLLBACK` of yours ended, is not committed, and the answer is
+    /// [`FenceError::TransactionEnded`]. The check costs no round trip: it is sent with
+    /// the `COMMIT`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: once `COMMIT` is sent, dropping the future leaves its outcome
+    /// unknown.
     pub async fn commit(self) -> Result<(), FenceError> {
-        self.tx.commit().await?;
+        let Self {
+            tx, resource, xid, ..
+        } = self;
+        // Both are queued before either is answered (tokio-postgres pipelines what is
+        // polled together), the check first. `Transaction::commit` would move `tx`.
+        let params: [(&(dyn ToSql + Sync), Type); 1] = [(&xid, Type::INT8)];
+        let (checked, committed) = tokio::join!(
+            tx.query_typed_one(STILL_FENCED, &params),
+            tx.batch_execute("COMMIT"),
+        );
+        // Whatever the answers, the server has ended the transaction: no ROLLBACK from
+        // the handle's drop (it would only earn a warning). A top-level transaction owns
+        // no allocation, so nothing leaks.
+        std::mem::forget(tx);
+        if let Err(err) = checked {
+            let aborted = err.code() == Some(&SqlState::IN_FAILED_SQL_TRANSACTION);
+            if aborted || err.code() == Some(&SqlState::DIVISION_BY_ZERO) {
+                return Err(FenceError::TransactionEnded { resource, aborted });
+            }
+            return Err(err.into());
+        }
+        committed?;
         Ok(())
     }
 

@@ -30,13 +30,13 @@ pub struct IdempotencyKeys {
 impl Default for IdempotencyKeys {
     fn default() -> Self {
         Self {
-            table: Ident::trusted("\"fencelock_idempotency\""),
+            table: Ident::trusted("\"public\".\"fencelock_idempotency\""),
         }
     }
 }
 
 impl IdempotencyKeys {
-    /// Keys in table `fencelock_idempotency`.
+    /// Keys in table `public.fencelock_idempotency` (schema-qualified, as the fence's).
     #[must_use]
     pub fn new() -> Self {
         Self::default()

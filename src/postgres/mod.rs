@@ -17,12 +17,13 @@ mod cancel;
 mod connect;
 mod error;
 mod fence;
+mod heartbeat;
 mod idempotency;
 mod ident;
 mod single_statement;
 mod version_cas;
 
-pub use advisory::{PgAdvisoryGuard, PgAdvisoryLocker};
+pub use advisory::{MIN_TTL, PgAdvisoryGuard, PgAdvisoryLocker};
 pub use connect::connect;
 pub use error::FenceError;
 pub use fence::{Fence, FenceMode, FencedTransaction};

@@ -21,14 +21,29 @@ pub fn fencelock_run(endpoints: &[String], namespace: &str) -> Command {
     command
 }
 
-/// Whether `pid` is a running process (a zombie has finished: it only waits to be reaped).
+/// Whether `pid` is a running process: some thread of it has not finished (a zombie has
+/// finished and only waits to be reaped; but a process whose main thread exited shows as
+/// a zombie while its other threads run).
 pub fn is_running(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.filter_map(Result::ok).any(|task| {
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|state| state != "Z" && state != "X")
+        })
+    })
+}
+
+/// Ends `pids` with SIGKILL (the leftovers of a test whose assertion is about to fail).
+pub fn kill_all(pids: &[i32]) {
+    for pid in pids {
+        // SAFETY: kill(2) of a process the test's own command started.
+        unsafe {
+            libc::kill(*pid, libc::SIGKILL);
+        }
     }
 }
 

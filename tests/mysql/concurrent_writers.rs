@@ -13,7 +13,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, IsolationLevel};
 use tokio::sync::oneshot;
 
-use crate::support::{DECREMENT, Db, LEVELS};
+use crate::support::{DECREMENT, Db, LEVELS, until_a_writer_waits_for_the_lock};
 
 /// A fenced writer on a connection of its own: begins with `token`, writes, tells
 /// `passed` (if any) that it holds the fence, and commits when `go` (if any) fires.
@@ -36,35 +36,6 @@ async fn fenced(
         let _ = go.await;
     }
     tx.commit().await
-}
-
-/// Waits until another connection to this test's database has been running one
-/// statement for over 200 ms while the holder sits idle in its open transaction: a writer
-/// queued behind the fence row, not merely slow to start. (PROCESSLIST, not InnoDB's
-/// INNODB_TRX: that one is a cache InnoDB refreshes only after 100 ms without readers,
-/// which tests polling in parallel never leave it.)
-async fn until_a_writer_waits_for_the_lock(db: &mut Db) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let waiting: Option<u64> = db
-            .conn
-            .exec_first(
-                "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-                 WHERE DB = ? AND ID <> CONNECTION_ID() \
-                   AND COMMAND IN ('Query', 'Execute') AND TIME_MS > 200",
-                (&db.name,),
-            )
-            .await
-            .expect("PROCESSLIST");
-        if waiting.unwrap_or(0) > 0 {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no writer waited for the fence row within 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn a_stale_writer_waits_for_the_newer_holder_then_loses(level: IsolationLevel) {

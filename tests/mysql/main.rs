@@ -5,13 +5,16 @@
 
 mod support;
 
+mod abandoned_begin;
 mod concurrent_writers;
 mod connect_errors;
 mod idempotency;
 mod invalid_input;
+mod narrow_token_column;
 mod server_version;
 mod single_statement;
 mod stale_holder;
 mod stale_token;
 mod tls;
+mod transaction_ended;
 mod version_cas;

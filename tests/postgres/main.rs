@@ -4,6 +4,7 @@
 
 mod support;
 
+mod advisory_heartbeat;
 mod advisory_lock;
 mod cancel_then_reuse;
 mod concurrent_writers;
@@ -11,10 +12,12 @@ mod conformance;
 mod idempotency;
 mod invalid_input;
 mod same_token;
+mod search_path;
 mod server_version;
 mod single_statement;
 mod stale_holder;
 mod stale_token;
+mod transaction_ended;
 mod version_cas;
 mod wait_timeout_covers_connecting;
 mod wait_timeout_frees_at_once;

@@ -4,10 +4,7 @@
 use fencelock::FencingToken;
 use fencelock::postgres::{Fence, FenceError};
 
-use crate::support::Db;
-
-const DECREMENT: &str =
-    "UPDATE inventory SET available = available - 1, written_by = $1 WHERE sku = 'SKU-1'";
+use crate::support::{DECREMENT, Db};
 
 #[tokio::test]
 async fn an_older_token_is_rejected_and_applies_nothing() {

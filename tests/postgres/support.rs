@@ -54,3 +54,7 @@ impl Db {
         (row.get(0), row.get(1))
     }
 }
+
+/// The write the fenced-write tests protect: `SKU-1` taken by `$1`.
+pub const DECREMENT: &str =
+    "UPDATE inventory SET available = available - 1, written_by = $1 WHERE sku = 'SKU-1'";

@@ -15,20 +15,31 @@
 //! - The command is waited for with `WNOWAIT`: it stays a zombie until we are done with
 //!   its group, so its pid, and the group id, cannot be reused by an unrelated process
 //!   that a late signal would then hit.
+//! - What leaves the group (GNU `timeout`, `setsid`, a daemon) is still `fencelock`'s
+//!   descendant (`fencelock` is a child subreaper): it is signalled by pid and waited for
+//!   like the group (`tree.rs`).
 
+use std::collections::HashSet;
 use std::io;
 use std::os::fd::RawFd;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
+use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::oneshot;
+
+use super::tree::{self, Process};
 
 /// A running command: the leader of its own process group.
 #[derive(Debug)]
 pub struct Job {
     pid: libc::pid_t,
+    /// The watchdog, a child of ours that is not part of the command.
+    watchdog: libc::pid_t,
     exited: Option<oneshot::Receiver<io::Result<Exit>>>,
     reaped: bool,
+    /// Processes a signal could not reach (another user's, after `sudo`): warned of once.
+    unreachable: Mutex<HashSet<Process>>,
 }
 
 /// How the command's main process ended.
@@ -54,13 +65,20 @@ impl Job {
     /// Starts `command` in a new process group, killed by the kernel if this process dies;
     /// before it execs, the command writes `group <its pid>` to `watchdog` (the writing end
     /// of the watchdog's pipe), so that no moment exists in which the group runs unguarded.
-    pub fn start(mut command: Command, watchdog: RawFd) -> io::Result<Self> {
+    /// `watchdog_pid` is left out of the command's processes. This process becomes the
+    /// reaper of the command's orphans, so that none leaves its tree.
+    pub fn start(
+        mut command: Command,
+        watchdog: RawFd,
+        watchdog_pid: libc::pid_t,
+    ) -> io::Result<Self> {
+        tree::become_subreaper()?;
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
         command.process_group(0);
         // SAFETY: between fork and exec only async-signal-safe calls (prctl, getppid,
-        // getpid, signal, write, _exit by returning an error) are made, and no memory is
-        // allocated: the line for the watchdog is formatted on the stack.
+        // getpid, signal, sigprocmask, write, _exit by returning an error) are made, and
+        // no memory is allocated: the line for the watchdog is formatted on the stack.
         unsafe {
             command.pre_exec(move || {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
@@ -99,8 +117,10 @@ impl Job {
             .map_err(|_| io::Error::other("the thread starting the command stopped"))??;
         Ok(Self {
             pid,
+            watchdog: watchdog_pid,
             exited: Some(exited),
             reaped: false,
+            unreachable: Mutex::default(),
         })
     }
 
@@ -120,32 +140,63 @@ impl Job {
         exit
     }
 
-    /// Sends `signal` to every process of the group. A group with no process left is
-    /// not an error.
-    pub fn signal_group(&self, signal: i32) {
+    /// Sends `signal` to every process of the command, once each: its group at once (which
+    /// reaches a process forking at that moment too), then by pid each running descendant
+    /// that is in another group or session (a second SIGTERM to a process that handled
+    /// the first is, to many programs, "stop at once"). A process with none left is not an
+    /// error; one the signal cannot reach (another user's) is reported once.
+    pub fn signal_all(&self, signal: i32) {
         // SAFETY: kill(2) on the group we created; its leader is not reaped yet, so the
         // group id cannot belong to anyone else.
         let sent = unsafe { libc::kill(-self.pid, signal) };
         if sent != 0 {
             let err = io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::ESRCH) {
+            if !matches!(err.raw_os_error(), Some(libc::ESRCH | libc::EPERM)) {
                 super::diag::diag!("cannot signal the command's process group: {err}");
+            }
+        }
+        for process in self.running_members() {
+            // Members of the group got it above: only asked whether they could (signal 0).
+            let sending = if process.group == self.pid { 0 } else { signal };
+            if let Err(err) = tree::signal(&process, sending) {
+                let mut warned = self
+                    .unreachable
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if warned.insert(process) {
+                    super::diag::diag!(
+                        "warning: cannot signal process {} of the command ({err}): it may \
+                         run on after the lock is released",
+                        process.pid
+                    );
+                }
             }
         }
     }
 
-    /// The processes of the group that are still running (zombies left out: they have
-    /// finished, they only wait to be reaped).
-    pub fn running_members(&self) -> Vec<libc::pid_t> {
-        group_members(self.pid)
+    /// The command's processes that are still running: its descendants (and theirs),
+    /// whatever group they moved to, a process whose main thread exited counted while
+    /// another thread runs. Orphans handed to us that have exited are reaped first.
+    pub fn running_members(&self) -> Vec<Process> {
+        self.reap_orphans();
+        let mut running = tree::descendants(&[self.watchdog]);
+        running.retain(|p| p.running);
+        running
     }
 
-    /// Waits until no process of the group runs (after a SIGKILL to it: a process that
-    /// cannot die, in uninterruptible sleep, keeps this waiting, and the lock held).
-    pub async fn wait_group_gone(&self) {
+    /// Reaps the command's orphans (handed to this process) that have exited; the command
+    /// itself stays a zombie until [`reap`](Self::reap).
+    pub fn reap_orphans(&self) {
+        tree::reap_orphans(&[self.pid, self.watchdog]);
+    }
+
+    /// Waits until no process of the command runs (after a SIGKILL to it: a process that
+    /// cannot die, in uninterruptible sleep, or one that cannot be signalled, keeps this
+    /// waiting, and the lock held).
+    pub async fn wait_all_gone(&self) {
         while !self.running_members().is_empty() {
             tokio::time::sleep(super::GROUP_POLL).await;
-            self.signal_group(libc::SIGKILL);
+            self.signal_all(libc::SIGKILL);
         }
     }
 
@@ -167,7 +218,7 @@ impl Drop for Job {
     /// Whatever path we leave by, nothing of the command outlives this handle.
     fn drop(&mut self) {
         if !self.reaped {
-            self.signal_group(libc::SIGKILL);
+            self.signal_all(libc::SIGKILL);
             self.reap();
         }
     }
@@ -182,15 +233,21 @@ impl Drop for Job {
 ///   terminal's background, and the terminal would stop it for reading from it (or for
 ///   writing, with `stty tostop`): stopped for good, with fencelock renewing its lock.
 ///   Ignored, a read from the terminal fails (`EIO`) and a write goes through.
+/// - Nothing blocked: the mask is inherited from the forking thread (the standard
+///   library does not reset it), and a parent of fencelock may have blocked SIGTERM.
 ///
 /// Only async-signal-safe calls: this runs between fork and exec.
 fn inherit_signals() {
-    // SAFETY: signal(2) is async-signal-safe; no handler is installed, only dispositions.
+    // SAFETY: signal(2), sigemptyset(3) and sigprocmask(2) are async-signal-safe; no
+    // handler is installed, only dispositions; the set lives on this stack.
     unsafe {
         libc::signal(libc::SIGTERM, libc::SIG_DFL);
         libc::signal(libc::SIGCHLD, libc::SIG_DFL);
         libc::signal(libc::SIGTTIN, libc::SIG_IGN);
         libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
     }
 }
 
@@ -282,31 +339,6 @@ fn wait_without_reaping(pid: libc::pid_t) -> io::Result<Exit> {
             _ => Exit::Signal(status),
         });
     }
-}
-
-/// Running processes whose process group is `group`, from `/proc`.
-fn group_members(group: libc::pid_t) -> Vec<libc::pid_t> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(Result::ok)
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<libc::pid_t>().ok())
-        .filter(|pid| {
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                return false;
-            };
-            // The command name (in parentheses) may contain anything: parse after it.
-            let Some((_, rest)) = stat.rsplit_once(')') else {
-                return false;
-            };
-            let mut fields = rest.split_whitespace();
-            let state = fields.next();
-            let _ppid = fields.next();
-            let pgrp = fields.next().and_then(|f| f.parse::<libc::pid_t>().ok());
-            pgrp == Some(group) && !matches!(state, Some("Z" | "X"))
-        })
-        .collect()
 }
 
 /// Maps an error starting the command to the status a shell uses: 127 when the program

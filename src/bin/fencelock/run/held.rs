@@ -1,14 +1,14 @@
 //! A held lock and the command under it: started under the watchdog, supervised until
-//! its whole process group is gone, killed before the lease's deadline. Backend-neutral:
+//! every process of it is gone, killed before the lease's deadline. Backend-neutral:
 //! it asks the guard only for its token, its loss and its lease's remaining time.
 
 use std::time::Duration;
 
 use fencelock::LockGuard;
-use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::child::{Exit, Job, start_failure_status};
 use super::diag::diag;
+use super::signals::Forwarded;
 use super::watchdog::Watchdog;
 use super::{CHECK, EXIT_INTERNAL, GROUP_POLL};
 
@@ -40,8 +40,8 @@ pub(super) struct Held<'a, G> {
 }
 
 impl<G: LockGuard> Held<'_, G> {
-    /// Starts the command under the watchdog and supervises it until its whole group is
-    /// gone.
+    /// Starts the command under the watchdog and supervises it until every process of it
+    /// is gone.
     pub(super) async fn run_command(&self, program: &str, rest: &[String], lock: &str) -> Ending {
         // Before the command starts: a Ctrl-Z or a SIGTERM that comes the moment it runs
         // is caught (and forwarded), never acted on by fencelock itself.
@@ -69,7 +69,7 @@ impl<G: LockGuard> Held<'_, G> {
             diag!("the watchdog's pipe is closed");
             return Ending::NotStarted(EXIT_INTERNAL);
         };
-        let mut job = match Job::start(command, pipe) {
+        let mut job = match Job::start(command, pipe, watchdog.pid()) {
             Ok(job) => job,
             Err(err) => {
                 let status = start_failure_status(&err);
@@ -87,8 +87,8 @@ impl<G: LockGuard> Held<'_, G> {
             Err(err) => {
                 // The group first, the words after: nothing of the command may outlive
                 // what follows (the release of the lock).
-                job.signal_group(libc::SIGKILL);
-                job.wait_group_gone().await;
+                job.signal_all(libc::SIGKILL);
+                job.wait_all_gone().await;
                 diag!("supervising the command failed ({err}); killed its process group");
                 Ending::Failed
             }
@@ -99,10 +99,11 @@ impl<G: LockGuard> Held<'_, G> {
     }
 
     /// Waits for the command, forwarding signals, and enforces the lease deadline, first
-    /// on the command, then on whatever it left behind in its group.
+    /// on the command, then on whatever it left behind.
     async fn supervise(&self, job: &mut Job, signals: &mut Forwarded) -> std::io::Result<Ending> {
         let mut enforcer = Enforcer::new(self);
         let exit = loop {
+            job.reap_orphans();
             let next = enforcer.enforce(job);
             tokio::select! {
                 biased;
@@ -112,15 +113,15 @@ impl<G: LockGuard> Held<'_, G> {
                     diag!("lock lost ({reason}); killed the command");
                 }
                 () = tokio::time::sleep(next) => {}
-                signal = signals.next() => job.signal_group(signal),
+                signal = signals.next() => job.signal_all(signal),
             }
         };
         let left = job.running_members();
         if !left.is_empty() && !enforcer.killed {
-            job.signal_group(libc::SIGTERM);
+            job.signal_all(libc::SIGTERM);
             diag!(
-                "the command left {} process(es) running in its group; terminating them \
-                 before the lock is released",
+                "the command left {} process(es) running; terminating them before the lock \
+                 is released",
                 left.len()
             );
             enforcer.leftovers_until = Some(tokio::time::Instant::now() + self.grace);
@@ -134,7 +135,7 @@ impl<G: LockGuard> Held<'_, G> {
                     diag!("lock lost ({reason}); killed what is left of the command");
                 }
                 () = tokio::time::sleep(next) => {}
-                signal = signals.next() => job.signal_group(signal),
+                signal = signals.next() => job.signal_all(signal),
             }
         }
         Ok(if enforcer.killed {
@@ -176,7 +177,7 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
     fn enforce(&mut self, job: &Job) -> Duration {
         if self.killed {
             // Keep at it: a process may have been forking when the signal went out.
-            job.signal_group(libc::SIGKILL);
+            job.signal_all(libc::SIGKILL);
             return GROUP_POLL;
         }
         let Held {
@@ -193,7 +194,7 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
         }
         if let Some(until) = self.leftovers_until {
             if tokio::time::Instant::now() >= until {
-                job.signal_group(libc::SIGKILL);
+                job.signal_all(libc::SIGKILL);
             }
         }
         let term_at = grace + margin;
@@ -201,7 +202,7 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
             if !self.warned {
                 self.warned = true;
                 self.terminated = true;
-                job.signal_group(libc::SIGTERM);
+                job.signal_all(libc::SIGTERM);
                 diag!(
                     "renewals of the lock are not being confirmed; sent SIGTERM, SIGKILL in \
                      {:?} unless they resume",
@@ -222,48 +223,6 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
 
     fn kill(&mut self, job: &Job) {
         self.killed = true;
-        job.signal_group(libc::SIGKILL);
-    }
-}
-
-/// SIGINT, SIGTERM and SIGHUP received by fencelock, for the command's group; and the
-/// terminal's stop signal, refused.
-struct Forwarded {
-    interrupt: Signal,
-    terminate: Signal,
-    hangup: Signal,
-    /// SIGTSTP (Ctrl-Z): a stopped fencelock renews nothing while the command, in a group
-    /// of its own that the terminal does not stop, runs on past the lease. Caught, so
-    /// that fencelock refuses to be stopped while the command runs.
-    stop: Signal,
-}
-
-impl Forwarded {
-    fn new() -> std::io::Result<Self> {
-        Ok(Self {
-            interrupt: signal(SignalKind::interrupt())?,
-            terminate: signal(SignalKind::terminate())?,
-            hangup: signal(SignalKind::hangup())?,
-            stop: signal(SignalKind::from_raw(libc::SIGTSTP))?,
-        })
-    }
-
-    /// The next signal to forward.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: a signal that arrives meanwhile is kept for the next call.
-    async fn next(&mut self) -> i32 {
-        loop {
-            tokio::select! {
-                _ = self.interrupt.recv() => return libc::SIGINT,
-                _ = self.terminate.recv() => return libc::SIGTERM,
-                _ = self.hangup.recv() => return libc::SIGHUP,
-                _ = self.stop.recv() => diag!(
-                    "not stopping while the command holds the lock (a stopped fencelock \
-                     renews nothing); Ctrl-C interrupts the command"
-                ),
-            }
-        }
+        job.signal_all(libc::SIGKILL);
     }
 }

@@ -12,20 +12,23 @@
 //!
 //! # The guarantee
 //!
-//! The command, and every process in its process group, has received SIGKILL no later
-//! than the lock's local lease deadline: the moment the last *confirmed* renewal was sent,
+//! The command, and every process it started (its process group, and every descendant
+//! that left the group: `fencelock` is their subreaper, `tree.rs`), has received SIGKILL
+//! no later than the lock's local lease deadline: the moment the last *confirmed* renewal was sent,
 //! plus the TTL, which is no later than the earliest moment the server can give the lock
 //! to someone else. When renewals stop being confirmed, SIGTERM goes out `--grace` before
 //! that deadline (if renewals resume in time, the command keeps running: the lock is still
 //! held). If the server reports the lease gone, SIGKILL goes out at once. If `fencelock`
 //! itself dies, a watchdog process kills the group at once. The lock is released only
-//! after the whole group is gone: processes the command leaves behind get SIGTERM, then
+//! after all of them are gone: processes the command leaves behind get SIGTERM, then
 //! SIGKILL after `--grace`.
 //!
 //! Its limits: a *paused* `fencelock` (or a machine that stops, or a suspended one)
-//! cannot signal anyone, and processes that leave the process group (`setsid`,
-//! `setpgid`, a daemon) are out of reach. That is what `FENCELOCK_TOKEN` is for: storage
-//! that checks it refuses a holder that outlived its lock.
+//! cannot signal anyone; a process of another user (after `sudo`) cannot be signalled
+//! (a warning says so, and the lock is held until it exits); and if `fencelock` itself
+//! dies, the watchdog kills the command's process group only, not the descendants that
+//! left it. That is what `FENCELOCK_TOKEN` is for: storage that checks it refuses a
+//! holder that outlived its lock.
 //!
 //! Exit status: the command's own when it ran to completion with the lock held (128 +
 //! signal if a signal ended it); 75 when the lock could not be taken within `--wait`; 76
@@ -38,6 +41,8 @@
 mod child;
 mod diag;
 mod held;
+mod signals;
+mod tree;
 mod watchdog;
 
 use std::process::ExitCode;
@@ -175,31 +180,6 @@ pub async fn run(args: RunArgs) -> ExitCode {
     ExitCode::from(code)
 }
 
-/// Undoes a SIGCHLD disposition inherited from the parent (ignored, or `SA_NOCLDWAIT`: a
-/// Python daemon or a supervisor that ignores it passes that on through `exec`). With it
-/// the kernel reaps the command the moment it exits: its status is lost and its pid, the
-/// group id every later signal goes to, can be reused by an unrelated process.
-fn reset_sigchld() -> std::io::Result<()> {
-    // SAFETY: an all-zero sigaction is a valid value; SIG_DFL with no flags is the
-    // disposition a process starts with when nobody changed it.
-    unsafe {
-        let mut action: libc::sigaction = std::mem::zeroed();
-        action.sa_sigaction = libc::SIG_DFL;
-        libc::sigemptyset(&mut action.sa_mask);
-        if libc::sigaction(libc::SIGCHLD, &action, std::ptr::null_mut()) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // A background fencelock on a terminal with `stty tostop` would be stopped by
-        // its own diagnostic line (SIGTTOU), with SIGKILL still due by the lease
-        // deadline: ignored, the write goes through.
-        action.sa_sigaction = libc::SIG_IGN;
-        if libc::sigaction(libc::SIGTTOU, &action, std::ptr::null_mut()) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
 /// A reason to stop, with the exit status it gets.
 struct Failure {
     message: String,
@@ -242,7 +222,8 @@ async fn run_inner(args: RunArgs) -> Result<u8, Failure> {
         RunBackend::Zookeeper => None,
         _ => Some(grace(args.grace, Lease::renewed(args.ttl))?),
     };
-    reset_sigchld().map_err(|err| Failure::internal(format!("cannot reset SIGCHLD: {err}")))?;
+    signals::reset_inherited()
+        .map_err(|err| Failure::internal(format!("cannot reset inherited signals: {err}")))?;
     let (program, rest) = args
         .command
         .split_first()

@@ -55,6 +55,11 @@ impl Watchdog {
         Ok(Self { child, pipe })
     }
 
+    /// The watchdog's pid (a child of this process that is not part of the command).
+    pub fn pid(&self) -> libc::pid_t {
+        libc::pid_t::try_from(self.child.id()).unwrap_or(libc::pid_t::MAX)
+    }
+
     /// The writing end of the pipe, for the command to announce its group on before it
     /// execs (`child.rs`); `None` once finished.
     pub fn pipe_fd(&self) -> Option<RawFd> {

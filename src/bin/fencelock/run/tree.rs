@@ -1,0 +1,272 @@
+//! The processes `fencelock run` answers for: every descendant of `fencelock` (but its
+//! watchdog), whatever process group or session it moved to.
+//!
+//! Everyday tools leave the command's process group: GNU `timeout` moves itself and its
+//! child into a group of their own, `setsid` and daemons start a session, `sudo` may run
+//! the command in a new session. `fencelock` is therefore a *child subreaper*
+//! (`PR_SET_CHILD_SUBREAPER`): a process whose parent exits is handed to `fencelock`
+//! instead of `init`, so every process the command ever started stays in `fencelock`'s
+//! tree until it exits, and is found by walking `/proc/<pid>/task/<tid>/children` from
+//! `fencelock` down. The walk reads the descendants only: its cost does not grow with the
+//! other processes on the machine (a full `/proc` scan read every one of them between two
+//! looks at the lease deadline).
+//!
+//! Signals go through a pidfd opened on a process whose start time was just read again,
+//! so a pid reused by an unrelated process after its owner exited is never signalled.
+//! Orphans handed to `fencelock` are reaped here once they exit ([`reap_orphans`]).
+
+use std::collections::HashSet;
+use std::io;
+
+/// What `fencelock` needs to know of one process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Process {
+    pub pid: libc::pid_t,
+    /// When it started (clock ticks since boot): with the pid, names one process for good.
+    pub started: u64,
+    /// Its process group.
+    pub group: libc::pid_t,
+    /// Some thread of it still runs (a process whose main thread exited shows as a zombie
+    /// while its other threads work on).
+    pub running: bool,
+}
+
+/// Makes this process the reaper of its orphaned descendants.
+pub fn become_subreaper() -> io::Result<()> {
+    // SAFETY: prctl with an integer argument; no memory is passed.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Every descendant of this process except the pids in `skip` (and their descendants).
+pub fn descendants(skip: &[libc::pid_t]) -> Vec<Process> {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    let mut found = Vec::new();
+    let mut seen = HashSet::new();
+    let mut next = children(me);
+    while let Some(pid) = next.pop() {
+        if skip.contains(&pid) || !seen.insert(pid) {
+            continue;
+        }
+        let Some(stat) = Stat::read(pid) else {
+            continue; // gone (and reaped) since its parent listed it
+        };
+        found.push(Process {
+            pid,
+            started: stat.started,
+            group: stat.group,
+            running: stat.running() || any_thread_running(pid),
+        });
+        next.extend(children(pid));
+    }
+    found
+}
+
+/// Reaps the children of this process that have exited, but the ones in `keep` (waited
+/// for by their own handles). Orphans handed to a subreaper become its zombies when they
+/// exit: left unreaped by a long-running command that orphans processes all the time,
+/// they would fill the process table.
+pub fn reap_orphans(keep: &[libc::pid_t]) {
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    for pid in children(me) {
+        if keep.contains(&pid) || Stat::read(pid).is_none_or(|stat| stat.running()) {
+            continue;
+        }
+        let mut status = 0;
+        // SAFETY: waitpid on a child of ours that has exited; WNOHANG never blocks (a
+        // zombie whose other threads still run is not reaped yet: it returns 0).
+        unsafe {
+            libc::waitpid(pid, &mut status, libc::WNOHANG);
+        }
+    }
+}
+
+/// Sends `signal` to `process` if it is still the process that was found (same pid, same
+/// start time); signal 0 only checks that it could be sent. Gone is not an error.
+pub fn signal(process: &Process, signal: i32) -> io::Result<()> {
+    let pidfd = match PidFd::open(process.pid) {
+        Ok(pidfd) => pidfd,
+        Err(err) if err.raw_os_error() == Some(libc::ESRCH) => return Ok(()),
+        Err(err) if err.raw_os_error() == Some(libc::ENOSYS) => {
+            // Kernels before 5.3: the start time is checked, the kill follows at once.
+            if still_the_same(process) {
+                // SAFETY: kill(2) of a process of our tree, just checked.
+                if unsafe { libc::kill(process.pid, signal) } != 0 {
+                    return gone_is_fine(io::Error::last_os_error());
+                }
+            }
+            return Ok(());
+        }
+        Err(err) => return Err(err),
+    };
+    // The pidfd refers to whatever process had the pid when it was opened: check that it
+    // is the one found, and then it cannot change.
+    if !still_the_same(process) {
+        return Ok(());
+    }
+    pidfd.send(signal).or_else(gone_is_fine)
+}
+
+/// Whether `process`'s pid still names the process that was found.
+fn still_the_same(process: &Process) -> bool {
+    Stat::read(process.pid).is_some_and(|s| s.started == process.started)
+}
+
+fn gone_is_fine(err: io::Error) -> io::Result<()> {
+    if err.raw_os_error() == Some(libc::ESRCH) {
+        Ok(())
+    } else {
+        Err(err)
+    }
+}
+
+/// A pidfd (Linux 5.3): a handle on one process, which a reused pid cannot redirect.
+struct PidFd(libc::c_int);
+
+impl PidFd {
+    fn open(pid: libc::pid_t) -> io::Result<Self> {
+        // SAFETY: pidfd_open(2) takes a pid and flags, and returns a new descriptor.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        libc::c_int::try_from(fd)
+            .map(Self)
+            .map_err(|_| io::Error::other("pidfd out of range"))
+    }
+
+    fn send(&self, signal: i32) -> io::Result<()> {
+        // SAFETY: pidfd_send_signal(2) on our descriptor, no siginfo, no flags.
+        let sent = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.0,
+                signal,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if sent != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PidFd {
+    fn drop(&mut self) {
+        // SAFETY: closing the descriptor this handle owns.
+        unsafe {
+            libc::close(self.0);
+        }
+    }
+}
+
+/// The children of `pid`, over all its threads (a child belongs to the thread that forked
+/// it, and an orphan handed to a subreaper to one of its threads).
+fn children(pid: libc::pid_t) -> Vec<libc::pid_t> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut all = Vec::new();
+    for task in tasks.filter_map(Result::ok) {
+        let mut path = task.path();
+        path.push("children");
+        if let Ok(list) = std::fs::read_to_string(path) {
+            all.extend(
+                list.split_whitespace()
+                    .filter_map(|p| p.parse::<libc::pid_t>().ok()),
+            );
+        }
+    }
+    all
+}
+
+/// Whether any thread of `pid` runs (its main thread may have exited, leaving it a
+/// zombie to `stat` while the others work on).
+fn any_thread_running(pid: libc::pid_t) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.filter_map(Result::ok).any(|task| {
+        let mut path = task.path();
+        path.push("stat");
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|text| Stat::parse(&text))
+            .is_some_and(|stat| stat.running())
+    })
+}
+
+/// The fields of `/proc/<pid>/stat` used here.
+#[derive(Debug, PartialEq, Eq)]
+struct Stat {
+    state: char,
+    group: libc::pid_t,
+    started: u64,
+}
+
+impl Stat {
+    fn read(pid: libc::pid_t) -> Option<Self> {
+        Self::parse(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        // The command name (in parentheses) may contain anything: parse after it.
+        let (_, rest) = text.rsplit_once(')')?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // After the name: state (field 3), ppid (4), pgrp (5), ..., starttime (22).
+        Some(Self {
+            state: fields.first()?.chars().next()?,
+            group: fields.get(2)?.parse().ok()?,
+            started: fields.get(19)?.parse().ok()?,
+        })
+    }
+
+    /// Not finished: a zombie (`Z`) or a dead task (`X`) has.
+    fn running(&self) -> bool {
+        !matches!(self.state, 'Z' | 'X')
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_is_read_after_a_name_with_spaces_and_parentheses() {
+        let line = "4242 (a) b (c)) S 17 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 \
+                    987654 1000000 100 18446744073709551615";
+        assert_eq!(
+            Stat::parse(line),
+            Some(Stat {
+                state: 'S',
+                group: 4242,
+                started: 987_654,
+            })
+        );
+        assert!(Stat::parse("4242 (cut").is_none());
+    }
+
+    #[test]
+    fn a_child_is_found_and_a_process_of_another_tree_is_not() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        let pid = libc::pid_t::try_from(child.id()).expect("pid");
+        let found = descendants(&[]);
+        let _ = child.kill();
+        let _ = child.wait();
+        let sleep = found.iter().find(|p| p.pid == pid).expect("the child");
+        assert!(sleep.running);
+        // SAFETY: getppid has no preconditions.
+        let parent = unsafe { libc::getppid() };
+        assert!(found.iter().all(|p| p.pid != parent));
+        assert!(descendants(&[pid]).iter().all(|p| p.pid != pid));
+    }
+}

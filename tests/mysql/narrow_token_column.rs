@@ -1,0 +1,112 @@
+//! Outside strict SQL mode MariaDB stores a number too large for its column as the
+//! column's largest value, with a warning only. A token column narrower than
+//! `BIGINT UNSIGNED` then holds 4,294,967,295 for a token of 6,000,000,000, and every
+//! later token above that passes the guard, stale or not. Before issue 35 the stale
+//! write below committed; now a token that does not fit is refused, and `ensure_schema`
+//! refuses a fence table whose token column is too narrow.
+
+use fencelock::FencingToken;
+use fencelock::mysql::{Fence, FenceError, TokenColumn};
+use mysql_async::Conn;
+use mysql_async::prelude::Queryable;
+
+use crate::support::{DECREMENT, Db};
+
+const NEWER: u64 = 6_000_000_000;
+const STALE: u64 = 5_500_000_000;
+
+async fn non_strict(db: &Db) -> Conn {
+    let mut conn = db.connect().await;
+    conn.query_drop("SET SESSION sql_mode = ''")
+        .await
+        .expect("non-strict");
+    conn
+}
+
+async fn fenced_write(fence: &Fence, conn: &mut Conn, token: u64) -> Result<(), FenceError> {
+    let mut tx = fence.begin(conn, "SKU-1", FencingToken::new(token)).await?;
+    tx.exec_drop(DECREMENT, (format!("holder-{token}"),))
+        .await?;
+    tx.commit().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_table_with_a_narrow_token_column_lets_no_stale_write_through() {
+    let mut db = Db::start().await;
+    db.inventory().await;
+    db.conn
+        .query_drop(
+            "CREATE TABLE narrow_fences (resource VARBINARY(255) NOT NULL PRIMARY KEY, \
+               token INT UNSIGNED NULL, writes BIGINT UNSIGNED NOT NULL DEFAULT 0, \
+               updated_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE=InnoDB",
+        )
+        .await
+        .expect("a table of the caller's");
+    let fence = Fence::new().with_table("narrow_fences").expect("name");
+    let mut conn = non_strict(&db).await;
+
+    let newer = fenced_write(&fence, &mut conn, NEWER).await;
+    let stale = fenced_write(&fence, &mut conn, STALE).await;
+    assert!(
+        stale.is_err(),
+        "the stale token {STALE} was accepted after {NEWER}"
+    );
+    let err = newer.expect_err("a token the column cannot hold is refused");
+    assert!(
+        matches!(&err, FenceError::TokenOutOfRange { token, .. } if token.get() == NEWER),
+        "{err}"
+    );
+    assert_eq!(db.sku().await, (100, None), "nothing was written");
+
+    let err = fence
+        .ensure_schema(&mut db.conn)
+        .await
+        .expect_err("the existing table's column is too narrow");
+    assert!(
+        matches!(&err, FenceError::NarrowTokenColumn { column_type, .. } if column_type.contains("int")),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_narrow_token_column_in_the_data_row_lets_no_stale_write_through() {
+    let mut db = Db::start().await;
+    db.conn
+        .query_drop(
+            "CREATE TABLE inventory (sku VARCHAR(64) PRIMARY KEY, available INT NOT NULL, \
+               last_token INT UNSIGNED NULL) ENGINE=InnoDB; \
+             INSERT INTO inventory (sku, available) VALUES ('SKU-1', 100)",
+        )
+        .await
+        .expect("inventory");
+    let inventory = TokenColumn::new("inventory", "sku", "last_token").expect("names");
+    let mut conn = non_strict(&db).await;
+    let mut write = async |token: u64| {
+        inventory
+            .update(
+                &mut conn,
+                "available = available - 1",
+                "SKU-1",
+                FencingToken::new(token),
+                vec![],
+            )
+            .await
+    };
+    let newer = write(NEWER).await;
+    let stale = write(STALE).await;
+    assert!(
+        stale.is_err(),
+        "the stale token {STALE} was accepted after {NEWER}"
+    );
+    let err = newer.expect_err("a token the column cannot hold is refused");
+    assert!(
+        matches!(&err, FenceError::TokenOutOfRange { column, .. } if column.contains("int")),
+        "{err}"
+    );
+    let left: Option<(i32, Option<u64>)> = db
+        .conn
+        .query_first("SELECT available, last_token FROM inventory WHERE sku = 'SKU-1'")
+        .await
+        .expect("read");
+    assert_eq!(left, Some((100, None)), "nothing was written");
+}
