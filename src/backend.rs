@@ -89,6 +89,49 @@ pub trait LockGuard: Send + Sync + 'static {
     /// lock schedules by (`fencelock run` sends SIGKILL to its command no later than this).
     fn lease_remaining(&self) -> Option<std::time::Duration>;
 
+    /// Runs `work` while the lock is held, and **drops it before the lease can pass on**:
+    /// at the guard's loss (`lost()`), or a margin before the lease's local deadline
+    /// (20 ms and a hundredth of the time left at the start, on the boot-time clock, as
+    /// [`lease_remaining`](Self::lease_remaining) counts it; renewals move the deadline
+    /// and the section goes on). Returns `work`'s output, or
+    /// [`LockError::LeaseLost`] if it was cut short. The in-process twin of
+    /// `fencelock run`.
+    ///
+    /// Dropping a future stops it at its next `.await`: a write it had sent is not
+    /// called back, and may still reach storage after the next holder's. That is why the
+    /// token still goes to storage with every write; this narrows the window in which a
+    /// stale section keeps working, the fence closes it. A section that blocks its thread
+    /// without awaiting is not stopped at all (nor is a paused process): the same.
+    ///
+    /// ```no_run
+    /// use fencelock::{LockBackend, LockGuard, LockOptions};
+    ///
+    /// # async fn run<B: LockBackend>(locks: &B) -> Result<(), fencelock::LockError> {
+    /// let guard = locks.lock("nightly-report", &LockOptions::new()).await?;
+    /// let token = guard.token();
+    /// let rows = guard
+    ///     .run(async {
+    ///         // ... the critical section, each write carrying `token` ...
+    ///         42
+    ///     })
+    ///     .await?; // Err(LeaseLost) if the lock was lost first
+    /// guard.release().await?;
+    /// # let _ = (rows, token); Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the returned future drops `work`, and the lock stays held
+    /// (release it, or drop the guard).
+    fn run<F>(&self, work: F) -> impl Future<Output = Result<F::Output, LockError>> + Send
+    where
+        F: Future + Send,
+        F::Output: Send,
+        Self: Sized,
+    {
+        crate::scoped::run(self, work)
+    }
+
     /// Releases the lock, reporting whether we still owned it. Never removes another
     /// holder's lock.
     ///

@@ -77,6 +77,7 @@ mod operate;
 mod options;
 #[cfg(any(feature = "etcd", feature = "redis"))]
 mod retry;
+mod scoped;
 // Used by the etcd, Redis and PostgreSQL connectors (the ZooKeeper backend has no TLS).
 #[cfg_attr(
     not(any(feature = "etcd", feature = "redis", feature = "postgres")),

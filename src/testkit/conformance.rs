@@ -119,6 +119,7 @@ where
         self.dropped_acquisition_leaves_nothing_behind().await;
         if self.expires {
             self.late_release_is_not_held().await;
+            self.section_ends_before_the_lock_passes_on().await;
         }
         if self.take_away.is_some() {
             self.lost_when_taken_away().await;
@@ -337,6 +338,69 @@ where
         let _ = next.release().await;
     }
 
+    /// A critical section run with [`LockGuard::run`] on a lock that ends with its TTL
+    /// (no renewal) is dropped before the next client is granted the lock, and `run`
+    /// says it was cut short.
+    pub async fn section_ends_before_the_lock_passes_on(&self) {
+        /// Records when the section was dropped.
+        struct Dropped(Arc<std::sync::Mutex<Option<Instant>>>);
+        impl Drop for Dropped {
+            fn drop(&mut self) {
+                *self
+                    .0
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+            }
+        }
+        let name = self.name("scoped");
+        let options = self
+            .options()
+            .with_renewal(false)
+            .with_wait_timeout(PROMPTLY);
+        let held = match self.clients[0].lock(&name, &options).await {
+            Ok(guard) => guard,
+            Err(err) => panic!("scoped section: could not take {name:?}: {err}"),
+        };
+        let dropped = Arc::new(std::sync::Mutex::new(None));
+        let section = {
+            let marker = Dropped(dropped.clone());
+            async move {
+                let _marker = marker;
+                std::future::pending::<()>().await;
+            }
+        };
+        let (cut, next) = tokio::join!(
+            async {
+                let cut = tokio::time::timeout(self.ttl + PROMPTLY, held.run(section)).await;
+                (cut, Instant::now())
+            },
+            async {
+                let options = self.options().with_wait_timeout(self.ttl + PROMPTLY);
+                match self.clients[1].lock(&name, &options).await {
+                    Ok(guard) => (guard, Instant::now()),
+                    Err(err) => panic!("scoped section: the next client got no lock: {err}"),
+                }
+            }
+        );
+        let ((cut, _), (next, granted)) = (cut, next);
+        match cut {
+            Ok(Err(err)) if err.is_lost() => {}
+            Ok(other) => panic!("scoped section: run() did not report the loss: {other:?}"),
+            Err(_) => panic!("scoped section: run() went on past the lease"),
+        }
+        let dropped_at = dropped
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(|| panic!("scoped section: the section was never dropped"));
+        assert!(
+            dropped_at < granted,
+            "scoped section: the section was dropped {:?} after the next grant",
+            dropped_at - granted
+        );
+        let _ = held.release().await;
+        let _ = next.release().await;
+    }
+
     /// A lock taken away on the server: `lost()` resolves, `is_held()` turns false, the
     /// next client takes the lock, and the old holder's release says `NotHeld`.
     ///
@@ -436,6 +500,16 @@ mod tests {
     #[should_panic(expected = "wait timeout: took")]
     async fn a_lock_that_grants_everyone_fails_the_wait_timeout_check() {
         broken().wait_timeout_leaves_nothing_behind().await;
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "scoped section: run() went on past the lease")]
+    async fn a_lock_that_never_ends_fails_the_scoped_section_check() {
+        tokio::time::pause();
+        broken()
+            .with_ttl(Duration::from_millis(100))
+            .section_ends_before_the_lock_passes_on()
+            .await;
     }
 
     #[tokio::test]
