@@ -32,6 +32,28 @@ pub fn validate_name(name: &str) -> Result<(), LockError> {
     }
 }
 
+/// The names of a multi-lock acquisition, checked, sorted and each once: at least one,
+/// at most `max`.
+#[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
+pub(crate) fn distinct_names(names: &[&str], max: usize) -> Result<Vec<String>, LockError> {
+    for name in names {
+        validate_name(name)?;
+    }
+    let mut distinct: Vec<String> = names.iter().map(|name| (*name).to_owned()).collect();
+    distinct.sort();
+    distinct.dedup();
+    if distinct.is_empty() || distinct.len() > max {
+        return Err(LockError::InvalidOption {
+            option: "names",
+            reason: format!(
+                "{} distinct lock names: between 1 and {max} are taken together",
+                distinct.len()
+            ),
+        });
+    }
+    Ok(distinct)
+}
+
 /// Input as it may appear in a message: long input is cut (a 5,000-character name would
 /// otherwise fill a terminal), with how much was left out.
 pub(crate) fn shorten(input: &str) -> String {

@@ -4,19 +4,19 @@ use std::sync::Arc;
 
 use zookeeper_client::{Acls, CreateMode, Error as ZkError};
 
-use super::contender::{Contender, queue};
 use super::error::RequestError;
 use super::guard::ZooKeeperGuard;
 use super::node::{Mark, NodeRef, protected_id};
 use super::session::Session;
-use crate::{Backend, FencingToken, LockError, LossReason};
+use super::turn::{Listing, Turn, await_turn};
+use crate::{FencingToken, LockError};
 
 /// Our node while the acquisition runs: removed (in the background) if the acquisition
 /// ends without a guard, found by its id if the create's answer never came.
-struct Entry {
-    session: Arc<Session>,
-    node: NodeRef,
-    armed: bool,
+pub(super) struct Entry {
+    pub(super) session: Arc<Session>,
+    pub(super) node: NodeRef,
+    pub(super) armed: bool,
 }
 
 impl Drop for Entry {
@@ -30,7 +30,7 @@ impl Drop for Entry {
 /// How many times a create is tried again after its outcome turned out unknown (and our
 /// node was not found), or after the lock's node vanished between the `mkdir` and the
 /// create (a container node the server removed when it was empty).
-const CREATE_ATTEMPTS: usize = 5;
+pub(super) const CREATE_ATTEMPTS: usize = 5;
 
 /// Joins the queue of `name` in `session` and waits (`wait`) or not for the lock.
 ///
@@ -62,113 +62,32 @@ pub(crate) async fn acquire(
         },
         armed: true,
     };
-    let (path, token, mut children) = join(&session, &mut entry.node, mark, holder)
+    let (path, token, children) = join(&session, &mut entry.node, mark, holder)
         .await
         .map_err(|err| fail(err, "acquire"))?;
     entry.node.path = Some(path.clone());
-    let mine = path.rsplit('/').next().unwrap_or_default().to_owned();
-    loop {
-        let (children, cversion) = match children.take() {
-            Some(listed) => listed,
-            None => {
-                let dir = dir.clone();
-                patiently(&session, move |client| {
-                    let dir = dir.clone();
-                    async move { client.get_children(&dir).await }
-                })
-                .await
-                .map(|(children, parent)| (children, parent.cversion))
-                .map_err(|e| fail(e, "wait"))?
-            }
-        };
-        let contenders =
-            queue(children, cversion).map_err(|recipe| LockError::IncompatibleRecipe {
-                backend: Backend::ZooKeeper,
-                lock: name.to_owned(),
-                recipe: recipe.describe(),
-            })?;
-        // A node with our id that is not ours: a create whose outcome was unknown, found
-        // missing, and applied after all. It would queue us behind ourselves for as long
-        // as the session lives: remove it (the next listing shows it gone).
-        if let Some(orphan) = contenders
-            .iter()
-            .find(|child| child.name.starts_with(&entry.node.id) && child.name != mine)
-        {
-            let orphan = format!("{dir}/{}", orphan.name);
-            tracing::warn!(%orphan, "removing a second node of this acquisition");
-            match super::node::delete(&session, orphan).await {
-                Ok(()) => continue,
-                Err(err) => return Err(fail(err, "wait")),
-            }
-        }
-        let Some(place) = contenders.iter().position(|child| child.name == mine) else {
-            // Our node is gone: deleted by someone, or the session ended.
-            let reason = session.loss.current().unwrap_or(LossReason::KeyDeleted);
-            return Err(LockError::LeaseLost {
-                lock: Some(name.to_owned()),
-                reason,
-            });
-        };
-        // Whom we wait for: the node just before ours; for a reader, the last node
-        // before ours that does not share with readers (a writer, a mutex contender,
-        // kazoo's lock, a node of a recipe we do not know).
-        let blocker = if mark.excludes_readers() {
-            place.checked_sub(1)
-        } else {
-            contenders[..place]
-                .iter()
-                .rposition(|child: &Contender| !child.kind.shares_with_readers())
-        };
-        let Some(blocker) = blocker else {
-            if !session.usable() {
-                let reason = session.loss.current().unwrap_or(LossReason::Expired);
-                return Err(LockError::LeaseLost {
-                    lock: Some(name.to_owned()),
-                    reason,
-                });
-            }
+    match await_turn(&session, name, &entry.node, mark, wait, children).await? {
+        Turn::Granted => {
             entry.armed = false;
-            let guard = ZooKeeperGuard::new(
+            Ok(Some(ZooKeeperGuard::new(
                 session.clone(),
                 name.to_owned(),
                 entry.node.clone(),
                 path,
                 token,
-            );
-            return Ok(Some(guard));
-        };
-        if !wait {
+            )))
+        }
+        Turn::Behind => {
             // Leave the queue before answering, so that the caller's next attempt does
             // not find this one ahead of it. On failure the entry retries in the
             // background.
             if entry.node.remove(&session).await.is_ok() {
                 entry.armed = false;
             }
-            return Ok(None);
-        }
-        // Watch only the blocker: one waiter wakes per release (no herd; the readers
-        // behind one writer wake together).
-        let predecessor = format!("{dir}/{}", contenders[blocker].name);
-        let watched = patiently(&session, move |client| {
-            let predecessor = predecessor.clone();
-            async move { client.check_and_watch_stat(&predecessor).await }
-        })
-        .await
-        .map_err(|err| fail(err, "wait"))?;
-        let (Some(_), watcher) = watched else {
-            continue;
-        };
-        tokio::select! {
-            _ = watcher.changed() => {}
-            reason = session.loss.wait() => {
-                return Err(LockError::LeaseLost { lock: Some(name.to_owned()), reason });
-            }
+            Ok(None)
         }
     }
 }
-
-/// The children of a lock's node and its `cversion`, from one answer.
-type Listing = (Vec<String>, i32);
 
 /// Creates our node (the lock's node first if it is missing), holding `holder` as its
 /// data, with the queue as it
@@ -251,7 +170,10 @@ async fn join(
 
 /// Looks for our node until an answer comes, while the session lives: a connection
 /// that broke once is likely to break the first look too.
-async fn find_patiently(session: &Session, node: &NodeRef) -> Result<Option<String>, RequestError> {
+pub(super) async fn find_patiently(
+    session: &Session,
+    node: &NodeRef,
+) -> Result<Option<String>, RequestError> {
     let mut pause = std::time::Duration::from_millis(50);
     loop {
         match node
@@ -269,28 +191,7 @@ async fn find_patiently(session: &Session, node: &NodeRef) -> Result<Option<Stri
     }
 }
 
-/// Runs a read until it is answered, while the session lives: a read is safe to repeat,
-/// and a connection that broke (a member that died, a leader election) comes back
-/// within the session timeout if the session is to survive at all.
-async fn patiently<T, F, Fut>(session: &Session, read: F) -> Result<T, RequestError>
-where
-    F: Fn(zookeeper_client::Client) -> Fut,
-    Fut: std::future::Future<Output = Result<T, ZkError>>,
-{
-    let mut pause = std::time::Duration::from_millis(20);
-    loop {
-        match session.call(&read).await {
-            Err(err) if err.outcome_unknown() && session.usable() => {
-                tracing::debug!(%err, "a read failed; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(std::time::Duration::from_millis(500));
-            }
-            answer => return answer,
-        }
-    }
-}
-
-fn czxid(zxid: i64) -> Result<FencingToken, RequestError> {
+pub(super) fn czxid(zxid: i64) -> Result<FencingToken, RequestError> {
     u64::try_from(zxid)
         .ok()
         .filter(|z| *z > 0)

@@ -1,12 +1,14 @@
 //! The ZooKeeper lock behind the common trait, and the sessions it runs on.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
 use super::acquire::acquire;
+use super::multi::{MAX_LOCK_ALL, ZooKeeperMultiGuard, acquire_all};
 use super::node::Mark;
 use super::rwlock::ZooKeeperRwLock;
 use super::session::Session;
@@ -127,6 +129,82 @@ impl ZooKeeperLocker {
         wait: bool,
     ) -> Result<Option<ZooKeeperGuard>, LockError> {
         validate_name(name)?;
+        self.attempt(name, options, wait, |session, holder| async move {
+            let namespace = &self.inner.config.namespace;
+            acquire(session, namespace, name, mark, wait, &holder).await
+        })
+        .await
+    }
+
+    /// Takes every lock of `names` together, waiting until all are free for it: one
+    /// transaction puts a node in every lock's queue, so that no two such acquisitions
+    /// (nor any mix with single locks) can deadlock, whatever the order or overlap of
+    /// their names; see [`ZooKeeperMultiGuard`] and docs/zookeeper.md. Names are taken
+    /// once each, in any order given; at most [`MAX_LOCK_ALL`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`LockBackend::lock`]: a dropped or timed-out call leaves no node.
+    #[tracing::instrument(skip(self, options), fields(backend = "zookeeper"))]
+    pub async fn lock_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+    ) -> Result<ZooKeeperMultiGuard, LockError> {
+        self.acquire_all(names, options, true)
+            .await?
+            .ok_or_else(|| LockError::Backend {
+                backend: crate::Backend::ZooKeeper,
+                operation: "acquire",
+                lock: Some(names.join(",")),
+                source: "a waiting acquisition returned without the locks".into(),
+            })
+    }
+
+    /// Takes every lock of `names` together if all are free for it right now; `Ok(None)`
+    /// (leaving every queue) otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`lock_all`](Self::lock_all).
+    #[tracing::instrument(skip(self, options), fields(backend = "zookeeper"))]
+    pub async fn try_lock_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+    ) -> Result<Option<ZooKeeperMultiGuard>, LockError> {
+        self.acquire_all(names, options, false).await
+    }
+
+    async fn acquire_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+        wait: bool,
+    ) -> Result<Option<ZooKeeperMultiGuard>, LockError> {
+        let names = crate::name::distinct_names(names, MAX_LOCK_ALL)?;
+        let label = names.join(",");
+        self.attempt(&label, options, wait, |session, holder| async move {
+            let namespace = &self.inner.config.namespace;
+            acquire_all(session, namespace, &names, wait, &holder).await
+        })
+        .await
+    }
+
+    /// Runs one acquisition (`acquire`, given the session and the holder record) within
+    /// the wait timeout of `options` when it waits, counted in the metrics under `label`;
+    /// a session it retires is let go when it ends, or is dropped.
+    pub(super) async fn attempt<'a, T, F, Fut>(
+        &'a self,
+        label: &str,
+        options: &LockOptions,
+        wait: bool,
+        acquire: F,
+    ) -> Result<Option<T>, LockError>
+    where
+        F: FnOnce(Arc<Session>, Vec<u8>) -> Fut,
+        Fut: Future<Output = Result<Option<T>, LockError>> + 'a,
+    {
         options.validate(MIN_TTL)?;
         let started = Instant::now();
         let attempt = async {
@@ -136,27 +214,19 @@ impl ZooKeeperLocker {
                 session: session.clone(),
             };
             let holder = options.holder_record().unwrap_or_default();
-            acquire(
-                session,
-                &self.inner.config.namespace,
-                name,
-                mark,
-                wait,
-                &holder,
-            )
-            .await
+            acquire(session, holder).await
         };
         let result = match options.wait_timeout().filter(|_| wait) {
             Some(limit) => match tokio::time::timeout(limit, attempt).await {
                 Ok(result) => result,
                 Err(_) => Err(LockError::WaitTimeout {
-                    name: name.to_owned(),
+                    name: label.to_owned(),
                     waited: limit,
                 }),
             },
             None => attempt.await,
         };
-        crate::metrics::acquisition(crate::Backend::ZooKeeper, name, started, &result);
+        crate::metrics::acquisition(crate::Backend::ZooKeeper, label, started, &result);
         result
     }
 }

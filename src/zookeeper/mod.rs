@@ -81,16 +81,19 @@ mod guard;
 mod heartbeat;
 mod inspect;
 mod locker;
+mod multi;
 mod node;
 mod operate;
 mod rwlock;
 mod session;
+mod turn;
 
 pub use config::ZooKeeperConfig;
 pub use contender::ContenderKind;
 pub use guard::ZooKeeperGuard;
 pub use inspect::{ZooKeeperEntry, ZooKeeperLockState};
 pub use locker::{MIN_TTL, ZooKeeperLocker};
+pub use multi::{MAX_LOCK_ALL, ZooKeeperMultiGuard};
 pub use rwlock::ZooKeeperRwLock;
 
 /// The least time a healthy lock has left ([`LockGuard::lease_remaining`]) with a

@@ -12,6 +12,7 @@ mod follower_cut_off;
 mod interop;
 mod invalid_input;
 mod leader_failover;
+mod lock_all;
 mod protected_mode;
 mod reconnect_keeps_lock;
 mod rwlock;
