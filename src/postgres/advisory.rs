@@ -425,12 +425,17 @@ impl Acquisition {
         let mut sent = sent;
         if clock.now().saturating_duration_since(sent) > self.ttl / 3 {
             // A grant after a long wait: the statement's send time proves little about
-            // the session now. A heartbeat at once does; unanswered, the guard keeps the
-            // statement's deadline (and may be lost at once).
-            // Bounded by that deadline: past it the guard is lost anyway.
+            // the session now (the server may have heard nothing from us since), and a
+            // deadline counted from it may already have passed. A heartbeat at once
+            // proves the session alive with the lock, and the deadline starts at its
+            // send time; unanswered, the guard keeps the statement's deadline (and is
+            // lost at once). Bounded by the heartbeat's own deadline, not the
+            // statement's: past `beat + ttl` an answer proves nothing any more, while
+            // the statement's deadline had passed before the heartbeat was sent whenever
+            // the wait lasted a TTL (40f9998 lost every such grant).
             let beat = clock.now();
-            let left = (sent + self.ttl).saturating_duration_since(beat);
-            let answered = tokio::time::timeout(left, conn.client.query_typed_one(BEAT, &[])).await;
+            let answered =
+                tokio::time::timeout(self.ttl, conn.client.query_typed_one(BEAT, &[])).await;
             let pid = answered
                 .ok()
                 .and_then(|row| row.and_then(|row| row.try_get::<_, i32>(0)).ok());
