@@ -44,23 +44,58 @@ pub fn become_subreaper() -> io::Result<()> {
 pub fn descendants(skip: &[libc::pid_t]) -> Vec<Process> {
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() };
+    walk(me, skip, children)
+}
+
+/// How many times [`walk`] reads the reapers again before it settles for what it found:
+/// more than one pass is only needed while processes exit (or fork) during the walk.
+const PASSES: usize = 4;
+
+/// Every descendant of `root` but `skip`, the children of a process read by `read`.
+///
+/// A process whose parent exits *during* the walk is handed to its reaper (`root`, the
+/// subreaper, or a subreaper among the descendants) after that reaper's children may have
+/// been read, and its old parent lists it no more: one pass would miss it (and a command
+/// whose middle process exits as the last walk ran would have its grandchild left running
+/// after the lock is released). So once a pass is over, the children of `root` and of
+/// every running process found are read again, and any unseen one is walked, until a pass
+/// finds none new. A process found keeps the state it was first read in, so one that
+/// exits meanwhile still counts as running: the walk errs towards "something runs".
+fn walk(
+    root: libc::pid_t,
+    skip: &[libc::pid_t],
+    mut read: impl FnMut(libc::pid_t) -> Vec<libc::pid_t>,
+) -> Vec<Process> {
     let mut found = Vec::new();
     let mut seen = HashSet::new();
-    let mut next = children(me);
-    while let Some(pid) = next.pop() {
-        if skip.contains(&pid) || !seen.insert(pid) {
-            continue;
+    let mut next = read(root);
+    for pass in 1..=PASSES {
+        while let Some(pid) = next.pop() {
+            if skip.contains(&pid) || !seen.insert(pid) {
+                continue;
+            }
+            let Some(stat) = Stat::read(pid) else {
+                continue; // gone (and reaped) since its parent listed it
+            };
+            found.push(Process {
+                pid,
+                started: stat.started,
+                group: stat.group,
+                running: stat.running() || any_thread_running(pid),
+            });
+            next.extend(read(pid));
         }
-        let Some(stat) = Stat::read(pid) else {
-            continue; // gone (and reaped) since its parent listed it
-        };
-        found.push(Process {
-            pid,
-            started: stat.started,
-            group: stat.group,
-            running: stat.running() || any_thread_running(pid),
-        });
-        next.extend(children(pid));
+        if pass == PASSES {
+            break;
+        }
+        next = read(root);
+        for process in found.iter().filter(|p| p.running) {
+            next.extend(read(process.pid));
+        }
+        next.retain(|pid| !skip.contains(pid) && !seen.contains(pid));
+        if next.is_empty() {
+            break;
+        }
     }
     found
 }
@@ -250,6 +285,55 @@ mod tests {
             })
         );
         assert!(Stat::parse("4242 (cut").is_none());
+    }
+
+    /// A process whose parent exits during the walk, after the reaper's children were
+    /// read: the kernel hands it to this (subreaper) process, and its old parent no
+    /// longer lists it. The exit is placed in that window deterministically: the walk's
+    /// reader kills the middle process, and waits until it has exited (and the
+    /// grandchild been handed over), right after it has read the root's children.
+    #[test]
+    fn a_grandchild_whose_parent_exits_during_the_walk_is_found() {
+        become_subreaper().expect("subreaper");
+        // SAFETY: getpid has no preconditions.
+        let me = unsafe { libc::getpid() };
+        let middle = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 & wait"])
+            .spawn()
+            .expect("sh");
+        let middle = libc::pid_t::try_from(middle.id()).expect("pid");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let grandchild = loop {
+            if let Some(&pid) = children(middle).first() {
+                break pid;
+            }
+            assert!(std::time::Instant::now() < deadline, "sh never forked");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        let mut killed = false;
+        let found = walk(me, &[], |pid| {
+            let listed = children(pid);
+            if pid == me && !killed {
+                killed = true;
+                let mut status = 0;
+                // SAFETY: kill and waitpid on our own child; waitpid returns once it has
+                // exited, after the kernel handed its child to us.
+                unsafe {
+                    libc::kill(middle, libc::SIGKILL);
+                    libc::waitpid(middle, &mut status, 0);
+                }
+            }
+            listed
+        });
+        let grand = found.iter().find(|p| p.pid == grandchild).copied();
+        // SAFETY: the grandchild is ours now: kill and reap it.
+        unsafe {
+            libc::kill(grandchild, libc::SIGKILL);
+            let mut status = 0;
+            libc::waitpid(grandchild, &mut status, 0);
+        }
+        let grand = grand.expect("the grandchild handed over during the walk is found");
+        assert!(grand.running);
     }
 
     #[test]
