@@ -58,7 +58,7 @@ pub enum FenceError {
 
     /// A token column (of an existing fence table) that cannot hold every token.
     #[error(
-        "the token column {column} is {column_type}: it must hold any 64-bit token (BIGINT UNSIGNED)"
+        "the token column {column} is {column_type}: it must hold any token below 2^63 (BIGINT, best BIGINT UNSIGNED)"
     )]
     NarrowTokenColumn {
         /// The column.
@@ -95,7 +95,8 @@ pub enum FenceError {
     /// The connection may still owe the answer to a statement whose future was dropped
     /// (a caller's timeout, a cancelled task): mysql_async would hand that answer to the
     /// next command, and every later answer would be one behind, so a refused fence could
-    /// read as passed. Nothing was sent on it. Drop the connection (closing it rolls back
+    /// read as passed. Nothing was sent on it but, on a connection a fence call gave up
+    /// on, a query whose answer would have shown it in step. Drop the connection (closing it rolls back
     /// whatever it left open) and use a new one.
     #[error(
         "the connection was abandoned in the middle of a statement (a dropped future) and may \

@@ -24,6 +24,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Transaction, TxOpts, Value};
 
 use super::FenceError;
+use super::abandoned::{InFlight, usable};
 use super::capacity;
 use super::ident::{Ident, MAX_KEY, check_key};
 use super::rows::{affected_warned, first_column};
@@ -128,8 +129,9 @@ impl Fence {
     }
 
     /// Creates the fence table (InnoDB) if it does not exist, and checks that an existing
-    /// one's `token` column holds any token ([`FenceError::NarrowTokenColumn`] if not: it
-    /// must be `BIGINT UNSIGNED`). Call it once (at deploy or start-up); writes never
+    /// one's `token` column holds any token below 2^63 ([`FenceError::NarrowTokenColumn`]
+    /// if not: it must be `BIGINT`, signed or `UNSIGNED`; with a signed one a larger token
+    /// is refused by the write). Call it once (at deploy or start-up); writes never
     /// create schema implicitly.
     #[tracing::instrument(skip_all, fields(table = self.table.sql()))]
     pub async fn ensure_schema(&self, conn: &mut impl Queryable) -> Result<(), FenceError> {
@@ -145,7 +147,10 @@ impl Fence {
         conn.query_drop(sql).await?;
         let column = Ident::trusted("token");
         match capacity::read(conn, &self.table, &column).await? {
-            Some(found) if found.max < u64::MAX => Err(FenceError::NarrowTokenColumn {
+            // A signed BIGINT holds every token below 2^63, more than any backend hands
+            // out; a token beyond it is refused by the write itself (the server's range
+            // error in strict mode, the warning check outside it).
+            Some(found) if found.max < SIGNED_BIGINT_MAX => Err(FenceError::NarrowTokenColumn {
                 column: format!("{}.{}", self.table.sql(), column.sql()),
                 column_type: found.column_type,
             }),
@@ -165,8 +170,12 @@ impl Fence {
     /// connection's next command. This future dropped while a statement waits for its
     /// answer (a timeout while the fence row is locked by another writer) leaves the
     /// connection owing that answer: every fence call on it is then refused with
-    /// [`FenceError::ConnectionUnusable`] and sends nothing. Drop such a connection: the
-    /// server rolls back when it closes, and until then the fence row stays locked.
+    /// [`FenceError::ConnectionUnusable`], also after other commands of yours on it (the
+    /// first of which reads the abandoned answer and makes mysql_async think it in step),
+    /// until a query whose answer only it can give (`SELECT <random number>`, sent by
+    /// the refusing call) comes back with that number; one that lags never does. Drop
+    /// such a connection: the server rolls back when it closes, and until then the fence
+    /// row stays locked.
     #[tracing::instrument(skip(self, conn), fields(table = self.table.sql(), token = %token))]
     pub async fn begin<'a>(
         &self,
@@ -192,13 +201,27 @@ impl Fence {
         token: FencingToken,
     ) -> Result<FencedTransaction<'a>, FenceError> {
         check_key(resource)?;
-        usable(conn)?;
+        usable(conn).await?;
         if options.consistent_snapshot() {
             return Err(FenceError::UnsupportedOptions(
                 "a consistent snapshot is taken before the fence row's lock is waited for, \
                  so the transaction would read data older than the previous holder's commit",
             ));
         }
+        let in_flight = InFlight::on(conn);
+        let begun = self.begin_checked(conn, options, resource, token).await;
+        in_flight.done();
+        begun
+    }
+
+    /// [`begin_with`](Self::begin_with) on a connection found usable.
+    async fn begin_checked<'a>(
+        &self,
+        conn: &'a mut Conn,
+        options: TxOpts,
+        resource: &str,
+        token: FencingToken,
+    ) -> Result<FencedTransaction<'a>, FenceError> {
         let mut tx = conn.start_transaction(options).await?;
         let passed = match self.check(&mut tx, resource, token).await {
             // The mark that `commit` looks for: a savepoint lives exactly as long as the
@@ -243,7 +266,20 @@ impl Fence {
         token: FencingToken,
     ) -> Result<(), FenceError> {
         check_key(resource)?;
-        usable(tx)?;
+        usable(tx).await?;
+        let in_flight = InFlight::on(tx);
+        let checked = self.advance(tx, resource, token).await;
+        in_flight.done();
+        checked
+    }
+
+    /// [`check`](Self::check)'s statements, on a transaction found usable.
+    async fn advance(
+        &self,
+        tx: &mut Transaction<'_>,
+        resource: &str,
+        token: FencingToken,
+    ) -> Result<(), FenceError> {
         let value = Value::UInt(token.get());
         let key = Value::Bytes(resource.as_bytes().to_vec());
         tx.exec_drop(&self.lock_sql, vec![key.clone()]).await?;
@@ -302,22 +338,10 @@ impl Fence {
 /// one, and MySQL has no such variable.)
 const MARK: &str = "SAVEPOINT fencelock_fenced";
 const RELEASE_MARK: &str = "RELEASE SAVEPOINT fencelock_fenced";
+/// The largest token a signed `BIGINT` holds: 2^63 - 1.
+const SIGNED_BIGINT_MAX: u64 = u64::MAX >> 1;
 /// "SAVEPOINT ... does not exist", MariaDB and MySQL.
 const ER_SP_DOES_NOT_EXIST: u16 = 1305;
-
-/// Refuses a connection that may owe the answer to an abandoned statement.
-///
-/// mysql_async marks a connection disconnected when a command starts and clears the mark
-/// when its answer has been read, so a future dropped in between (a timeout while the
-/// statement waits for the fence row) leaves the mark set, although the connection is
-/// still open; its next command would read the abandoned statement's answer as its own
-/// (mysql_async 0.37 sends it regardless). A connection really closed is marked too.
-fn usable(conn: &Conn) -> Result<(), FenceError> {
-    if conn.is_disconnected() {
-        return Err(FenceError::ConnectionUnusable);
-    }
-    Ok(())
-}
 
 /// A transaction that passed the fence. Use it like a [`Transaction`] (it derefs to one:
 /// `exec_drop`, `query`, ... through [`Queryable`]), then [`commit`](Self::commit);
@@ -375,7 +399,15 @@ impl FencedTransaction<'_> {
     /// [`FenceError::ConnectionUnusable`]: drop the connection, which rolls back.
     #[tracing::instrument(skip(self), fields(resource = %self.resource, token = %self.token))]
     pub async fn commit(mut self) -> Result<(), FenceError> {
-        usable(&self.tx)?;
+        usable(&mut self.tx).await?;
+        let in_flight = InFlight::on(&self.tx);
+        let committed = self.commit_checked().await;
+        in_flight.done();
+        committed
+    }
+
+    /// [`commit`](Self::commit) on a connection found usable.
+    async fn commit_checked(mut self) -> Result<(), FenceError> {
         let ended = match self.tx.query_drop(RELEASE_MARK).await {
             Ok(()) => None,
             Err(mysql_async::Error::Server(server)) if server.code == ER_SP_DOES_NOT_EXIST => {
@@ -402,9 +434,11 @@ impl FencedTransaction<'_> {
     ///
     /// Dropping the future leaves the connection owing an answer (later fence calls on it
     /// are refused): drop the connection, the server rolls back when it closes.
-    pub async fn rollback(self) -> Result<(), FenceError> {
-        usable(&self.tx)?;
-        self.tx.rollback().await?;
-        Ok(())
+    pub async fn rollback(mut self) -> Result<(), FenceError> {
+        usable(&mut self.tx).await?;
+        let in_flight = InFlight::on(&self.tx);
+        let rolled_back = self.tx.rollback().await;
+        in_flight.done();
+        Ok(rolled_back?)
     }
 }

@@ -51,6 +51,7 @@
 //! first plain `SELECT`. Pass the fence first (as [`Fence::begin`] does): the snapshot is
 //! then taken after the previous holder committed.
 
+mod abandoned;
 mod capacity;
 mod connect;
 mod error;

@@ -130,3 +130,41 @@ async fn a_newer_token_on_a_connection_owing_an_answer_is_never_called_stale() {
     tx.commit().await.expect("commit");
     assert_eq!(db.sku().await, (97, Some("writer-13".into())));
 }
+
+/// mysql_async's own mark is cleared by the first command after the abandoned one, which
+/// reads the abandoned answer as its own: a plain command of the caller's in between (a
+/// ping-like `DO 1`, a read) made the fence trust the connection again on 940911f, and
+/// the stale retry read answers one behind. The fence's mark stays until the connection
+/// is proven in step, which a lagging one never is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_in_between_does_not_make_a_connection_owing_an_answer_usable() {
+    let mut db = Db::start().await;
+    let (fence, mut writer) = setup(&mut db, true).await;
+    abandon_a_begin(&db, &fence, &mut writer, 11).await;
+
+    // The caller's own command reads the abandoned upsert's answer.
+    writer.query_drop("DO 1").await.expect("a plain command");
+    assert!(!writer.is_disconnected(), "mysql_async trusts it again");
+
+    // Two retries, same connection, same stale token: neither may commit.
+    for attempt in 1..=2 {
+        let retried = async {
+            let mut tx = fence
+                .begin(&mut writer, "SKU-1", FencingToken::new(11))
+                .await?;
+            tx.exec_drop(DECREMENT, ("stale-11",)).await?;
+            tx.commit().await
+        };
+        let err = tokio::time::timeout(Duration::from_secs(20), retried)
+            .await
+            .expect("the retry ends")
+            .expect_err("a stale token never passes");
+        assert!(err.is_connection_unusable(), "attempt {attempt}: {err}");
+    }
+    drop(writer);
+    assert_eq!(
+        db.sku().await,
+        (98, Some("holder-12".into())),
+        "only writer 10 and holder 12 wrote"
+    );
+}

@@ -110,3 +110,45 @@ async fn a_narrow_token_column_in_the_data_row_lets_no_stale_write_through() {
         .expect("read");
     assert_eq!(left, Some((100, None)), "nothing was written");
 }
+
+/// A signed BIGINT token column holds every token below 2^63: `ensure_schema` accepts
+/// it (on 34d8cf9 it refused it as narrow), and a token above that is refused by the
+/// write, outside strict SQL mode too, so no stale token passes after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_bigint_token_column_is_accepted_and_a_token_beyond_it_refused() {
+    let mut db = Db::start().await;
+    db.inventory().await;
+    db.conn
+        .query_drop(
+            "CREATE TABLE signed_fences (resource VARBINARY(255) NOT NULL PRIMARY KEY, \
+               token BIGINT NULL, writes BIGINT UNSIGNED NOT NULL DEFAULT 0, \
+               updated_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE=InnoDB",
+        )
+        .await
+        .expect("a table of the caller's");
+    let fence = Fence::new().with_table("signed_fences").expect("name");
+    fence
+        .ensure_schema(&mut db.conn)
+        .await
+        .expect("a signed BIGINT holds every token below 2^63");
+
+    let mut conn = non_strict(&db).await;
+    fenced_write(&fence, &mut conn, NEWER)
+        .await
+        .expect("a token that fits");
+    let beyond = 1u64 << 63;
+    let err = fenced_write(&fence, &mut conn, beyond)
+        .await
+        .expect_err("2^63 does not fit");
+    assert!(
+        matches!(&err, FenceError::TokenOutOfRange { token, .. } if token.get() == beyond),
+        "{err}"
+    );
+    let stale = fenced_write(&fence, &mut conn, STALE).await;
+    assert!(stale.is_err(), "the stale token {STALE} was accepted");
+    assert_eq!(
+        db.sku().await,
+        (99, Some(format!("holder-{NEWER}"))),
+        "only the token that fits wrote"
+    );
+}
