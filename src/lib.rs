@@ -67,8 +67,13 @@
 mod backend;
 mod error;
 mod holder;
-// The lease deadline of the lease-based backends.
-#[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper"))]
+// The lease deadline of the lease-based backends, and of the PostgreSQL heartbeat.
+#[cfg(any(
+    feature = "etcd",
+    feature = "redis",
+    feature = "zookeeper",
+    feature = "postgres"
+))]
 mod lease_clock;
 mod loss;
 pub mod metrics;

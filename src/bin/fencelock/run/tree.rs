@@ -297,11 +297,11 @@ mod tests {
         become_subreaper().expect("subreaper");
         // SAFETY: getpid has no preconditions.
         let me = unsafe { libc::getpid() };
-        let middle = std::process::Command::new("sh")
+        let mut sh = std::process::Command::new("sh")
             .args(["-c", "sleep 30 & wait"])
             .spawn()
             .expect("sh");
-        let middle = libc::pid_t::try_from(middle.id()).expect("pid");
+        let middle = libc::pid_t::try_from(sh.id()).expect("pid");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let grandchild = loop {
             if let Some(&pid) = children(middle).first() {
@@ -315,16 +315,17 @@ mod tests {
             let listed = children(pid);
             if pid == me && !killed {
                 killed = true;
-                let mut status = 0;
-                // SAFETY: kill and waitpid on our own child; waitpid returns once it has
-                // exited, after the kernel handed its child to us.
-                unsafe {
-                    libc::kill(middle, libc::SIGKILL);
-                    libc::waitpid(middle, &mut status, 0);
-                }
+                // The wait returns once it has exited, after the kernel handed its child
+                // to us.
+                let _ = sh.kill();
+                let _ = sh.wait();
             }
             listed
         });
+        // Killed and reaped above (a second wait returns the status kept); also if the
+        // walk never read the root.
+        let _ = sh.kill();
+        let _ = sh.wait();
         let grand = found.iter().find(|p| p.pid == grandchild).copied();
         // SAFETY: the grandchild is ours now: kill and reap it.
         unsafe {
