@@ -113,8 +113,9 @@ pub(super) enum Answer {
         responses: Vec<TxnOpResponse>,
         revision: Option<i64>,
     },
-    /// How many keys the delete removed.
-    Delete { deleted: i64 },
+    /// How many keys the delete removed, and the store revision its answer was read at
+    /// (at or after the delete's own).
+    Delete { deleted: i64, revision: Option<i64> },
 }
 
 /// One request's outcome: its answer or error, and whether some attempt of it got no
@@ -246,6 +247,7 @@ impl Request {
                     .await;
                 let result = result.map(|response| Answer::Delete {
                     deleted: response.deleted(),
+                    revision: response.header().map(|h| h.revision()),
                 });
                 Attempts { result, ambiguous }
             }
@@ -627,6 +629,7 @@ impl Batcher {
                         (Request::Delete { .. }, _) => match answers.next() {
                             Some(TxnOpResponse::Delete(deleted)) => Ok(Answer::Delete {
                                 deleted: deleted.deleted(),
+                                revision,
                             }),
                             _ => Err(malformed_member(&member.request)),
                         },

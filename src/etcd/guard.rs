@@ -219,7 +219,7 @@ impl LockGuard for EtcdGuard {
         let detached = self.detach();
         match outcome {
             Ok(deleted) => {
-                detached.key.deleted();
+                detached.key.deleted(deleted);
                 detached.close_own_session().await;
                 // Known lost before the release: not held, whatever the delete found (a key
                 // under its name now is not the one it held). Otherwise, nothing found to

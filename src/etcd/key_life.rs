@@ -25,9 +25,20 @@
 //!   name is never given back, so no later acquisition can mistake the late key for its
 //!   own, and until the lease goes the session sweeps that name (`late_joins.rs`): a late
 //!   key is deleted within about a second, not left until the session's last guard.
-//! - **A join never adopts a key it did not create**: when a retried join finds its key
-//!   already there, that key must hold this acquisition's value (its kind), or the
-//!   acquisition fails and the session is retired.
+//! - **A name whose key may still exist is never given back**, whatever the reason the
+//!   key could not be removed: a delete refused ("permission denied": the role lost its
+//!   write permission while the lock was held) leaves the key under the live lease. Such
+//!   a key retires its session (so its lease goes with the session's last guard) and is
+//!   swept (`late_joins.rs`) until a delete gets through. A name given back would be
+//!   found holding the old key by the next acquisition, whose join would read it back as
+//!   its own: the earlier grant's token handed out again.
+//! - **A join never adopts a key it did not create**: when a join finds its key already
+//!   there, it takes it for its own only if an earlier attempt of this very join got no
+//!   answer, the key holds this acquisition's value (its kind), and its create revision
+//!   is above the newest confirmed delete of the session when the name was taken
+//!   ([`Slots::deleted_through`](super::slots::Slots::deleted_through): any earlier key
+//!   under the name was made before that delete). Otherwise the acquisition fails and the
+//!   session is retired.
 //!
 //! Joins and deletes go out through the session's group commit (`batch.rs`): batched, a
 //! request is the same request, one member of one transaction that is applied whole or
@@ -67,6 +78,9 @@ pub(super) struct QueueKey {
     /// The join's place in the session's batcher: withdrawn before it was sent, it can
     /// never land.
     join_ticket: Option<Arc<Ticket>>,
+    /// Every key an earlier acquisition made under this name has a create revision at
+    /// or below this one (see the module docs).
+    floor: i64,
 }
 
 /// What joining the queue found.
@@ -88,6 +102,8 @@ pub(super) struct Deleted {
     /// Some attempt got no answer: when nothing was removed, an earlier attempt may have
     /// been the one that removed it.
     pub(super) ambiguous: bool,
+    /// The store revision the answer was read at: the key is gone at it.
+    pub(super) revision: Option<i64>,
 }
 
 impl QueueKey {
@@ -98,6 +114,9 @@ impl QueueKey {
             .inner
             .slots
             .take(&keys::lock_prefix(namespace, name));
+        // Read after the take: the delete that freed the slot was recorded before it was
+        // given back.
+        let floor = session.inner.slots.deleted_through();
         let key = keys::waiter_key(&prefix, session.inner.lease_id(), slot).into();
         let path = LockPath::new(prefix, namespace);
         Self {
@@ -109,6 +128,7 @@ impl QueueKey {
             join_unknown: false,
             spent: AtomicBool::new(false),
             join_ticket: None,
+            floor,
         }
     }
 
@@ -125,6 +145,7 @@ impl QueueKey {
             join_unknown: self.join_unknown,
             spent: AtomicBool::new(self.spent.load(Ordering::Acquire)),
             join_ticket: self.join_ticket.clone(),
+            floor: self.floor,
         };
         // The husk shares the key's names, and the release that goes on may leave the
         // name spent: the husk must never give the slot back.
@@ -212,7 +233,7 @@ impl QueueKey {
                 succeeded,
                 responses,
                 revision,
-            } => self.joined(succeeded, responses, revision),
+            } => self.joined(succeeded, responses, revision, ambiguous),
             Answer::Delete { .. } => Err(malformed(
                 "acquire",
                 Some(self.name()),
@@ -229,12 +250,13 @@ impl QueueKey {
 
     /// What the join's answer says: whether it put the key, the answers of its own
     /// operations, and the store revision right after the transaction that carried it
-    /// (the token, if the key was put).
+    /// (the token, if the key was put); `ambiguous`: some earlier attempt got no answer.
     fn joined(
         &self,
         succeeded: bool,
         responses: Vec<TxnOpResponse>,
         revision: Option<i64>,
+        ambiguous: bool,
     ) -> Result<Joined, LockError> {
         let name = Some(self.name());
         let header = revision;
@@ -246,15 +268,25 @@ impl QueueKey {
             };
             let existing =
                 existing.ok_or_else(|| malformed("acquire", name, "existing key not returned"))?;
-            if existing.value() != self.value.as_slice() {
-                // Not this acquisition's: never adopt it (a late join of another kind would
-                // make a reader's key a writer's).
+            // Never adopt a key this join cannot prove it made (see the module docs): only
+            // an attempt without an answer can have put it, and only after the name was
+            // taken; a key of another kind would make a reader's key a writer's.
+            let why = if !ambiguous {
+                Some("although every attempt to create it was answered")
+            } else if existing.value() != self.value.as_slice() {
+                Some("with another value")
+            } else if existing.create_revision() <= self.floor {
+                Some("from before its name was taken")
+            } else {
+                None
+            };
+            if let Some(why) = why {
                 return Err(LockError::Backend {
                     backend: crate::Backend::Etcd,
                     operation: "acquire",
                     lock: Some(self.name().to_owned()),
                     source: format!(
-                        "key {} already exists with another value; the session is retired",
+                        "key {} already exists {why}; the session is retired",
                         self.key
                     )
                     .into(),
@@ -287,8 +319,8 @@ impl QueueKey {
         if ambiguous {
             self.spend();
         }
-        let removed = match result? {
-            Answer::Delete { deleted } => deleted > 0,
+        let (removed, revision) = match result? {
+            Answer::Delete { deleted, revision } => (deleted > 0, revision),
             Answer::Join { .. } => {
                 return Err(malformed(
                     "release",
@@ -297,14 +329,21 @@ impl QueueKey {
                 ));
             }
         };
-        Ok(Deleted { removed, ambiguous })
+        Ok(Deleted {
+            removed,
+            ambiguous,
+            revision,
+        })
     }
 
     /// The key's delete is confirmed: its name is given back, unless some request about
     /// it got no answer; if its join may still land (a first attempt without an answer,
     /// whatever a retry found), the session sweeps that name while it lives, or a late
     /// key would block the lock under a lease other guards keep renewing.
-    pub(super) fn deleted(&self) {
+    pub(super) fn deleted(&self, deleted: Deleted) {
+        if let Some(revision) = deleted.revision {
+            self.inner().slots.deleted_at(revision);
+        }
         self.give_back();
         if self.join_unknown {
             super::late_joins::sweep(&self.session.inner, self.name(), &self.key);
@@ -328,12 +367,18 @@ impl QueueKey {
         while inner.is_alive() {
             match self.delete().await {
                 Ok(deleted) => {
-                    self.deleted();
+                    self.deleted(deleted);
                     return Some(deleted);
                 }
-                // Not allowed to delete it means not allowed to have written it either.
                 Err(err) if err.is_permission_denied() => {
-                    self.give_back();
+                    // The key stays, under a lease the session renews: its name is never
+                    // given back (a later acquisition would find the old key under it),
+                    // the session takes no new acquisition (its lease goes with its last
+                    // guard), and the key is swept until a delete is allowed.
+                    tracing::warn!(%err, key = &*self.key, "our key's delete was refused; retiring the session and sweeping the key");
+                    self.spend();
+                    self.inner().retire();
+                    super::late_joins::sweep(&self.session.inner, self.name(), &self.key);
                     return None;
                 }
                 Err(err) => {

@@ -1,4 +1,9 @@
-//! Keys that a late join may still create, swept away while their session lives.
+//! Keys that a late join may still create, or that a refused delete left, swept away
+//! while their session lives.
+//!
+//! (A delete refused for want of permission leaves its key under the renewed lease in
+//! the same way: the name is spent and the session retired, and the sweep deletes the
+//! key once the role may again.)
 //!
 //! A join that got no answer may be applied after its acquisition gave up and removed
 //! the key (`key_life.rs`): the key then appears under a lease that is still renewed. The

@@ -17,6 +17,7 @@
 //! of copies of their own (one client may hold 100,000 locks; each copy is a heap block).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// The slots of one prefix in use: the first 64 as bits, the rest (a session running
@@ -68,6 +69,12 @@ impl InUse {
 #[derive(Debug, Default)]
 pub(crate) struct Slots {
     in_use: Mutex<HashMap<Arc<str>, InUse>>,
+    /// The newest store revision at which a delete of one of this session's keys was
+    /// confirmed (recorded before its name is given back): every key an earlier
+    /// acquisition made under a name handed out after that has a lower create revision,
+    /// so a key found under the name with a create revision at or below this floor is
+    /// never the new acquisition's own (`key_life.rs`).
+    deleted_through: AtomicI64,
 }
 
 impl Slots {
@@ -101,6 +108,18 @@ impl Slots {
                 table.remove(prefix);
             }
         }
+    }
+
+    /// A delete of one of this session's keys was confirmed at store revision
+    /// `revision`: recorded before the key's name is given back.
+    pub(crate) fn deleted_at(&self, revision: i64) {
+        self.deleted_through.fetch_max(revision, Ordering::AcqRel);
+    }
+
+    /// The newest revision recorded by [`Slots::deleted_at`]; read after [`Slots::take`],
+    /// it is at least the revision of the delete that freed the slot taken.
+    pub(crate) fn deleted_through(&self) -> i64 {
+        self.deleted_through.load(Ordering::Acquire)
     }
 
     /// How many slots are in use, over every prefix.

@@ -31,6 +31,7 @@ mod member_down;
 mod mixed_primitives;
 mod mutual_exclusion;
 mod prefix_delete;
+mod refused_release;
 mod release_answer_lost;
 mod retry_after_timeout;
 mod round_trips;
