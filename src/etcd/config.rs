@@ -286,7 +286,17 @@ impl EtcdConfig {
             // stalls for as long as the partition lasts.
             .with_require_leader(true);
         if let Some((user, password)) = &self.credentials {
-            options = options.with_user(user.clone(), password.clone());
+            // etcd's auth tokens expire (a simple token after `--auth-token-ttl` unused,
+            // 300 s by default; a JWT at its `ttl`): a holder whose lease is renewed on a
+            // stream makes no unary call for as long as it holds, and its release would be
+            // refused as "invalid auth token" (etcd-client's default is not to refresh),
+            // its key left blocking the lock. With this, a call refused for an invalid
+            // token authenticates again and is sent once more (etcd-client `caller.rs`
+            // `do_call`: only on `Unauthenticated`/"invalid auth token", which etcd
+            // answers before applying anything, so the retry cannot apply twice).
+            options = options
+                .with_user(user.clone(), password.clone())
+                .with_auto_token_refresh(true);
         }
         if let Some(loaded) = tls {
             let mut tls = TlsOptions::new();

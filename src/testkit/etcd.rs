@@ -29,6 +29,8 @@ pub struct EtcdClusterBuilder {
     election: Duration,
     fsync: bool,
     binary: Option<PathBuf>,
+    /// `--auth-token-ttl`, when set.
+    auth_token_ttl: Option<Duration>,
     // Boxed: rarely set, and the builder travels inside every cluster handle.
     tls: Option<Box<(ServerTls, TlsConfig)>>,
 }
@@ -41,6 +43,7 @@ impl Default for EtcdClusterBuilder {
             election: Duration::from_millis(250),
             fsync: false,
             binary: None,
+            auth_token_ttl: None,
             tls: None,
         }
     }
@@ -66,6 +69,14 @@ impl EtcdClusterBuilder {
     /// process loses no written data either way, only a machine crash would).
     pub fn fsync(mut self, fsync: bool) -> Self {
         self.fsync = fsync;
+        self
+    }
+
+    /// How long etcd keeps an idle simple auth token (`--auth-token-ttl`, whole seconds,
+    /// at least 1; etcd's default is 300 s): a client quiet for longer must authenticate
+    /// again.
+    pub fn auth_token_ttl(mut self, ttl: Duration) -> Self {
+        self.auth_token_ttl = Some(ttl);
         self
     }
 
@@ -225,6 +236,9 @@ impl EtcdCluster {
         ];
         if !self.settings.fsync {
             args.push("--unsafe-no-fsync".into());
+        }
+        if let Some(ttl) = self.settings.auth_token_ttl {
+            args.push(format!("--auth-token-ttl={}", ttl.as_secs().max(1)));
         }
         if let Some(tls) = self.settings.tls.as_deref().map(|(tls, _)| tls) {
             args.push(format!("--cert-file={}", tls.cert.display()));

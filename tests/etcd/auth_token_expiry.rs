@@ -1,0 +1,96 @@
+//! With auth on, etcd's simple tokens expire after `--auth-token-ttl` without use. A
+//! holder quiet for longer (its lease is renewed on a stream, which uses no token) must
+//! still release, and a waiter quiet as long must still be granted and release: the
+//! client authenticates again instead of reporting "invalid auth token", which would
+//! leave the holder's key blocking the lock for as long as its process lives.
+
+use std::time::Duration;
+
+use etcd_client::Permission;
+use fencelock::etcd::EtcdLocker;
+use fencelock::testkit::EtcdCluster;
+use fencelock::{LockBackend, LockGuard, LockOptions, ReleaseOutcome};
+
+use crate::support::{PrefixWatch, namespace, within};
+
+/// etcd's token TTL here (the flag takes whole seconds).
+const TOKEN_TTL: Duration = Duration::from_secs(2);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_quiet_past_the_token_ttl_releases_and_the_waiter_is_granted() {
+    let cluster = EtcdCluster::builder()
+        .auth_token_ttl(TOKEN_TTL)
+        .start()
+        .await
+        .expect("etcd");
+    let ns = namespace("auth-token-expiry");
+    let mut admin = cluster.client().await.expect("client");
+    admin.user_add("root", "rootpw", None).await.expect("root");
+    admin
+        .user_grant_role("root", "root")
+        .await
+        .expect("root role");
+    admin.role_add("locker").await.expect("role");
+    admin
+        .role_grant_permission(
+            "locker",
+            Permission::read_write(format!("{ns}/")).with_prefix(),
+        )
+        .await
+        .expect("grant");
+    admin.user_add("worker", "pw", None).await.expect("user");
+    admin
+        .user_grant_role("worker", "locker")
+        .await
+        .expect("user role");
+    admin.auth_enable().await.expect("auth on");
+    let mut admin = cluster
+        .client_as("root", "rootpw")
+        .await
+        .expect("root client");
+    let worker = || async {
+        EtcdLocker::connect(cluster.config(&ns).with_credentials("worker", "pw"))
+            .await
+            .expect("connect")
+    };
+    let holder = worker().await;
+    let waiter = worker().await;
+    // A plain client without refresh: it shows that the tokens really expired.
+    let mut probe = cluster.client_as("worker", "pw").await.expect("probe");
+    let mut watch = PrefixWatch::start(&mut admin, &format!("{ns}/x/")).await;
+
+    let held = holder.lock("x", &LockOptions::new()).await.expect("lock");
+    watch.next_put().await;
+    let waiting = tokio::spawn(async move {
+        let guard = waiter.lock("x", &LockOptions::new()).await?;
+        let token = guard.token();
+        guard.release().await.map(|outcome| (token, outcome))
+    });
+    watch.next_put().await;
+
+    // Nobody makes a request for more than the token TTL (the fault: time passing).
+    tokio::time::sleep(TOKEN_TTL * 2 + Duration::from_millis(500)).await;
+    let expired = probe
+        .get(format!("{ns}/x/"), None)
+        .await
+        .expect_err("the probe's token expired");
+    assert!(
+        expired.to_string().contains("invalid auth token"),
+        "{expired}"
+    );
+
+    let released = within(
+        Duration::from_secs(10),
+        "the holder releases",
+        held.release(),
+    )
+    .await
+    .expect("released");
+    assert_eq!(released, ReleaseOutcome::Released);
+    let (token, outcome) = within(Duration::from_secs(10), "the waiter is granted", waiting)
+        .await
+        .expect("task")
+        .expect("granted and released");
+    assert_eq!(outcome, ReleaseOutcome::Released);
+    assert!(token.get() > 0);
+}
