@@ -223,10 +223,14 @@ impl LockGuard for EtcdGuard {
                 detached.close_own_session().await;
                 // Known lost before the release: not held, whatever the delete found (a key
                 // under its name now is not the one it held). Otherwise, nothing found to
-                // delete after an attempt without an answer: that attempt deleted it.
-                let released = !lost_before && (deleted.removed || deleted.ambiguous);
-                let (outcome, counted) = if released {
+                // delete after an attempt without an answer: that attempt deleted it, or
+                // someone else did before it landed (nothing tells which).
+                let (outcome, counted) = if lost_before {
+                    (ReleaseOutcome::NotHeld, Release::NotHeld)
+                } else if deleted.removed {
                     (ReleaseOutcome::Released, Release::Released)
+                } else if deleted.ambiguous {
+                    (ReleaseOutcome::Unconfirmed, Release::Released)
                 } else {
                     (ReleaseOutcome::NotHeld, Release::NotHeld)
                 };

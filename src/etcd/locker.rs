@@ -132,6 +132,14 @@ impl EtcdLocker {
         })
     }
 
+    /// Stops the client's watch task as a panic in it would: a fault for tests, which
+    /// then check what waiters and holders are told.
+    #[cfg(feature = "testkit")]
+    #[doc(hidden)]
+    pub fn stop_watch_task_for_test(&self) {
+        self.inner.hub.stop_task();
+    }
+
     /// The underlying etcd client, for reads and writes beside the locks.
     #[must_use]
     pub fn client(&self) -> &Client {

@@ -196,6 +196,14 @@ impl Acquisition {
                 lock: Some(key.name().to_owned()),
                 message: why,
             }),
+            // Waiting on would be waiting for ever (or for the wait timeout): nothing
+            // delivers deletions to this client any more.
+            EndReason::Stopped => Err(LockError::Backend {
+                backend: Backend::Etcd,
+                operation: "watch",
+                lock: Some(key.name().to_owned()),
+                source: "the client's watch task stopped; connect a new EtcdLocker".into(),
+            }),
             EndReason::Gap(why) => {
                 tracing::debug!(%why, "lock watch ended; reading the queue");
                 backoff.wait().await;

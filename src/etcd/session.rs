@@ -450,7 +450,7 @@ impl KeepAlive {
                 _ = loss.wait() => return,
                 () = clock.passed() => {
                     tracing::warn!("no renewal confirmed before the lease ran out");
-                    return self.notifier.mark(LossReason::Expired);
+                    return self.revoke_expired().await;
                 }
                 Some(Control::StopRenewing { confirm, done }) = control.recv() => {
                     // Also when less than two intervals are left: a grant answered late
@@ -538,9 +538,7 @@ impl KeepAlive {
         tokio::select! {
             _ = &mut stop => self.revoke().await,
             _ = loss.wait() => {}
-            () = clock.passed() => {
-                self.notifier.mark(LossReason::Expired);
-            }
+            () = clock.passed() => self.revoke_expired().await,
         }
     }
 
@@ -607,6 +605,21 @@ impl KeepAlive {
             }
             Ok(Err(err)) => Err(err),
             Err(_) => Err(Reopen::Failed(format!("no answer within {limit:?}"))),
+        }
+    }
+
+    /// The lease ran out by the local clock: every guard is told it is lost, then the
+    /// lease is revoked (best effort). The server may keep it longer: renewals it applied
+    /// whose answers never came, a new leader that extends every lease by its TTL
+    /// (`lessor.Promote`), its own expiry check every 500 ms. Meanwhile its keys, held
+    /// by nobody, would block their locks. Safe: the session takes no acquisition once
+    /// its lease has passed, and a join in flight carrying a revoked lease fails whole
+    /// (`apply.go` `checkRequestPut`).
+    async fn revoke_expired(self) {
+        self.notifier.mark(LossReason::Expired);
+        match revoke(&self.client, self.lease_id, &self.config).await {
+            Ok(()) => tracing::debug!("expired lease revoked"),
+            Err(err) => tracing::debug!(%err, "expired lease not revoked; the server expires it"),
         }
     }
 

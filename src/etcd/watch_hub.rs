@@ -43,12 +43,27 @@ const RETRY: Duration = Duration::from_millis(250);
 #[derive(Debug)]
 pub(crate) struct WatchHub {
     shared: Arc<Shared>,
+    /// The task, to stop it as a fault would (tests of what waiters hear then).
+    #[cfg_attr(not(feature = "testkit"), allow(dead_code))]
+    task: tokio::task::AbortHandle,
 }
 
 #[derive(Debug)]
 struct Shared {
     state: Mutex<HubState>,
     actions: mpsc::UnboundedSender<Vec<Action>>,
+    /// Set when the task has stopped (a panic, an abort): the waiters' signals come from
+    /// the state, whose senders outlive the task, so they would never hear of it.
+    stopped: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+/// Sets [`Shared::stopped`] when dropped with the task's future, however it ends.
+struct StopSignal(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Drop for StopSignal {
+    fn drop(&mut self) {
+        self.0.send_replace(true);
+    }
 }
 
 impl Shared {
@@ -66,9 +81,11 @@ impl Shared {
 impl WatchHub {
     pub(crate) fn start(client: Client) -> Self {
         let (actions, receiver) = mpsc::unbounded_channel();
+        let stopped = Arc::new(tokio::sync::watch::Sender::new(false));
         let shared = Arc::new(Shared {
             state: Mutex::new(HubState::default()),
             actions,
+            stopped: stopped.clone(),
         });
         let task = HubTask {
             kv: client.kv_client(),
@@ -77,9 +94,16 @@ impl WatchHub {
             stream: None,
             checks: JoinSet::new(),
             next_retry: None,
+            _stop_signal: StopSignal(stopped),
         };
-        tokio::spawn(task.run(receiver));
-        Self { shared }
+        let task = tokio::spawn(task.run(receiver)).abort_handle();
+        Self { shared, task }
+    }
+
+    /// Stops the watch task as a panic in it would (a fault for tests).
+    #[cfg(feature = "testkit")]
+    pub(crate) fn stop_task(&self) {
+        self.task.abort();
     }
 
     /// Whether the lock's watch is open (or being opened): following it before a join
@@ -243,17 +267,24 @@ pub(crate) enum Heard {
 }
 
 impl Subscription {
-    /// The next signal; `Ended` also when the hub is gone.
+    /// The next signal; `Ended(Stopped)` once the watch task has stopped (after the
+    /// signals it sent before).
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: a signal not yet taken stays queued.
     pub(crate) async fn next(&mut self) -> Heard {
-        match self.receiver.recv().await {
+        let mut stopped = self.shared.stopped.subscribe();
+        let signal = tokio::select! {
+            biased;
+            signal = self.receiver.recv() => signal,
+            _ = stopped.wait_for(|stopped| *stopped) => None,
+        };
+        match signal {
             Some(Signal::Covered(revision)) => Heard::Covered(revision),
             Some(Signal::Deleted(revision, keys)) => Heard::Deleted(revision, keys),
             Some(Signal::Ended(why)) => Heard::Ended(why),
-            None => Heard::Ended(EndReason::Gap("the watch task stopped".into())),
+            None => Heard::Ended(EndReason::Stopped),
         }
     }
 }
@@ -281,6 +312,8 @@ struct HubTask {
     checks: JoinSet<Checked>,
     /// When failed watches are asked for again.
     next_retry: Option<Instant>,
+    /// Tells the waiters when the task's future is dropped.
+    _stop_signal: StopSignal,
 }
 
 impl HubTask {

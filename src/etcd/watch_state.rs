@@ -72,6 +72,9 @@ pub(crate) enum EndReason {
     Gap(String),
     /// The server refuses to watch the prefix (permission denied): retrying will not help.
     Refused(String),
+    /// The client's watch task has stopped (a panic, an abort): no watch of this client
+    /// will serve a wait again.
+    Stopped,
 }
 
 /// What the I/O side must do.

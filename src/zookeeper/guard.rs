@@ -194,7 +194,7 @@ impl LockGuard for ZooKeeperGuard {
             }
         };
         let counted = match &outcome {
-            Ok(ReleaseOutcome::Released) => Release::Released,
+            Ok(ReleaseOutcome::Released | ReleaseOutcome::Unconfirmed) => Release::Released,
             Ok(ReleaseOutcome::NotHeld) => Release::NotHeld,
             Err(err) => {
                 metrics::error(Backend::ZooKeeper, "release", err);

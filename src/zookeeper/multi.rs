@@ -125,6 +125,11 @@ impl LockGuard for ZooKeeperMultiGuard {
                         outcome = Ok(ReleaseOutcome::NotHeld);
                     }
                 }
+                Ok(Ok(ReleaseOutcome::Unconfirmed)) => {
+                    if matches!(outcome, Ok(ReleaseOutcome::Released)) {
+                        outcome = Ok(ReleaseOutcome::Unconfirmed);
+                    }
+                }
                 Ok(Err(err)) => outcome = Err(err),
                 // A release task that panicked: its guard's drop removes the node.
                 Err(_) => {}

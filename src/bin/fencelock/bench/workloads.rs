@@ -592,7 +592,7 @@ fn resident_bytes() -> Option<u64> {
 /// Releases, counting a lock found lost as a failed cycle.
 pub(super) async fn release<G: LockGuard>(guard: G) -> BoxResult<()> {
     match guard.release().await? {
-        fencelock::ReleaseOutcome::Released => Ok(()),
+        fencelock::ReleaseOutcome::Released | fencelock::ReleaseOutcome::Unconfirmed => Ok(()),
         _ => Err("the lock was lost before its release".into()),
     }
 }

@@ -418,7 +418,8 @@ impl<G: LockGuard> Grant for G {
     async fn release(self) -> Release {
         match LockGuard::release(self).await {
             Ok(ReleaseOutcome::Released) => Release::Released,
-            Ok(ReleaseOutcome::NotHeld) => Release::NotHeld,
+            // Not a claim that it was held to the end: the checker must not count on it.
+            Ok(ReleaseOutcome::NotHeld | ReleaseOutcome::Unconfirmed) => Release::NotHeld,
             Err(_) => Release::Failed,
         }
     }

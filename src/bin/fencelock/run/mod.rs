@@ -593,6 +593,13 @@ async fn within_ttl(ttl: Duration, cleanup: impl Future<Output = u8>, code: u8) 
 async fn release<G: LockGuard>(guard: G, ran: Ran, code: u8) -> u8 {
     match guard.release().await {
         Ok(ReleaseOutcome::Released) => code,
+        Ok(ReleaseOutcome::Unconfirmed) => {
+            diag!(
+                "warning: the lock is free, but whether the release freed it or someone \
+                 else removed it first is not known (the release's first attempt got no answer)"
+            );
+            code
+        }
         Ok(ReleaseOutcome::NotHeld) if ran == Ran::Never => {
             diag!("the lock was found lost when it was given back; the command never ran");
             code
