@@ -297,6 +297,9 @@ struct Queued {
     request: Request,
     ticket: Arc<Ticket>,
     reply: oneshot::Sender<Sent>,
+    /// When its caller queued it: an error copied from the batch states the member's own
+    /// time spent, not the batch's.
+    since: tokio::time::Instant,
 }
 
 #[derive(Default)]
@@ -417,6 +420,7 @@ impl Batcher {
             request,
             ticket: ticket.clone(),
             reply,
+            since: tokio::time::Instant::now(),
         });
         Route::Queued {
             answer,
@@ -640,6 +644,11 @@ impl Batcher {
                     let _ = member.reply.send(Attempts { result, ambiguous });
                 }
                 for member in again {
+                    if member.reply.is_closed() {
+                        // Its caller left: the batch put nothing, and a join sent now would
+                        // put a key nobody owns (until its cleanup or sweep found it).
+                        continue;
+                    }
                     let mut sent = member.request.send_alone(&self.kv, self.timeout).await;
                     // An attempt of the batch without an answer was one of this member too.
                     sent.ambiguous |= ambiguous;
@@ -658,6 +667,10 @@ impl Batcher {
                 tracing::debug!(%err, size, "batch refused; sending its members alone");
                 let mut alone = JoinSet::new();
                 for member in batch {
+                    if member.reply.is_closed() {
+                        // Its caller left, and this attempt was refused: nothing to send.
+                        continue;
+                    }
                     let kv = self.kv.clone();
                     let timeout = self.timeout;
                     alone.spawn(
@@ -674,7 +687,7 @@ impl Batcher {
             Err(err) => {
                 tracing::debug!(%err, size, "batch without an answer");
                 for member in batch {
-                    let result = Err(copy_error(&err, &member.request));
+                    let result = Err(copy_error(&err, &member.request, member.since.elapsed()));
                     let _ = member.reply.send(Attempts {
                         result,
                         ambiguous: true,
@@ -737,16 +750,17 @@ fn malformed_member(request: &Request) -> LockError {
 }
 
 /// The batch's error, for one member: the same kind and text (callers branch on both:
-/// [`may_have_applied`] reads the text), named after the member's operation and lock.
-fn copy_error(err: &LockError, request: &Request) -> LockError {
+/// [`may_have_applied`] reads the text), named after the member's operation and lock; a
+/// timeout states the member's own time spent, `waited` (queued, then in the batch).
+fn copy_error(err: &LockError, request: &Request, waited: Duration) -> LockError {
     let operation = request.operation();
     let lock = Some(request.name().to_owned());
     match err {
-        LockError::Timeout { after, .. } => LockError::Timeout {
+        LockError::Timeout { .. } => LockError::Timeout {
             backend: Backend::Etcd,
             operation,
             lock,
-            after: *after,
+            after: waited,
         },
         LockError::Unavailable { source, .. } => LockError::Unavailable {
             backend: Backend::Etcd,

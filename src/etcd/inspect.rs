@@ -147,7 +147,7 @@ impl EtcdLocker {
         let client = self.client();
         let key = format!("{}/", self.config().namespace);
         let response = call_retrying("revision", None, timeout, || {
-            let mut kv = client.kv_client();
+            let mut kv = super::answers::kv(client);
             let key = key.clone();
             async move { kv.get(key, Some(GetOptions::new().with_count_only())).await }
         })
@@ -164,7 +164,7 @@ impl EtcdLocker {
         let timeout = self.config().request_timeout;
         let client = self.client();
         let response = call_retrying("inspect", lock, timeout, || {
-            let mut kv = client.kv_client();
+            let mut kv = super::answers::kv(client);
             let prefix = prefix.to_owned();
             async move {
                 kv.get(

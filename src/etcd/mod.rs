@@ -19,6 +19,7 @@
 //! - An uncontended lock + release costs exactly two round trips, one Raft write each.
 
 mod acquire;
+mod answers;
 mod batch;
 #[cfg(feature = "testkit")]
 pub(crate) use batch::batched_so_far;

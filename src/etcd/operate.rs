@@ -67,7 +67,7 @@ impl EtcdLocker {
                 revision,
             )])
             .and_then([TxnOp::delete(key.clone(), None)]);
-        let mut kv = self.client().kv_client();
+        let mut kv = super::answers::kv(self.client());
         let answer = call(
             "break",
             Some(name),
@@ -96,7 +96,7 @@ impl EtcdLocker {
     pub async fn break_all(&self, name: &str) -> Result<usize, LockError> {
         validate_name(name)?;
         let prefix = super::keys::lock_prefix(&self.config().namespace, name);
-        let mut kv = self.client().kv_client();
+        let mut kv = super::answers::kv(self.client());
         let deleted = call(
             "break",
             Some(name),
@@ -115,7 +115,7 @@ impl EtcdLocker {
         let prefix = super::keys::lock_prefix(&self.config().namespace, name);
         let client = self.client();
         let response = call_retrying("check", Some(name), self.config().request_timeout, || {
-            let mut kv = client.kv_client();
+            let mut kv = super::answers::kv(client);
             let prefix = prefix.clone();
             async move {
                 kv.get(

@@ -121,14 +121,14 @@ impl Session {
         tracing::debug!(lease_id, ?ttl, "session opened");
 
         let batch = super::batch::Batcher::new(
-            client.kv_client(),
+            super::answers::kv(&client),
             timeout,
             config.max_batch,
             config.max_in_flight,
         );
         Ok(Self {
             inner: Arc::new(SessionInner {
-                kv: client.kv_client(),
+                kv: super::answers::kv(&client),
                 client,
                 config,
                 lease_id,

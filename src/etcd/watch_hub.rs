@@ -88,7 +88,7 @@ impl WatchHub {
             stopped: stopped.clone(),
         });
         let task = HubTask {
-            kv: client.kv_client(),
+            kv: super::answers::kv(&client),
             client,
             shared: Arc::downgrade(&shared),
             stream: None,
@@ -463,9 +463,8 @@ impl HubTask {
             },
             // Bounded: a hub stuck on an unreachable member would stall every wait.
             None => {
-                match tokio::time::timeout(OPEN_TIMEOUT, self.client.watch(prefix, Some(options)))
-                    .await
-                {
+                let mut watch = super::answers::watch(&self.client);
+                match tokio::time::timeout(OPEN_TIMEOUT, watch.watch(prefix, Some(options))).await {
                     Ok(Ok(stream)) => {
                         self.stream = Some(stream.split());
                         Ok(())

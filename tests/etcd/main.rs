@@ -22,6 +22,7 @@ mod inspect;
 mod invalid_input;
 mod key_deleted;
 mod key_names;
+mod large_batch_answer;
 mod late_delete;
 mod late_join;
 mod late_lease_grant;
