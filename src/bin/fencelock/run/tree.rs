@@ -29,6 +29,10 @@ pub struct Process {
     /// Some thread of it still runs (a process whose main thread exited shows as a zombie
     /// while its other threads work on).
     pub running: bool,
+    /// Its `/proc` entry could be read. One that exists but cannot be read (`/proc`
+    /// mounted `hidepid=`, a process of another user) counts as running, and as one the
+    /// signals cannot reach: the lock is held until it exits.
+    pub readable: bool,
 }
 
 /// Makes this process the reaper of its orphaned descendants.
@@ -44,7 +48,37 @@ pub fn become_subreaper() -> io::Result<()> {
 pub fn descendants(skip: &[libc::pid_t]) -> Vec<Process> {
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() };
-    walk(me, skip, children)
+    walk(me, skip, children, look)
+}
+
+/// What a look at one listed pid finds.
+enum Look {
+    Found(Stat, bool),
+    /// Gone (and reaped) since its parent listed it.
+    Gone,
+    /// There, but its `/proc` entry cannot be read.
+    Hidden,
+}
+
+/// Reads `pid`'s state; a pid whose `stat` cannot be read is asked whether it exists
+/// (signal 0: anything but "no such process" means it does).
+fn look(pid: libc::pid_t) -> Look {
+    if let Some(stat) = Stat::read(pid) {
+        let running = stat.running() || any_thread_running(pid);
+        return Look::Found(stat, running);
+    }
+    unread(pid)
+}
+
+/// What a pid whose `stat` could not be read is: gone, or there and hidden.
+fn unread(pid: libc::pid_t) -> Look {
+    // SAFETY: kill(2) with signal 0 sends nothing; it only checks the pid.
+    let checked = unsafe { libc::kill(pid, 0) };
+    if checked != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        Look::Gone
+    } else {
+        Look::Hidden
+    }
 }
 
 /// How many times [`walk`] reads the reapers again before it settles for what it found:
@@ -60,33 +94,36 @@ const PASSES: usize = 4;
 /// after the lock is released). So once a pass is over, the children of `root` and of
 /// every running process found are read again, and any unseen one is walked, until a pass
 /// finds none new. A process found keeps the state it was first read in, so one that
-/// exits meanwhile still counts as running: the walk errs towards "something runs".
+/// exits meanwhile still counts as running: the walk errs towards "something runs". For
+/// the same reason, a walk still finding new processes after its last pass counts them
+/// as running unread, and a listed process whose state cannot be read but that exists
+/// counts as running (see [`Process::readable`]).
 fn walk(
     root: libc::pid_t,
     skip: &[libc::pid_t],
     mut read: impl FnMut(libc::pid_t) -> Vec<libc::pid_t>,
+    mut look: impl FnMut(libc::pid_t) -> Look,
 ) -> Vec<Process> {
     let mut found = Vec::new();
     let mut seen = HashSet::new();
     let mut next = read(root);
-    for pass in 1..=PASSES {
+    for _ in 0..PASSES {
         while let Some(pid) = next.pop() {
             if skip.contains(&pid) || !seen.insert(pid) {
                 continue;
             }
-            let Some(stat) = Stat::read(pid) else {
-                continue; // gone (and reaped) since its parent listed it
-            };
-            found.push(Process {
-                pid,
-                started: stat.started,
-                group: stat.group,
-                running: stat.running() || any_thread_running(pid),
-            });
+            match look(pid) {
+                Look::Found(stat, running) => found.push(Process {
+                    pid,
+                    started: stat.started,
+                    group: stat.group,
+                    running,
+                    readable: true,
+                }),
+                Look::Gone => continue,
+                Look::Hidden => found.push(Process::unread(pid)),
+            }
             next.extend(read(pid));
-        }
-        if pass == PASSES {
-            break;
         }
         next = read(root);
         for process in found.iter().filter(|p| p.running) {
@@ -94,10 +131,27 @@ fn walk(
         }
         next.retain(|pid| !skip.contains(pid) && !seen.contains(pid));
         if next.is_empty() {
-            break;
+            return found;
         }
     }
+    // Not settled: what keeps turning up is real (listed by a process of the tree).
+    next.sort_unstable();
+    next.dedup();
+    found.extend(next.into_iter().map(Process::unread));
     found
+}
+
+impl Process {
+    /// A process known to exist whose state was not read: running, unreachable.
+    fn unread(pid: libc::pid_t) -> Self {
+        Self {
+            pid,
+            started: 0,
+            group: 0,
+            running: true,
+            readable: false,
+        }
+    }
 }
 
 /// Reaps the children of this process that have exited, but the ones in `keep` (waited
@@ -123,6 +177,12 @@ pub fn reap_orphans(keep: &[libc::pid_t]) {
 /// Sends `signal` to `process` if it is still the process that was found (same pid, same
 /// start time); signal 0 only checks that it could be sent. Gone is not an error.
 pub fn signal(process: &Process, signal: i32) -> io::Result<()> {
+    if !process.readable {
+        // Without its start time, a pid reused meanwhile could not be told apart.
+        return Err(io::Error::other(
+            "its /proc entry cannot be read (hidepid, or another user's)",
+        ));
+    }
     let pidfd = match PidFd::open(process.pid) {
         Ok(pidfd) => pidfd,
         Err(err) if err.raw_os_error() == Some(libc::ESRCH) => return Ok(()),
@@ -311,17 +371,22 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         };
         let mut killed = false;
-        let found = walk(me, &[], |pid| {
-            let listed = children(pid);
-            if pid == me && !killed {
-                killed = true;
-                // The wait returns once it has exited, after the kernel handed its child
-                // to us.
-                let _ = sh.kill();
-                let _ = sh.wait();
-            }
-            listed
-        });
+        let found = walk(
+            me,
+            &[],
+            |pid| {
+                let listed = children(pid);
+                if pid == me && !killed {
+                    killed = true;
+                    // The wait returns once it has exited, after the kernel handed its
+                    // child to us.
+                    let _ = sh.kill();
+                    let _ = sh.wait();
+                }
+                listed
+            },
+            look,
+        );
         // Killed and reaped above (a second wait returns the status kept); also if the
         // walk never read the root.
         let _ = sh.kill();
@@ -335,6 +400,73 @@ mod tests {
         }
         let grand = grand.expect("the grandchild handed over during the walk is found");
         assert!(grand.running);
+    }
+
+    /// `/proc` mounted `hidepid=2` (or a process of another user): a child of the tree is
+    /// listed, but its `stat` cannot be read. It is there: it counts as running, and as
+    /// one the signals cannot reach (so the lock is held until it exits).
+    #[test]
+    fn a_listed_process_whose_state_cannot_be_read_counts_as_running() {
+        // SAFETY: getpid has no preconditions.
+        let me = unsafe { libc::getpid() };
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        let pid = libc::pid_t::try_from(child.id()).expect("pid");
+        let found = walk(me, &[], children, |listed| {
+            if listed == pid {
+                unread(listed)
+            } else {
+                look(listed)
+            }
+        });
+        let hidden = found.iter().find(|p| p.pid == pid).copied();
+        assert!(
+            signal(&hidden.unwrap_or(Process::unread(pid)), 0).is_err(),
+            "an unread process is reported unreachable"
+        );
+        let _ = child.kill();
+        let _ = child.wait();
+        let hidden = hidden.expect("the hidden child is found");
+        assert!(hidden.running && !hidden.readable);
+        // Once it is gone, it is gone.
+        assert!(matches!(unread(pid), Look::Gone));
+    }
+
+    /// Processes that keep turning up (a tree forking as fast as it is walked): what the
+    /// last pass still finds new counts as running, unread, instead of being left out.
+    #[test]
+    fn what_the_last_pass_still_finds_counts_as_running() {
+        let root = 1_000_000;
+        let mut root_reads = 0;
+        let found = walk(
+            root,
+            &[],
+            |pid| {
+                if pid == root {
+                    root_reads += 1;
+                    (1..=root_reads).map(|i| root + i).collect()
+                } else {
+                    Vec::new()
+                }
+            },
+            |_| {
+                let stat = Stat {
+                    state: 'S',
+                    group: 1,
+                    started: 1,
+                };
+                Look::Found(stat, true)
+            },
+        );
+        let newest = root + libc::pid_t::try_from(PASSES + 1).expect("small");
+        let last = found
+            .iter()
+            .find(|p| p.pid == newest)
+            .expect("the newest found");
+        assert!(last.running && !last.readable);
+        assert_eq!(found.len(), PASSES + 1);
     }
 
     #[test]
