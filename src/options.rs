@@ -115,7 +115,7 @@ impl LockOptions {
     /// The holder record an acquisition with these options leaves, made now; `None`
     /// when [`with_holder_info`](Self::with_holder_info) is off. (PostgreSQL advisory
     /// locks keep no record: the server shows their sessions itself.)
-    #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "zookeeper", feature = "etcd")), allow(dead_code))]
     pub(crate) fn holder_record(&self) -> Option<Vec<u8>> {
         self.holder_info.then(|| {
             crate::HolderInfo::this_process(

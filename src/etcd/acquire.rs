@@ -49,7 +49,8 @@ pub(crate) enum Mode {
 /// Runs one acquisition and returns its outcome.
 ///
 /// `owns_session`: the session was opened for this lock alone (no renewal) and ends with it.
-/// `kind`: what the key stands for, which decides when it is admitted (see `kind.rs`).
+/// `kind`: what the key stands for, which decides when it is admitted (see `kind.rs`);
+/// `value`: what its key holds (the kind's marker, and the holder record).
 /// `started`: when the caller's call began; a wait timeout counts from it.
 pub(crate) async fn acquire(
     session: Session,
@@ -57,10 +58,11 @@ pub(crate) async fn acquire(
     name: &str,
     mode: Mode,
     kind: Kind,
+    value: Vec<u8>,
     started: Instant,
 ) -> Result<Option<EtcdGuard>, LockError> {
     let hub = session.inner.hub.clone();
-    let key = QueueKey::take(session, name, kind.value());
+    let key = QueueKey::take(session, name, value);
     // If this client follows this lock already (a recent wait or grant), its watch is open
     // and synced: followed before the join, the join's own read is all a wait needs, and a
     // grant needs no read to know its key's deletions will reach it.

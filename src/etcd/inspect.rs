@@ -63,6 +63,9 @@ pub struct QueueEntry {
     /// Writes to the store since the key was created: how long it has been there, in
     /// the only clock etcd keeps.
     pub writes_since: i64,
+    /// Who made the acquisition, as it recorded itself in the key's value (`None` for
+    /// Go's keys, a candidate's, or one made with `with_holder_info(false)`).
+    pub holder: Option<crate::HolderInfo>,
 }
 
 /// A lock's holders and waiters, in queue order (by create revision).
@@ -220,6 +223,7 @@ impl EtcdLocker {
                     role: Role::of(kv.value()),
                     holds,
                     writes_since: revision - kv.create_revision(),
+                    holder: super::kind::holder(kv.value()),
                 });
             }
             states.push(LockState {

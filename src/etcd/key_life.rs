@@ -244,6 +244,10 @@ impl QueueKey {
             // Answered, so applied, but not as this acquisition's key: whatever is there
             // must not be taken for it, nor its name reused.
             self.mark_join_unknown();
+        } else {
+            // The value served to recognise the key on a retry: a held lock need not keep
+            // it (a client may hold 100,000 locks; the holder record is ~100 bytes).
+            self.value = Vec::new();
         }
         joined
     }

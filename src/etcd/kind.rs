@@ -16,6 +16,12 @@
 //! Whatever the mix, no holder's promise is broken: a mutex holder is alone, readers share
 //! only with readers, a semaphore never has more than N holders. A name used by two
 //! primitives simply serialises them.
+//!
+//! After the marker, a key fencelock wrote may carry its holder record (`holder.rs`) on a
+//! line of its own: `fencelock:read\n<record>`, and for a mutex `\n<record>` (its marker
+//! is empty, as Go's). Only the marker says what a key stands for. An older fencelock
+//! reads such a value as a candidate's (exclusive): mixed versions serialise, never share
+//! wrongly.
 
 use crate::LockError;
 
@@ -50,7 +56,18 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    /// What this kind's key holds.
+    /// What this kind's key holds, with `record` (a holder record) after its marker;
+    /// a candidate's value is its own, with no record.
+    pub(crate) fn value_with(&self, record: Option<Vec<u8>>) -> Vec<u8> {
+        let mut value = self.value();
+        if let (Some(record), false) = (record, matches!(self, Self::Candidate { .. })) {
+            value.push(b'\n');
+            value.extend(record);
+        }
+        value
+    }
+
+    /// What this kind's key holds (its marker alone).
     pub(crate) fn value(&self) -> Vec<u8> {
         match self {
             Self::Mutex => Vec::new(),
@@ -61,9 +78,10 @@ impl Kind {
         }
     }
 
-    /// What a key holding `value` stands for (the inverse of [`Kind::value`]); a value
-    /// fencelock did not write is a candidate's: it excludes everyone.
+    /// What a key holding `value` stands for (the inverse of [`Kind::value_with`]); a
+    /// value fencelock did not write is a candidate's: it excludes everyone.
     pub(crate) fn from_value(value: &[u8]) -> Self {
+        let value = marker(value);
         if value.is_empty() {
             return Self::Mutex;
         }
@@ -98,6 +116,7 @@ impl Kind {
 
     /// Whether a key holding `value` is one this kind may hold the lock beside.
     pub(crate) fn shares_with(&self, value: &[u8]) -> bool {
+        let value = marker(value);
         match self {
             Self::Reader => value == READER,
             Self::Permit { .. } => value == self.value().as_slice(),
@@ -113,13 +132,41 @@ impl Kind {
     }
 }
 
+/// Whether `value` is one fencelock wrote with a marker line (a mutex's is empty): then
+/// what follows its first line break is a holder record. A candidate's value (anything
+/// else) is taken whole.
+fn has_marker_line(value: &[u8]) -> bool {
+    value.starts_with(b"\n") || value.starts_with(RESERVED_PREFIX)
+}
+
+/// The marker of a key's value: its first line if fencelock wrote it, else all of it.
+pub(crate) fn marker(value: &[u8]) -> &[u8] {
+    if !has_marker_line(value) {
+        return value;
+    }
+    value
+        .iter()
+        .position(|b| *b == b'\n')
+        .map_or(value, |end| &value[..end])
+}
+
+/// The holder record after a marker line, if the key carries one.
+pub(crate) fn holder(value: &[u8]) -> Option<crate::HolderInfo> {
+    if !has_marker_line(value) {
+        return None;
+    }
+    let end = value.iter().position(|b| *b == b'\n')?;
+    crate::HolderInfo::decode(&value[end + 1..])
+}
+
 /// Refuses an election value that would pass for one of fencelock's markers (a candidate
 /// proclaiming `fencelock:read` would otherwise look like a reader to readers).
 pub(crate) fn check_candidate_value(value: &[u8]) -> Result<(), LockError> {
-    if value.starts_with(RESERVED_PREFIX) {
+    if has_marker_line(value) {
         return Err(LockError::InvalidOption {
             option: "value",
-            reason: "election values starting with \"fencelock:\" are reserved".into(),
+            reason: "election values starting with \"fencelock:\" or a line break are reserved"
+                .into(),
         });
     }
     Ok(())
@@ -170,6 +217,44 @@ mod tests {
                 value: b"fencelock:permit/x".to_vec()
             }
         );
+    }
+
+    /// A key that carries a holder record after its marker stands for, and shares with,
+    /// exactly what its marker alone would.
+    #[test]
+    fn a_holder_record_changes_nothing_about_who_shares() {
+        let record = crate::HolderInfo::this_process(
+            std::time::Duration::from_secs(10),
+            Some("job\n7"),
+            None,
+        )
+        .encode();
+        for holder in all_kinds() {
+            let with = holder.value_with(Some(record.clone()));
+            assert_eq!(Kind::from_value(&with), holder);
+            for newcomer in all_kinds() {
+                assert_eq!(
+                    newcomer.admitted([with.as_slice()].into_iter()),
+                    newcomer.admitted([holder.value().as_slice()].into_iter()),
+                    "{newcomer:?} behind {holder:?} with a record"
+                );
+            }
+            let expected = !matches!(holder, Kind::Candidate { .. });
+            assert_eq!(super::holder(&with).is_some(), expected, "{holder:?}");
+            if expected {
+                assert_eq!(
+                    super::holder(&with).and_then(|h| h.label),
+                    Some("job\n7".to_owned())
+                );
+            }
+        }
+        // A candidate's value is taken whole, line breaks and all.
+        let candidate = Kind::Candidate {
+            value: b"a\nb".to_vec(),
+        };
+        assert_eq!(Kind::from_value(b"a\nb"), candidate);
+        assert!(super::holder(b"a\nfencelock-holder/1 host=x").is_none());
+        assert!(check_candidate_value(b"\nhost").is_err());
     }
 
     #[test]

@@ -285,10 +285,12 @@ impl EtcdLocker {
         validate_name(name)?;
         options.validate(MIN_TTL)?;
         let started = tokio::time::Instant::now();
+        // Who holds, after the kind's marker (`kind.rs`): read by `inspect` and `locks`.
+        let value = kind.value_with(options.holder_record());
         let work = async {
             if options.renews() {
                 let session = self.session(options.ttl()).await?;
-                acquire(session, false, name, mode, kind, started).await
+                acquire(session, false, name, mode, kind, value, started).await
             } else {
                 let session = Session::open(
                     self.inner.client.clone(),
@@ -298,7 +300,7 @@ impl EtcdLocker {
                     None,
                 )
                 .await?;
-                acquire(session, true, name, mode, kind, started).await
+                acquire(session, true, name, mode, kind, value, started).await
             }
         };
         match mode {

@@ -36,10 +36,12 @@ async fn locks_shows_the_holder_and_its_waiter() {
     let waiter = EtcdLocker::connect(etcd.config(ns)).await.expect("connect");
     let mut admin = etcd.client().await.expect("client");
     let options = LockOptions::new().with_ttl(Duration::from_secs(10));
-    let held = holder.lock("payments", &options).await.expect("lock");
-    // The waiter's key is in the queue once a second key exists under the prefix.
+    let labelled = options.clone().with_holder_label("nightly 2026-12-03");
+    let held = holder.lock("payments", &labelled).await.expect("lock");
+    // The waiter's key is in the queue once a second key exists under the prefix. It
+    // records nothing of itself.
     let queued = tokio::spawn({
-        let options = options.clone();
+        let options = options.clone().with_holder_info(false);
         async move { waiter.lock("payments", &options).await }
     });
     let prefix = lock_prefix(ns, "payments");
@@ -80,6 +82,14 @@ async fn locks_shows_the_holder_and_its_waiter() {
     assert_eq!(holders[0]["role"], "lock");
     assert_eq!(holders[0]["lease_ttl_s"], 10);
     assert!(waiters[0]["token"].as_u64() > holders[0]["token"].as_u64());
+    // Who holds, as the holder recorded itself in its key's value.
+    let who = &holders[0]["holder"];
+    assert_eq!(who["pid"], std::process::id(), "{out}");
+    assert_eq!(who["label"], "nightly 2026-12-03", "{out}");
+    assert_eq!(who["ttl_ms"], 10_000, "{out}");
+    assert!(who["host"].as_str().is_some_and(|h| !h.is_empty()), "{out}");
+    assert!(who["program"].as_str().is_some(), "{out}");
+    assert!(waiters[0]["holder"].is_null(), "{out}");
 
     let (code, table) = fencelock_locks(&etcd, ns, &["--lock", "payments"]).await;
     assert_eq!(code, 0, "{table}");
@@ -90,6 +100,10 @@ async fn locks_shows_the_holder_and_its_waiter() {
     assert_eq!(rows.len(), 2, "{table}");
     assert!(
         rows[0].contains("holds") && rows[0].contains(held.key()),
+        "{table}"
+    );
+    assert!(
+        table.contains(&format!("pid {}", std::process::id())) && table.contains("nightly"),
         "{table}"
     );
     assert!(rows[1].contains("waits #1"), "{table}");

@@ -16,7 +16,10 @@
 //!          "role": "lock" | "reader" | "writer" | "permit" | "candidate",
 //!          "permits": 3,                               // permits only
 //!          "value": "host-a:8080",                     // candidates only (lossy UTF-8)
-//!          "writes_since": 34}                         // store writes since the key was made
+//!          "writes_since": 34,                         // store writes since the key was made
+//!          "holder": HOLDER | null}                    // its record (null: Go's keys, ...)
+//! HOLDER = {"host": ..., "pid": ..., "program": ..., "since": ..., "since_unix_ms": ...,
+//!           "ttl_ms": ..., "label": ...}               // see holder_json
 //! ```
 
 use std::process::ExitCode;
@@ -175,6 +178,7 @@ fn entry_json(entry: &QueueEntry) -> Value {
         "lease_ttl_s": entry.lease_ttl.map(|d| d.as_secs()),
         "role": role,
         "writes_since": entry.writes_since,
+        "holder": entry.holder.as_ref().map(holder_json),
     });
     if let Some(permits) = permits {
         out["permits"] = json!(permits);
@@ -252,6 +256,9 @@ fn table(states: &[LockState]) -> String {
                 entry.writes_since,
                 entry.key
             );
+            if let Some(who) = who(entry.holder.as_ref(), None) {
+                let _ = writeln!(out, "{:<24} {who}", "");
+            }
         }
     }
     out.push_str(

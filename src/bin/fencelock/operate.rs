@@ -127,7 +127,12 @@ impl Service {
                 .await?
                 .holders()
                 .map(|e| {
-                    let line = format!("token {} key {}", e.token, e.key);
+                    let line = format!(
+                        "token {} {} key {}",
+                        e.token,
+                        describe(e.holder.as_ref()),
+                        e.key
+                    );
                     (Named::Token(e.token), line)
                 })
                 .collect(),

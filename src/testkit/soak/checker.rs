@@ -136,6 +136,12 @@ enum Share {
 }
 
 fn share(value: &[u8]) -> Share {
+    // A marker may be followed by the holder's record on a line of its own.
+    let value = if value.starts_with(b"fencelock:") {
+        value.split(|b| *b == b'\n').next().unwrap_or(value)
+    } else {
+        value
+    };
     if value == b"fencelock:read" {
         return Share::Reader;
     }
