@@ -149,10 +149,10 @@ pub enum ReleaseOutcome {
     Released,
     /// The lock was no longer ours (lease expired or revoked); nothing was deleted.
     NotHeld,
-    /// The lock is free, but who freed it is not known: an attempt of the release got no
+    /// Our key is gone, but who removed it is not known: an attempt of the release got no
     /// answer and the retry found nothing to delete, so either that attempt deleted the
     /// key, or someone else did before it (an operator, `fencelock break`, the lease's
-    /// end on the server) and another client may have held the lock since. Nothing told
-    /// this guard it was lost before the release began. etcd only.
+    /// end on the server), and another client may have held the lock since (or hold it
+    /// now). Nothing told this guard it was lost before the release began. etcd only.
     Unconfirmed,
 }

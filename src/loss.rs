@@ -28,6 +28,9 @@ pub enum LossReason {
     /// delete, a request of another client): the lease is fine, but the lock may already
     /// be someone else's (etcd).
     KeyDeleted,
+    /// The client can no longer see its key's deletion (its watch task stopped, as after
+    /// a panic in it): the lock is given up rather than held unobserved (etcd).
+    Unwatched,
 }
 
 impl fmt::Display for LossReason {
@@ -38,6 +41,7 @@ impl fmt::Display for LossReason {
             Self::Closed => "the session was closed",
             Self::Disconnected => "the connection that held the lock closed",
             Self::KeyDeleted => "the lock's key was deleted while its lease lived",
+            Self::Unwatched => "the client's watch of the lock's key stopped",
         })
     }
 }

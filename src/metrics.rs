@@ -202,6 +202,7 @@ pub(crate) fn lost(backend: Backend, reason: LossReason, holders: usize) {
         LossReason::Closed => "closed",
         LossReason::Disconnected => "disconnected",
         LossReason::KeyDeleted => "key_deleted",
+        LossReason::Unwatched => "unwatched",
     };
     ::metrics::counter!(names::LOSSES, "backend" => backend.as_str(), "reason" => reason)
         .increment(u64::try_from(holders).unwrap_or(u64::MAX));

@@ -89,7 +89,7 @@ impl EtcdElection {
 
     /// The current leader, if there is one.
     pub async fn leader(&self) -> Result<Option<Leader>, LockError> {
-        let mut client = self.locker.client().clone();
+        let mut client = super::answers::kv(self.locker.client());
         let oldest = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
@@ -148,7 +148,7 @@ impl Observer {
     pub async fn next(&mut self) -> Result<Option<Leader>, LockError> {
         loop {
             if self.watch.is_none() {
-                let mut client = self.election.locker.client().clone();
+                let mut client = super::answers::watch(self.election.locker.client());
                 let options = WatchOptions::new().with_prefix();
                 let mut stream = client
                     .watch(self.election.prefix.as_str(), Some(options))

@@ -187,7 +187,7 @@ impl LockGuard for EtcdGuard {
                 // The lease's loss first: a revoked lease deletes the key too.
                 biased;
                 reason = self.key.session.lost() => reason,
-                () = tracked.lost() => LossReason::KeyDeleted,
+                reason = tracked.lost() => reason,
             },
             None => self.key.session.lost().await,
         }

@@ -51,9 +51,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use etcd_client::{GetOptions, GetResponse, TxnOpResponse};
 use tokio::time::Duration;
 
-use super::batch::{Answer, Request, Ticket};
+use super::batch::Ticket;
 use super::call::{Attempts, malformed};
 use super::keys::{self, LockPath};
+use super::request::{Answer, Request};
 use super::session::{Session, SessionInner};
 use crate::{FencingToken, LockError};
 
@@ -233,7 +234,7 @@ impl QueueKey {
                 succeeded,
                 responses,
                 revision,
-            } => self.joined(succeeded, responses, revision, ambiguous),
+            } => self.joined(succeeded, responses, revision),
             Answer::Delete { .. } => Err(malformed(
                 "acquire",
                 Some(self.name()),
@@ -254,13 +255,12 @@ impl QueueKey {
 
     /// What the join's answer says: whether it put the key, the answers of its own
     /// operations, and the store revision right after the transaction that carried it
-    /// (the token, if the key was put); `ambiguous`: some earlier attempt got no answer.
+    /// (the token, if the key was put).
     fn joined(
         &self,
         succeeded: bool,
         responses: Vec<TxnOpResponse>,
         revision: Option<i64>,
-        ambiguous: bool,
     ) -> Result<Joined, LockError> {
         let name = Some(self.name());
         let header = revision;
@@ -275,7 +275,7 @@ impl QueueKey {
             // Never adopt a key this join cannot prove it made (see the module docs): only
             // an attempt without an answer can have put it, and only after the name was
             // taken; a key of another kind would make a reader's key a writer's.
-            let why = if !ambiguous {
+            let why = if !self.join_unknown {
                 Some("although every attempt to create it was answered")
             } else if existing.value() != self.value.as_slice() {
                 Some("with another value")

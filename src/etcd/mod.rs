@@ -35,6 +35,7 @@ mod late_joins;
 mod locker;
 mod operate;
 mod queue;
+mod request;
 mod rwlock;
 mod semaphore;
 mod session;

@@ -29,6 +29,7 @@ use super::call::call_retrying;
 pub(crate) use super::watch_state::EndReason;
 pub(crate) use super::watch_state::OnLost;
 use super::watch_state::{Action, HubState, KeyLoss, Registered, Signal};
+use crate::LossReason;
 
 /// How long opening the watch stream may take.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -94,6 +95,7 @@ impl WatchHub {
             stream: None,
             checks: JoinSet::new(),
             next_retry: None,
+            refreshed: None,
             _stop_signal: StopSignal(stopped),
         };
         let task = tokio::spawn(task.run(receiver)).abort_handle();
@@ -216,19 +218,26 @@ impl TrackedKey {
         lost
     }
 
-    /// Whether the key is known deleted.
+    /// Whether the key is known deleted, or can no longer be followed (the watch task
+    /// stopped: a deletion would go unseen).
     pub(crate) fn is_lost(&self) -> bool {
-        self.loss.is_lost()
+        self.loss.is_lost() || *self.shared.stopped.borrow()
     }
 
     /// Resolves once the key is known deleted under a live lease (a key that went with
-    /// its lease never resolves this: the session's loss tells that).
+    /// its lease never resolves this: the session's loss tells that), or once the watch
+    /// task has stopped, with the reason.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: it only observes.
-    pub(crate) async fn lost(&self) {
-        self.loss.wait().await;
+    pub(crate) async fn lost(&self) -> LossReason {
+        let mut stopped = self.shared.stopped.subscribe();
+        tokio::select! {
+            biased;
+            () = self.loss.wait() => LossReason::KeyDeleted,
+            _ = stopped.wait_for(|stopped| *stopped) => LossReason::Unwatched,
+        }
     }
 }
 
@@ -312,9 +321,15 @@ struct HubTask {
     checks: JoinSet<Checked>,
     /// When failed watches are asked for again.
     next_retry: Option<Instant>,
+    /// When the client last authenticated again for a watch the stream's token failed.
+    refreshed: Option<Instant>,
     /// Tells the waiters when the task's future is dropped.
     _stop_signal: StopSignal,
 }
+
+/// How often a watch refused for the stream's token may make the client authenticate
+/// again and reopen the stream: a refusal soon after one is taken as it comes.
+const REFRESH_EVERY: Duration = Duration::from_secs(1);
 
 impl HubTask {
     async fn run(mut self, mut actions: mpsc::UnboundedReceiver<Vec<Action>>) {
@@ -485,6 +500,9 @@ impl HubTask {
     }
 
     async fn dispatch(&mut self, response: &WatchResponse) {
+        if self.stale_token(response).await {
+            return;
+        }
         let deletions: Vec<(Vec<u8>, i64)> = response
             .events()
             .iter()
@@ -508,6 +526,36 @@ impl HubTask {
         );
         drop(shared);
         self.perform(more).await;
+    }
+
+    /// Whether `response` refuses a watch for the stream's auth token, now renewed and the
+    /// stream given up (every watch is asked for again on a new one). etcd checks the
+    /// token a stream was opened with on every watch created on it (`v3rpc/watch.go`
+    /// `isWatchPermitted`), and etcd-client's refresh covers unary calls only: a client
+    /// whose stream outlived its token (unused for `--auth-token-ttl`, or a JWT's `ttl`)
+    /// had every new watch cancelled, "invalid auth token" on etcd 3.4 ("permission
+    /// denied" on some versions), and its waiters fell back to reading after pauses. At
+    /// most once per [`REFRESH_EVERY`]; otherwise the refusal is handled as it comes.
+    async fn stale_token(&mut self, response: &WatchResponse) -> bool {
+        let reason = response.cancel_reason();
+        let token = reason.contains("invalid auth token") || reason.contains("permission denied");
+        if !response.canceled() || response.compact_revision() != 0 || !token {
+            return false;
+        }
+        if self
+            .refreshed
+            .is_some_and(|at| at.elapsed() < REFRESH_EVERY)
+        {
+            return false;
+        }
+        self.refreshed = Some(Instant::now());
+        if let Err(err) = self.client.refresh_token().await {
+            tracing::debug!(%err, "could not authenticate again for the watch stream");
+            return false;
+        }
+        self.broken("a watch was refused for the stream's auth token")
+            .await;
+        true
     }
 
     /// Every watch on a broken stream is asked again on a new one.

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use fencelock::{LockBackend, LockOptions};
+use fencelock::{LockBackend, LockGuard, LockOptions, LossReason};
 
 use crate::support::{PrefixWatch, etcd, locker, namespace, within};
 
@@ -19,6 +19,10 @@ async fn a_waiter_whose_watch_task_stopped_gets_an_error() {
 
     let held = holder.lock("x", &LockOptions::new()).await.expect("lock");
     watch.next_put().await;
+    // The waiter's client holds another lock: once nothing follows its key, it is not
+    // held unobserved.
+    let other = waiter.lock("h", &LockOptions::new()).await.expect("h");
+    assert!(other.is_held());
     let waiting = {
         let waiter = waiter.clone();
         tokio::spawn(async move { waiter.lock("x", &LockOptions::new()).await.map(drop) })
@@ -26,6 +30,9 @@ async fn a_waiter_whose_watch_task_stopped_gets_an_error() {
     watch.next_put().await;
 
     waiter.stop_watch_task_for_test();
+    let reason = within(Duration::from_secs(5), "the holder is told", other.lost()).await;
+    assert_eq!(reason, LossReason::Unwatched);
+    assert!(!other.is_held());
     let outcome = within(Duration::from_secs(5), "the waiter is told", waiting)
         .await
         .expect("task");

@@ -595,8 +595,9 @@ async fn release<G: LockGuard>(guard: G, ran: Ran, code: u8) -> u8 {
         Ok(ReleaseOutcome::Released) => code,
         Ok(ReleaseOutcome::Unconfirmed) => {
             diag!(
-                "warning: the lock is free, but whether the release freed it or someone \
-                 else removed it first is not known (the release's first attempt got no answer)"
+                "warning: the lock's key is gone, but whether the release removed it or \
+                 someone else did first is not known (the release's first attempt got no \
+                 answer)"
             );
             code
         }
