@@ -412,3 +412,90 @@ async fn locks_on_zookeeper_lists_a_semaphore_path_as_refused() {
     let _ = held.release().await;
     curator.ask("release", answer).await.expect("release");
 }
+
+/// `run --lock a --lock b` on ZooKeeper holds both together: while the command runs,
+/// neither can be taken elsewhere; it gets the shared token and each name's; opposite
+/// orders from two runs never deadlock. On etcd, several --lock are refused as usage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_zookeeper_several_locks_are_held_together() {
+    let hosts = zookeeper().connect_string();
+    let ns = "cli-zk-several";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("log");
+    let sections = dir.path().join("sections");
+    let script = format!(
+        "echo start $FENCELOCK_TOKEN >> {sections}; \
+         echo \"$FENCELOCK_LOCK $FENCELOCK_TOKEN $FENCELOCK_TOKENS\" >> {log}; sleep 0.3; \
+         echo end $FENCELOCK_TOKEN >> {sections}",
+        log = log.display(),
+        sections = sections.display()
+    );
+    // Two runs in opposite orders, twice each, at once.
+    let mut runs = Vec::new();
+    for order in [["a", "b"], ["b", "a"], ["a", "b"], ["b", "a"]] {
+        let mut command = fencelock_on("run", &hosts, ns);
+        command.args([
+            "--lock", order[0], "--lock", order[1], "--ttl", "4s", "--", "sh", "-c", &script,
+        ]);
+        runs.push(command.status());
+    }
+    let locks = ZooKeeperLocker::connect(zookeeper().config(ns))
+        .await
+        .expect("connect");
+    for run in runs {
+        let status = tokio::time::timeout(Duration::from_secs(30), run)
+            .await
+            .expect("no deadlock: every run finishes")
+            .expect("runs");
+        assert!(status.success(), "{status}");
+    }
+    let lines = std::fs::read_to_string(&log).expect("log");
+    let lines: Vec<&str> = lines.lines().collect();
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    let mut tokens = Vec::new();
+    for line in &lines {
+        let fields: Vec<&str> = line.split(' ').collect();
+        assert_eq!(fields.len(), 3, "{line}");
+        let token = fields[1];
+        assert!(
+            fields[0] == "a,b" || fields[0] == "b,a",
+            "FENCELOCK_LOCK names both: {line}"
+        );
+        let mut each: Vec<&str> = fields[2].split(',').collect();
+        each.sort_unstable();
+        assert_eq!(each, [format!("a={token}"), format!("b={token}")], "{line}");
+        tokens.push(token.parse::<u64>().expect("a token"));
+    }
+    // One grant after another: never two at once, tokens strictly increasing.
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    let sections = std::fs::read_to_string(&sections).expect("sections");
+    crate::support::assert_one_at_a_time(&sections, 4, "run --lock a --lock b");
+    // Nothing left behind: both locks are free.
+    for name in ["a", "b"] {
+        let guard = locks
+            .try_lock(name, &LockOptions::new())
+            .await
+            .expect("try")
+            .unwrap_or_else(|| panic!("{name} left held"));
+        drop(guard);
+    }
+
+    // Several --lock on etcd: a usage error (2), before connecting anywhere.
+    let status = Command::new(env!("CARGO_BIN_EXE_fencelock"))
+        .args([
+            "run",
+            "--etcd",
+            "http://127.0.0.1:9",
+            "--lock",
+            "a",
+            "--lock",
+            "b",
+            "--",
+            "true",
+        ])
+        .stderr(Stdio::null())
+        .status()
+        .await
+        .expect("runs");
+    assert_eq!(status.code(), Some(2));
+}

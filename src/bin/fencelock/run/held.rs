@@ -64,7 +64,10 @@ impl<G: LockGuard> Held<'_, G> {
             .args(rest)
             .env("FENCELOCK_TOKEN", self.guard.token().to_string())
             .env("FENCELOCK_KEY", self.key)
-            .env("FENCELOCK_LOCK", lock);
+            .env("FENCELOCK_LOCK", lock)
+            // Each name's token: one guard's token for every name (the locks of one
+            // acquisition share it: one etcd revision, one ZooKeeper zxid).
+            .env("FENCELOCK_TOKENS", tokens(lock, self.guard.token()));
         let Some(pipe) = watchdog.pipe_fd() else {
             diag!("the watchdog's pipe is closed");
             return Ending::NotStarted(EXIT_INTERNAL);
@@ -225,4 +228,13 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
         self.killed = true;
         job.signal_all(libc::SIGKILL);
     }
+}
+
+/// `name=token` for each of the comma-separated lock names, joined by commas.
+fn tokens(names: &str, token: fencelock::FencingToken) -> String {
+    names
+        .split(',')
+        .map(|name| format!("{name}={token}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }

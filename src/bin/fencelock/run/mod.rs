@@ -68,7 +68,14 @@ pub struct RunArgs {
     metrics: crate::metrics_listen::MetricsListen,
     /// The lock to hold while the command runs: 1 to 128 characters from A-Z a-z 0-9 and
     /// - _ . : @ = (no '/').
-    #[arg(long)]
+    ///
+    /// Given more than once (ZooKeeper), every lock is taken together, without deadlock
+    /// whatever the order (`ZooKeeperLocker::lock_all`); the command gets their shared
+    /// token in `FENCELOCK_TOKEN` and each name's in `FENCELOCK_TOKENS` (`a=T,b=T`).
+    #[arg(long = "lock", required = true)]
+    locks: Vec<String>,
+    /// The lock's name, or the names joined by ',' (set from `locks`).
+    #[arg(skip)]
     lock: String,
     /// Take one of N permits of a semaphore instead of the lock (N instances at once; at
     /// least 1).
@@ -167,7 +174,8 @@ pub(super) const CHECK: Duration = Duration::from_millis(100);
 /// process that is not our child exits.
 pub(super) const GROUP_POLL: Duration = Duration::from_millis(20);
 
-pub async fn run(args: RunArgs) -> ExitCode {
+pub async fn run(mut args: RunArgs) -> ExitCode {
+    args.lock = args.locks.join(",");
     let code = match run_inner(args).await {
         Ok(code) => code,
         Err(Failure { message, code }) => {
@@ -259,7 +267,18 @@ async fn run_inner(args: RunArgs) -> Result<u8, Failure> {
         .map_err(Failure::from_lock_error)?;
     // Everything checkable is checked before connecting: a usage error is one, whether
     // the lock service is reachable or not.
-    fencelock::validate_name(&args.lock).map_err(Failure::from_lock_error)?;
+    for name in &args.locks {
+        fencelock::validate_name(name).map_err(Failure::from_lock_error)?;
+    }
+    if args.locks.len() > 1 && args.backend != RunBackend::Zookeeper {
+        return Err(Failure::usage(
+            "several --lock are taken together on --backend zookeeper only, so far (etcd, \
+             Redis and Redlock take one)",
+        ));
+    }
+    if args.locks.len() > 1 && args.permits.is_some() {
+        return Err(Failure::usage("--permits takes one --lock"));
+    }
     if args.permits == Some(0) {
         return Err(Failure::usage(
             "--permits 0: a semaphore needs at least one permit",
@@ -538,6 +557,9 @@ async fn on_zookeeper<'a>(
         );
     }
     let task = task(grace(args.grace, Lease::zookeeper(granted))?);
+    if args.locks.len() > 1 {
+        return on_zookeeper_all(&locks, args, options, granted, task).await;
+    }
     let guard = take_in_time(
         |options| {
             let locks = &locks;
@@ -553,6 +575,38 @@ async fn on_zookeeper<'a>(
     let (ran, code) = task.run_under(&guard, &path, ttl).await;
     if ran == Ran::Lost {
         // Its session is gone or its node was deleted: nothing to release.
+        drop(guard);
+        return Ok(code);
+    }
+    Ok(within_ttl(ttl, release(guard, ran, code), code).await)
+}
+
+/// Runs the command under every lock of `--lock` taken together, then releases them.
+async fn on_zookeeper_all(
+    locks: &ZooKeeperLocker,
+    args: &RunArgs,
+    options: &LockOptions,
+    granted: Duration,
+    task: Task<'_>,
+) -> Result<u8, Failure> {
+    let names: Vec<&str> = args.locks.iter().map(String::as_str).collect();
+    let guard = take_in_time(
+        |options| {
+            let names = &names;
+            async move { locks.lock_all(names, &options).await }
+        },
+        options,
+        task.needed_at_start(granted),
+    )
+    .await?;
+    let ttl = guard.guards().first().map_or(
+        granted,
+        fencelock::zookeeper::ZooKeeperGuard::session_timeout,
+    );
+    let paths: Vec<&str> = guard.guards().iter().map(|g| g.path()).collect();
+    let key = paths.join(",");
+    let (ran, code) = task.run_under(&guard, &key, ttl).await;
+    if ran == Ran::Lost {
         drop(guard);
         return Ok(code);
     }
