@@ -34,7 +34,6 @@ pub fn validate_name(name: &str) -> Result<(), LockError> {
 
 /// The names of a multi-lock acquisition, checked, sorted and each once: at least one,
 /// at most `max`.
-#[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
 pub(crate) fn distinct_names(names: &[&str], max: usize) -> Result<Vec<String>, LockError> {
     for name in names {
         validate_name(name)?;

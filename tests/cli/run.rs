@@ -45,6 +45,54 @@ async fn concurrent_invocations_run_one_at_a_time_with_increasing_tokens() {
     assert_one_at_a_time(&text, 3, "etcd");
 }
 
+/// `--lock a --lock b` on etcd: both taken (in name order, whatever order given), one run
+/// at a time, each name's token in FENCELOCK_TOKENS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_locks_are_held_together_whatever_their_order() {
+    let etcd = EtcdCluster::single().await.expect("etcd");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("log");
+    let tokens = dir.path().join("tokens");
+    let script = format!(
+        "echo start $FENCELOCK_TOKEN >> {log}; echo \"$FENCELOCK_LOCK $FENCELOCK_TOKENS\" \
+         >> {tokens}; sleep 0.2; echo end $FENCELOCK_TOKEN >> {log}",
+        log = log.display(),
+        tokens = tokens.display()
+    );
+    let mut runs = Vec::new();
+    for order in [["a", "b"], ["b", "a"], ["a", "b"], ["b", "a"]] {
+        let mut command = fencelock(&etcd);
+        command
+            .args(["--lock", order[0], "--lock", order[1], "--"])
+            .args(["sh", "-c", &script]);
+        runs.push(command.status());
+    }
+    for run in runs {
+        let status = tokio::time::timeout(Duration::from_secs(30), run)
+            .await
+            .expect("no deadlock: every run finishes")
+            .expect("runs");
+        assert!(status.success(), "{status}");
+    }
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert_one_at_a_time(&text, 4, "etcd, two locks");
+    let tokens = std::fs::read_to_string(&tokens).expect("tokens");
+    for line in tokens.lines() {
+        let (names, each) = line.split_once(' ').expect("two fields");
+        assert!(names == "a,b" || names == "b,a", "{line}");
+        let each: Vec<&str> = each.split(',').collect();
+        assert_eq!(each.len(), 2, "{line}");
+        let token = |name: &str| -> u64 {
+            each.iter()
+                .find_map(|e| e.strip_prefix(&format!("{name}=")))
+                .and_then(|t| t.parse().ok())
+                .unwrap_or_else(|| panic!("{name}'s token in {line}"))
+        };
+        // Taken in name order: a first, so a's token is the smaller (each lock has its own).
+        assert!(token("a") < token("b"), "{line}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_command_is_terminated_when_the_lease_is_revoked() {
     let etcd = EtcdCluster::single().await.expect("etcd");

@@ -415,7 +415,7 @@ async fn locks_on_zookeeper_lists_a_semaphore_path_as_refused() {
 
 /// `run --lock a --lock b` on ZooKeeper holds both together: while the command runs,
 /// neither can be taken elsewhere; it gets the shared token and each name's; opposite
-/// orders from two runs never deadlock. On etcd, several --lock are refused as usage.
+/// orders from two runs never deadlock. With --permits, several --lock are a usage error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_zookeeper_several_locks_are_held_together() {
     let hosts = zookeeper().connect_string();
@@ -480,12 +480,14 @@ async fn on_zookeeper_several_locks_are_held_together() {
         drop(guard);
     }
 
-    // Several --lock on etcd: a usage error (2), before connecting anywhere.
+    // Several --lock with --permits: a usage error (2), before connecting anywhere.
     let status = Command::new(env!("CARGO_BIN_EXE_fencelock"))
         .args([
             "run",
             "--etcd",
             "http://127.0.0.1:9",
+            "--permits",
+            "2",
             "--lock",
             "a",
             "--lock",

@@ -29,6 +29,7 @@ mod late_lease_grant;
 mod leader_failover;
 mod lease_revoked;
 mod local_expiry;
+mod lock_all;
 mod many_waiters;
 mod member_down;
 mod mixed_primitives;

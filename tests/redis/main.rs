@@ -10,6 +10,7 @@ mod failover;
 mod inspect;
 mod invalid_input;
 mod late_answer;
+mod lock_all;
 mod loss_during_renewal;
 mod redlock;
 mod redlock_slow_master;

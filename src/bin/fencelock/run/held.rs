@@ -35,6 +35,8 @@ pub(super) struct Held<'a, G> {
     pub(super) guard: &'a G,
     /// What `FENCELOCK_KEY` tells the command: the lock's key.
     pub(super) key: &'a str,
+    /// What `FENCELOCK_TOKENS` tells the command: `name=token` for each lock.
+    pub(super) tokens: String,
     pub(super) grace: Duration,
     pub(super) margin: Duration,
 }
@@ -65,9 +67,7 @@ impl<G: LockGuard> Held<'_, G> {
             .env("FENCELOCK_TOKEN", self.guard.token().to_string())
             .env("FENCELOCK_KEY", self.key)
             .env("FENCELOCK_LOCK", lock)
-            // Each name's token: one guard's token for every name (the locks of one
-            // acquisition share it: one etcd revision, one ZooKeeper zxid).
-            .env("FENCELOCK_TOKENS", tokens(lock, self.guard.token()));
+            .env("FENCELOCK_TOKENS", &self.tokens);
         let Some(pipe) = watchdog.pipe_fd() else {
             diag!("the watchdog's pipe is closed");
             return Ending::NotStarted(EXIT_INTERNAL);
@@ -228,13 +228,4 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
         self.killed = true;
         job.signal_all(libc::SIGKILL);
     }
-}
-
-/// `name=token` for each of the comma-separated lock names, joined by commas.
-fn tokens(names: &str, token: fencelock::FencingToken) -> String {
-    names
-        .split(',')
-        .map(|name| format!("{name}={token}"))
-        .collect::<Vec<_>>()
-        .join(",")
 }

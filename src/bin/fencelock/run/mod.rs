@@ -49,6 +49,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
+use fencelock::etcd::EtcdGuard;
 use fencelock::etcd::EtcdLocker;
 use fencelock::redis::{RedisGuard, RedisLocker, RedlockLocker};
 use fencelock::zookeeper::ZooKeeperLocker;
@@ -69,9 +70,10 @@ pub struct RunArgs {
     /// The lock to hold while the command runs: 1 to 128 characters from A-Z a-z 0-9 and
     /// - _ . : @ = (no '/').
     ///
-    /// Given more than once (ZooKeeper), every lock is taken together, without deadlock
-    /// whatever the order (`ZooKeeperLocker::lock_all`); the command gets their shared
-    /// token in `FENCELOCK_TOKEN` and each name's in `FENCELOCK_TOKENS` (`a=T,b=T`).
+    /// Given more than once, every lock is taken together, without deadlock whatever the
+    /// order (ZooKeeper: one transaction and one token; etcd, Redis: one by one in name
+    /// order); the command gets each lock's token in `FENCELOCK_TOKENS` (`a=T1,b=T2`) and
+    /// the smallest in `FENCELOCK_TOKEN`.
     #[arg(long = "lock", required = true)]
     locks: Vec<String>,
     /// The lock's name, or the names joined by ',' (set from `locks`).
@@ -270,12 +272,6 @@ async fn run_inner(args: RunArgs) -> Result<u8, Failure> {
     for name in &args.locks {
         fencelock::validate_name(name).map_err(Failure::from_lock_error)?;
     }
-    if args.locks.len() > 1 && args.backend != RunBackend::Zookeeper {
-        return Err(Failure::usage(
-            "several --lock are taken together on --backend zookeeper only, so far (etcd, \
-             Redis and Redlock take one)",
-        ));
-    }
     if args.locks.len() > 1 && args.permits.is_some() {
         return Err(Failure::usage("--permits takes one --lock"));
     }
@@ -310,11 +306,20 @@ struct Task<'a> {
 
 impl Task<'_> {
     /// Runs the command under `guard` until its whole group is gone; returns what became
-    /// of it and the exit status so far.
-    async fn run_under<G: LockGuard>(&self, guard: &G, key: &str, ttl: Duration) -> (Ran, u8) {
+    /// of it and the exit status so far. `tokens`: each lock's token (`FENCELOCK_TOKENS`),
+    /// when the guard holds several; otherwise the guard's own.
+    async fn run_under<G: LockGuard>(
+        &self,
+        guard: &G,
+        key: &str,
+        ttl: Duration,
+        tokens: Option<String>,
+    ) -> (Ran, u8) {
+        let tokens = tokens.unwrap_or_else(|| format!("{}={}", self.lock, guard.token()));
         let held = Held {
             guard,
             key,
+            tokens,
             grace: self.grace,
             margin: kill_margin(ttl),
         };
@@ -435,6 +440,18 @@ async fn on_etcd(args: &RunArgs, options: &LockOptions, task: Task<'_>) -> Resul
             .try_into()
             .unwrap_or(u64::MAX),
     );
+    if args.locks.len() > 1 {
+        let guard = take_all_in_time(&locks, args, options, task.needed_at_start(ttl)).await?;
+        let ttl = guard.guards().first().map_or(ttl, |g| g.session().ttl());
+        let keys: Vec<&str> = guard.guards().iter().map(EtcdGuard::key).collect();
+        let keys = keys.join(",");
+        let tokens = tokens_env(guard.tokens());
+        let code = on_guard(guard, &keys, ttl, task, Some(tokens)).await;
+        if let Err(err) = locks.close().await {
+            diag!("could not revoke the lease ({err}); it expires by itself");
+        }
+        return Ok(code);
+    }
     let guard = take_in_time(
         |options| {
             let (locks, semaphore) = (&locks, &semaphore);
@@ -450,7 +467,7 @@ async fn on_etcd(args: &RunArgs, options: &LockOptions, task: Task<'_>) -> Resul
     )
     .await?;
     let ttl = guard.session().ttl();
-    let (ran, code) = task.run_under(&guard, guard.key(), ttl).await;
+    let (ran, code) = task.run_under(&guard, guard.key(), ttl, None).await;
     // The group is gone (or was never started): now, and only now, the lock may go.
     let cleanup = async {
         let code = if ran == Ran::Lost {
@@ -482,6 +499,13 @@ async fn on_redis(args: &RunArgs, options: &LockOptions, task: Task<'_>) -> Resu
         ),
         None => None,
     };
+    if args.locks.len() > 1 {
+        let guard = take_all_in_time(&locks, args, options, task.needed_at_start(args.ttl)).await?;
+        let keys: Vec<&str> = guard.guards().iter().map(RedisGuard::key).collect();
+        let keys = keys.join(",");
+        let tokens = tokens_env(guard.tokens());
+        return Ok(on_guard(guard, &keys, args.ttl, task, Some(tokens)).await);
+    }
     let guard = take_in_time(
         |options| {
             let (locks, semaphore) = (&locks, &semaphore);
@@ -514,6 +538,13 @@ async fn on_redlock(args: &RunArgs, options: &LockOptions, task: Task<'_>) -> Re
     let locks = RedlockLocker::connect(config)
         .await
         .map_err(Failure::from_lock_error)?;
+    if args.locks.len() > 1 {
+        let guard = take_all_in_time(&locks, args, options, task.needed_at_start(args.ttl)).await?;
+        let keys: Vec<&str> = guard.guards().iter().map(RedisGuard::key).collect();
+        let keys = keys.join(",");
+        let tokens = tokens_env(guard.tokens());
+        return Ok(on_guard(guard, &keys, args.ttl, task, Some(tokens)).await);
+    }
     let guard = take_in_time(
         |options| {
             let locks = &locks;
@@ -572,7 +603,7 @@ async fn on_zookeeper<'a>(
     // The lease is the session timeout the server granted, which may differ from --ttl.
     let ttl = guard.session_timeout();
     let path = guard.path().to_owned();
-    let (ran, code) = task.run_under(&guard, &path, ttl).await;
+    let (ran, code) = task.run_under(&guard, &path, ttl, None).await;
     if ran == Ran::Lost {
         // Its session is gone or its node was deleted: nothing to release.
         drop(guard);
@@ -605,7 +636,8 @@ async fn on_zookeeper_all(
     );
     let paths: Vec<&str> = guard.guards().iter().map(|g| g.path()).collect();
     let key = paths.join(",");
-    let (ran, code) = task.run_under(&guard, &key, ttl).await;
+    let tokens = tokens_env(guard.tokens());
+    let (ran, code) = task.run_under(&guard, &key, ttl, Some(tokens)).await;
     if ran == Ran::Lost {
         drop(guard);
         return Ok(code);
@@ -616,13 +648,53 @@ async fn on_zookeeper_all(
 /// Runs the command under a Redis (or Redlock) lock, then releases it.
 async fn on_redis_guard(guard: RedisGuard, ttl: Duration, task: Task<'_>) -> u8 {
     let key = guard.key().to_owned();
-    let (ran, code) = task.run_under(&guard, &key, ttl).await;
+    on_guard(guard, &key, ttl, task, None).await
+}
+
+/// `FENCELOCK_TOKENS`: `name=token` for each lock, joined by commas.
+fn tokens_env(tokens: Vec<(&str, fencelock::FencingToken)>) -> String {
+    let each: Vec<String> = tokens
+        .into_iter()
+        .map(|(name, token)| format!("{name}={token}"))
+        .collect();
+    each.join(",")
+}
+
+/// Runs the command under `guard` (its key or keys `key`), then releases it.
+async fn on_guard<G: LockGuard>(
+    guard: G,
+    key: &str,
+    ttl: Duration,
+    task: Task<'_>,
+    tokens: Option<String>,
+) -> u8 {
+    let (ran, code) = task.run_under(&guard, key, ttl, tokens).await;
     if ran == Ran::Lost {
         // Its key has expired or belongs to someone else: nothing to release.
         drop(guard);
         return code;
     }
     within_ttl(ttl, release(guard, ran, code), code).await
+}
+
+/// Every lock of `--lock` on `locks`, taken in name order (`fencelock::lock_all`), in
+/// time to start the command.
+async fn take_all_in_time<B: LockBackend>(
+    locks: &B,
+    args: &RunArgs,
+    options: &LockOptions,
+    needed: Duration,
+) -> Result<fencelock::MultiGuard<B::Guard>, Failure> {
+    let names: Vec<&str> = args.locks.iter().map(String::as_str).collect();
+    take_in_time(
+        |options| {
+            let names = &names;
+            async move { fencelock::lock_all(locks, names, &options).await }
+        },
+        options,
+        needed,
+    )
+    .await
 }
 
 /// `cleanup`'s exit status, or `code` if it takes longer than `ttl`: by then the lock has
