@@ -3,15 +3,31 @@
 use mysql_async::prelude::{FromValue, Queryable};
 use mysql_async::{DriverError, Row, Value};
 
-/// Runs `sql` and returns the rows it affected and the warnings it raised (outside strict
-/// SQL mode, a value cut to fit its column is a warning, not an error).
-pub(crate) async fn affected_warned(
+/// What the OK packet answering a statement said.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Done {
+    /// Rows affected (changed, or matched under `CLIENT_FOUND_ROWS`).
+    pub(crate) affected: u64,
+    /// Warnings raised (outside strict SQL mode, a value cut to fit its column is a
+    /// warning, not an error).
+    pub(crate) warnings: u16,
+    /// The packet's last-insert-id: the value of a `LAST_INSERT_ID(expr)` the statement
+    /// evaluated, 0 if none.
+    pub(crate) insert_id: u64,
+}
+
+/// Runs `sql` and returns what its OK packet said.
+pub(crate) async fn done(
     q: &mut impl Queryable,
     sql: &str,
     params: Vec<Value>,
-) -> Result<(u64, u16), mysql_async::Error> {
+) -> Result<Done, mysql_async::Error> {
     let result = q.exec_iter(sql, params).await?;
-    let done = (result.affected_rows(), result.warnings());
+    let done = Done {
+        affected: result.affected_rows(),
+        warnings: result.warnings(),
+        insert_id: result.last_insert_id().unwrap_or(0),
+    };
     result.drop_result().await?;
     Ok(done)
 }
@@ -28,7 +44,7 @@ pub(crate) async fn affected(
     sql: &str,
     params: Vec<Value>,
 ) -> Result<u64, mysql_async::Error> {
-    affected_warned(q, sql, params).await.map(|(rows, _)| rows)
+    done(q, sql, params).await.map(|done| done.affected)
 }
 
 /// The first row `sql` returns (`None`: no row), its first four columns converted to
@@ -78,6 +94,29 @@ pub(crate) async fn first_column<T: FromValue>(
     let Some(mut row) = row else {
         return Ok(None);
     };
+    take(&mut row, 0).map(Some)
+}
+
+/// The first row `sql` returns, if its last column is `nonce` (the statement's own answer:
+/// see `abandoned.rs`): its first column converted to `T`. `None`: no row, or another
+/// number in the last column (an answer to an earlier statement).
+pub(crate) async fn proven_first<T: FromValue>(
+    q: &mut impl Queryable,
+    sql: &str,
+    params: Vec<Value>,
+    nonce: u64,
+) -> Result<Option<T>, mysql_async::Error> {
+    let row: Option<Row> = q.exec_first(sql, params).await?;
+    let Some(mut row) = row else {
+        return Ok(None);
+    };
+    let last = row.len().checked_sub(1);
+    let carried = last
+        .and_then(|i| row.as_ref(i).cloned())
+        .and_then(|v| mysql_async::from_value_opt::<u64>(v).ok());
+    if last == Some(0) || carried != Some(nonce) {
+        return Ok(None);
+    }
     take(&mut row, 0).map(Some)
 }
 
