@@ -19,9 +19,10 @@ use mysql_async::Value;
 use mysql_async::prelude::Queryable;
 
 use super::FenceError;
+use super::abandoned::{condemn_queryable, nonce};
 use super::capacity::{self, Capacity};
 use super::ident::Ident;
-use super::rows::{affected, describe, first_column};
+use super::rows::{describe, done, proven_pair};
 use crate::FencingToken;
 
 /// A table whose rows carry the token of their last writer in a column.
@@ -112,29 +113,44 @@ impl TokenColumn {
                 });
             }
         }
+        // `+ 0 * LAST_INSERT_ID(<nonce>)`: the answer proves it is this statement's (the
+        // server reports the value in the OK packet of an UPDATE that matched a row; see
+        // abandoned.rs and Fence's guarded UPDATE).
         let sql = format!(
-            "UPDATE {table} SET {set}, {token_col} = ? \
+            "UPDATE {table} SET {set}, {token_col} = ? + 0 * LAST_INSERT_ID(?) \
              WHERE {key_col} = ? AND ({token_col} IS NULL OR {token_col} < ?)"
         );
         let value = Value::UInt(token.get());
+        let proof = nonce();
         let mut all = params;
-        all.extend([value.clone(), key.clone(), value]);
-        let updated = affected(conn, &sql, all).await?;
-        if updated > 0 {
-            return Ok(updated);
+        all.extend([value.clone(), Value::UInt(proof), key.clone(), value]);
+        let updated = done(conn, &sql, all).await?;
+        match (updated.affected, updated.insert_id) {
+            (rows, id) if rows > 0 && id == proof => return Ok(rows),
+            (0, 0) => {}
+            _ => return Err(condemn_queryable(conn)),
         }
         // A locking read: inside a REPEATABLE READ transaction a plain one could answer
-        // from the transaction's older snapshot.
-        let sql = format!("SELECT {token_col} FROM {table} WHERE {key_col} = ? LOCK IN SHARE MODE");
+        // from the transaction's older snapshot. An aggregate: one row (carrying the
+        // nonce) whether the key exists or not.
+        let proof = nonce();
+        let sql = format!(
+            "SELECT COUNT(*), MAX({token_col}), ? FROM {table} WHERE {key_col} = ? \
+             LOCK IN SHARE MODE"
+        );
         let resource = describe(&key);
-        match first_column::<Option<u64>>(conn, &sql, vec![key]).await? {
-            Some(stored) => Err(FenceError::Stale {
+        let read =
+            proven_pair::<u64, Option<u64>>(conn, &sql, vec![Value::UInt(proof), key], proof)
+                .await?;
+        match read {
+            None => Err(condemn_queryable(conn)),
+            Some((0, _)) => Err(FenceError::NotFound { resource }),
+            Some((_, stored)) => Err(FenceError::Stale {
                 resource,
                 presented: token,
                 // NULL only if another writer set it back to NULL in between.
                 current: FencingToken::new(stored.unwrap_or(0)),
             }),
-            None => Err(FenceError::NotFound { resource }),
         }
     }
 }

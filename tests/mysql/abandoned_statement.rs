@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use fencelock::FencingToken;
-use fencelock::mysql::{Fence, FenceError};
+use fencelock::mysql::{Claim, Fence, FenceError, IdempotencyKeys, TokenColumn, VersionColumn};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, OptsBuilder};
 
@@ -331,4 +331,110 @@ async fn until_closed(db: &mut Db, id: u32) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// `TokenColumn::update` on a connection one answer behind: its `UPDATE` read the
+/// previous command's "0 rows", its read the `UPDATE`'s OK packet (no row), and a write
+/// that was applied was reported as `NotFound`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_column_on_a_lagging_connection_is_refused() {
+    let mut db = Db::start().await;
+    let (fence, mut writer) = writer(&mut db, true).await;
+    let column = TokenColumn::new("inventory", "sku", "last_token").expect("names");
+    let set = "written_by = ?";
+    column
+        .update(
+            &mut writer,
+            set,
+            "SKU-1",
+            FencingToken::new(5),
+            vec!["tc-5".into()],
+        )
+        .await
+        .expect("5 is the first token");
+    let refused = column
+        .update(
+            &mut writer,
+            set,
+            "SKU-1",
+            FencingToken::new(4),
+            vec!["tc-4".into()],
+        )
+        .await
+        .expect_err("4 is older than 5");
+    assert!(refused.is_stale(), "{refused}");
+    lag_by_one(&db, &fence, &mut writer).await;
+
+    let lagging = column
+        .update(
+            &mut writer,
+            set,
+            "SKU-1",
+            FencingToken::new(6),
+            vec!["tc-6".into()],
+        )
+        .await;
+    assert!(
+        matches!(lagging, Err(FenceError::ConnectionUnusable)),
+        "{lagging:?}"
+    );
+}
+
+/// `VersionColumn::compare_and_set` on a connection one answer behind: the same
+/// misreading as `TokenColumn`'s, a swap that was applied reported as a conflict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_column_on_a_lagging_connection_is_refused() {
+    let mut db = Db::start().await;
+    let (fence, mut writer) = writer(&mut db, true).await;
+    let column = VersionColumn::new("inventory", "sku", "version").expect("names");
+    let set = "written_by = ?";
+    column
+        .compare_and_set(&mut writer, set, "SKU-1", 0, vec!["cas-0".into()])
+        .await
+        .expect("version 0");
+    let conflict = column
+        .compare_and_set(&mut writer, set, "SKU-1", 0, vec!["cas-0-again".into()])
+        .await
+        .expect_err("version is 1 now");
+    assert!(
+        matches!(
+            conflict,
+            FenceError::VersionConflict {
+                current: Some(1),
+                ..
+            }
+        ),
+        "{conflict}"
+    );
+    lag_by_one(&db, &fence, &mut writer).await;
+
+    let lagging = column
+        .compare_and_set(&mut writer, set, "SKU-1", 1, vec!["cas-1".into()])
+        .await;
+    assert!(
+        matches!(lagging, Err(FenceError::ConnectionUnusable)),
+        "{lagging:?}"
+    );
+}
+
+/// `IdempotencyKeys::claim` on a connection one answer behind: its `INSERT` read the
+/// previous command's OK and a repeat was taken for the first claim (the work would run
+/// twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_on_a_lagging_connection_is_refused() {
+    let mut db = Db::start().await;
+    let (fence, mut writer) = writer(&mut db, true).await;
+    let keys = IdempotencyKeys::new();
+    keys.ensure_schema(&mut db.conn).await.expect("schema");
+    let first = keys.claim(&mut writer, "req-1").await.expect("claim");
+    assert_eq!(first, Claim::First);
+    let again = keys.claim(&mut writer, "req-1").await.expect("claim");
+    assert_eq!(again, Claim::Duplicate);
+    lag_by_one(&db, &fence, &mut writer).await;
+
+    let lagging = keys.claim(&mut writer, "req-1").await;
+    assert!(
+        matches!(lagging, Err(FenceError::ConnectionUnusable)),
+        "a repeat on a lagging connection: {lagging:?}"
+    );
 }
