@@ -86,6 +86,11 @@ impl IdempotencyKeys {
     /// Outside a transaction, dropping the future after the statement was sent leaves
     /// the claim's outcome unknown (a retry then answers [`Claim::Duplicate`]). Inside
     /// one, roll the transaction back.
+    ///
+    /// Any future dropped mid-statement on the connection (this one or another) leaves
+    /// its answers one behind; this call then fails with
+    /// [`FenceError::ConnectionUnusable`] (its statement's outcome unknown) instead of
+    /// reading another statement's answer: drop the connection.
     #[tracing::instrument(skip_all, fields(table = self.table.sql()))]
     pub async fn claim(&self, conn: &mut impl Queryable, key: &str) -> Result<Claim, FenceError> {
         check_key(key)?;

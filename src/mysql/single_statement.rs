@@ -11,7 +11,9 @@
 //! (after waiting for the row lock), never on a transaction's snapshot. The token always
 //! changes on a match (strictly newer), so "rows affected" is the rows matched with or
 //! without `CLIENT_FOUND_ROWS`. A NULL token column means no token has been seen yet: the
-//! first fenced write takes it.
+//! first fenced write takes it. The statement sent sets the token to
+//! `? + 0 * LAST_INSERT_ID(<nonce>)`, so that its answer proves it is its own (see
+//! `abandoned.rs`).
 
 use std::sync::{Arc, OnceLock};
 
@@ -93,6 +95,11 @@ impl TokenColumn {
     /// Outside a transaction the statement is applied or not as one; dropping the future
     /// after it was sent leaves which one unknown (a retry with the same token is then
     /// refused as stale if it was applied).
+    ///
+    /// Any future dropped mid-statement on the connection (this one or another) leaves
+    /// its answers one behind; this call then fails with
+    /// [`FenceError::ConnectionUnusable`] (its statement's outcome unknown) instead of
+    /// reading another statement's answer: drop the connection.
     #[tracing::instrument(skip_all, fields(table = self.table.sql(), token = %token))]
     pub async fn update(
         &self,

@@ -6,7 +6,8 @@
 //! ```
 //!
 //! The version always changes on a match, so "rows affected" is the rows matched with or
-//! without `CLIENT_FOUND_ROWS`.
+//! without `CLIENT_FOUND_ROWS`. The statement sent adds `SIGN(LAST_INSERT_ID(<nonce>))`
+//! (1) instead of 1, so that its answer proves it is its own (see `abandoned.rs`).
 
 use mysql_async::Value;
 use mysql_async::prelude::Queryable;
@@ -43,6 +44,11 @@ impl VersionColumn {
     ///
     /// Outside a transaction the statement is applied or not as one; dropping the future
     /// after it was sent leaves which one unknown (a retry then reports a conflict).
+    ///
+    /// Any future dropped mid-statement on the connection (this one or another) leaves
+    /// its answers one behind; this call then fails with
+    /// [`FenceError::ConnectionUnusable`] (its statement's outcome unknown) instead of
+    /// reading another statement's answer: drop the connection.
     #[tracing::instrument(skip_all, fields(table = self.table.sql(), expected))]
     pub async fn compare_and_set(
         &self,
