@@ -1,54 +1,26 @@
-//! Connections left owing an answer by a fence call given up mid-statement, and the proof
-//! that lets one be used again.
+//! Connections that may be one answer behind, and how the fence refuses them.
 //!
 //! mysql_async marks a connection disconnected while a command waits for its answer and
 //! clears the mark when *any* later command has read an answer: the first command after
-//! an abandoned statement reads that statement's answer as its own and clears the mark,
-//! and every later answer is then one behind (a fence `UPDATE` could read the answer of
-//! the statement before it and pass with a stale token). So a fence call that is dropped
-//! before it finished marks its connection here, in a mark of our own that no command
-//! clears, and the fence refuses a marked connection until a query whose answer cannot
-//! be anyone else's (`SELECT <random number>`) comes back with that number: then the
-//! answers are in step again. One that lags keeps lagging (each proof leaves its own
-//! answer behind), so it stays refused until it is dropped.
-//!
-//! A connection is named by the address of mysql_async's boxed state (stable while the
-//! `Conn` lives, wherever the `Conn` is moved) and the server's connection id (which
-//! changes on a reconnection, whose fresh stream owes nothing). An address reused by a
-//! later connection with the same id costs that connection one proof, which it passes.
-//! The mark of a connection dropped unproven stays (16 bytes each): mysql_async gives no
-//! hook at a connection's drop, and forgetting a mark early would trust a lagging one.
+//! an abandoned statement (a caller's `timeout` around any statement: its own, a fence
+//! call, a helper of this module) reads that statement's answer as its own and clears
+//! the mark, and every later answer is then one behind. No mark of the client's can
+//! follow every statement a caller may abandon, so the fence does not try to remember
+//! abandonments: it takes every decision (a fence passed, a stale token, a commit) only
+//! on an answer that carries a number the statement just sent chose at random
+//! ([`nonce`]). An answer one behind never carries it, so a lagging connection is
+//! refused ([`FenceError::ConnectionUnusable`]) whatever was abandoned on it, and
+//! [`condemn`]ed so that a pool does not hand it out again.
 
+use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::task::{Context, Waker};
 
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, Row, Transaction};
+use mysql_async::{Conn, Transaction};
 
 use super::FenceError;
-
-/// The connections marked; few, and each only until it is proven in step or dropped.
-static MARKED: Mutex<Vec<Key>> = Mutex::new(Vec::new());
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Key {
-    state: usize,
-    id: u32,
-}
-
-impl Key {
-    fn of(conn: &Conn) -> Self {
-        Self {
-            state: std::ptr::from_ref(conn.opts()) as usize,
-            id: conn.id(),
-        }
-    }
-}
-
-fn marked() -> std::sync::MutexGuard<'static, Vec<Key>> {
-    MARKED.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// What a fence call sends on: a connection, or a transaction on one.
 pub(super) trait Link: Queryable {
@@ -67,73 +39,70 @@ impl Link for Transaction<'_> {
     }
 }
 
-/// Held across a fence call's statements: dropped before [`done`](Self::done) (the
-/// call's future dropped), it marks the connection.
-pub(super) struct InFlight {
-    key: Key,
-    armed: bool,
-}
-
-impl InFlight {
-    pub(super) fn on(conn: &Conn) -> Self {
-        Self {
-            key: Key::of(conn),
-            armed: true,
-        }
-    }
-
-    /// The call ran to its end (with an answer, or an error mysql_async read in full).
-    pub(super) fn done(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        if self.armed {
-            let mut marked = marked();
-            if !marked.contains(&self.key) {
-                marked.push(self.key);
-            }
-        }
-    }
-}
-
-/// Refuses a connection that may owe the answer to an abandoned statement
-/// ([`FenceError::ConnectionUnusable`]): one mysql_async still marks (nothing is sent on
-/// it: its next command would read that answer), and one a fence call abandoned unless a
-/// proof query shows its answers in step (one round trip, on such a connection only).
-pub(super) async fn usable(link: &mut impl Link) -> Result<(), FenceError> {
-    let conn = link.conn();
-    if conn.is_disconnected() {
+/// Refuses, without sending anything, a connection mysql_async itself knows to owe an
+/// answer (its next command would read that answer as its own). A connection that owes
+/// one unknown to mysql_async is caught by the nonce in the deciding answer instead.
+pub(super) fn usable(link: &impl Link) -> Result<(), FenceError> {
+    if link.conn().is_disconnected() {
         return Err(FenceError::ConnectionUnusable);
     }
-    let key = Key::of(conn);
-    if !marked().contains(&key) {
-        return Ok(());
-    }
-    let nonce = nonce();
-    // Dropped meanwhile, the connection simply stays marked.
-    let answer = link.query_first::<Row, _>(format!("SELECT {nonce}")).await;
-    let in_step = matches!(
-        answer,
-        Ok(Some(row)) if row.len() == 1
-            && row.as_ref(0).cloned().and_then(|v| mysql_async::from_value_opt::<u64>(v).ok())
-                == Some(nonce)
-    );
-    if !in_step {
-        tracing::debug!(id = key.id, "a connection owing an answer failed its proof");
-        return Err(FenceError::ConnectionUnusable);
-    }
-    marked().retain(|k| *k != key);
     Ok(())
 }
 
-/// A number no statement of the fence answers with by chance: random (the standard
-/// library's per-process random keys, hashed with a counter), below 2^62 so that every
-/// server types it as a plain BIGINT.
-fn nonce() -> u64 {
+/// A connection whose answers were found out of step: refused, and made one that
+/// mysql_async's pool discards instead of handing out again (its recycler drops a
+/// returned `Conn` whose `is_disconnected()` is true; outside a pool, such a `Conn` is
+/// dropped by closing its socket, and the server rolls back what it had open).
+///
+/// mysql_async sets that flag when a command starts and clears it when the command has
+/// read an answer, so a no-op command polled once and dropped while it waits leaves it
+/// set. On a lagging connection an answer may already be waiting in the socket, which
+/// the first poll reads at once: then try again (each try sends a `DO 0`, harmless on a
+/// connection that is never trusted again).
+pub(super) fn condemn(link: &mut impl Link) -> FenceError {
+    let mut cx = Context::from_waker(Waker::noop());
+    for _ in 0..CONDEMN_TRIES {
+        if link.conn().is_disconnected() {
+            break;
+        }
+        let mut sent = std::pin::pin!(link.query_drop("DO 0"));
+        if sent.as_mut().poll(&mut cx).is_pending() {
+            break;
+        }
+    }
+    tracing::debug!(
+        id = link.conn().id(),
+        discarded = link.conn().is_disconnected(),
+        "a connection whose answers lag was refused"
+    );
+    FenceError::ConnectionUnusable
+}
+
+/// [`condemn`] for a caller's `impl Queryable` (a `Conn` or a `Transaction`, whose
+/// flag cannot be read through the trait): stops at the first `DO 0` that waits, which
+/// on a connection with no unread result (the fence reads every result in full) is one
+/// that has set the flag and sent its command.
+pub(super) fn condemn_queryable(q: &mut impl Queryable) -> FenceError {
+    let mut cx = Context::from_waker(Waker::noop());
+    for _ in 0..CONDEMN_TRIES {
+        let mut sent = std::pin::pin!(q.query_drop("DO 0"));
+        if sent.as_mut().poll(&mut cx).is_pending() {
+            break;
+        }
+    }
+    tracing::debug!("a connection whose answers lag was refused");
+    FenceError::ConnectionUnusable
+}
+
+/// How many `DO 0`s [`condemn`] sends at most before leaving the connection as it is
+/// (still refused by every fence call, which checks each answer).
+const CONDEMN_TRIES: usize = 8;
+
+/// A number no earlier statement answers with by chance: random (the standard library's
+/// per-process random keys, hashed with a counter), at least 1 (`LAST_INSERT_ID()`'s
+/// "none" is 0) and below 2^62 (every server types it as a plain BIGINT).
+pub(super) fn nonce() -> u64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    RandomState::new().hash_one(n) >> 2
+    (RandomState::new().hash_one(n) >> 2).max(1)
 }

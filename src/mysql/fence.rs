@@ -10,24 +10,32 @@
 //!   ON DUPLICATE KEY UPDATE resource = resource;
 //! -- 2. Move the fence forward only if this token is new enough. `writes` changes on
 //! --    every match, so "rows affected" is 1 exactly when the guard passed, with or
-//! --    without CLIENT_FOUND_ROWS.
-//! UPDATE fencelock_fences SET token = ?, writes = writes + 1, updated_at = NOW(6)
+//! --    without CLIENT_FOUND_ROWS. LAST_INSERT_ID(<nonce>) is evaluated on the row it
+//! --    matched, and the server reports its value in the OK packet's last-insert-id:
+//! --    the answer proves it is this statement's (see abandoned.rs).
+//! UPDATE fencelock_fences
+//!    SET token = ?, writes = writes + 1 + 0 * LAST_INSERT_ID(?), updated_at = NOW(6)
 //!  WHERE resource = ? AND (token IS NULL OR token <= ?);
-//! -- 3. Only when 2 matched nothing: the newest token, for the error. A locking read,
-//! --    because under REPEATABLE READ a plain SELECT could answer from an older snapshot.
-//! SELECT token FROM fencelock_fences WHERE resource = ? FOR UPDATE;
+//! -- 3. Only when 2 matched nothing: the newest token, for the error, and the nonce
+//! --    that proves the answer. A locking read, because under REPEATABLE READ a plain
+//! --    SELECT could answer from an older snapshot.
+//! SELECT token, ? FROM fencelock_fences WHERE resource = ? FOR UPDATE;
 //! ```
+//!
+//! `commit` sends `RELEASE SAVEPOINT ...; SELECT <nonce>` as one query (the savepoint
+//! says the transaction is still the fenced one, the nonce that the answer is its own),
+//! then `COMMIT`.
 
 use std::ops::{Deref, DerefMut};
 
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, Transaction, TxOpts, Value};
+use mysql_async::{Conn, Row, Transaction, TxOpts, Value};
 
 use super::FenceError;
-use super::abandoned::{InFlight, usable};
+use super::abandoned::{condemn, condemn_queryable, nonce, usable};
 use super::capacity;
 use super::ident::{Ident, MAX_KEY, check_key};
-use super::rows::{affected_warned, first_column};
+use super::rows::{done, proven_first};
 use crate::FencingToken;
 
 /// Whether a token equal to the stored one may write.
@@ -72,6 +80,7 @@ pub struct Fence {
     lock_sql: String,
     advance_sql: String,
     current_sql: String,
+    read_sql: String,
 }
 
 impl Default for Fence {
@@ -109,16 +118,20 @@ impl Fence {
              ON DUPLICATE KEY UPDATE resource = resource"
         );
         let advance_sql = format!(
-            "UPDATE {t} SET token = ?, writes = writes + 1, updated_at = NOW(6) \
-             WHERE resource = ? AND (token IS NULL OR token {cmp} ?)"
+            "UPDATE {t} SET token = ?, writes = writes + 1 + 0 * LAST_INSERT_ID(?), \
+             updated_at = NOW(6) WHERE resource = ? AND (token IS NULL OR token {cmp} ?)"
         );
-        let current_sql = format!("SELECT token FROM {t} WHERE resource = ? FOR UPDATE");
+        let current_sql = format!("SELECT token, ? FROM {t} WHERE resource = ? FOR UPDATE");
+        // A scalar subquery: one row whether the fence row exists or not, so that the
+        // nonce always comes back.
+        let read_sql = format!("SELECT (SELECT token FROM {t} WHERE resource = ?), ?");
         Self {
             table,
             mode,
             lock_sql,
             advance_sql,
             current_sql,
+            read_sql,
         }
     }
 
@@ -167,15 +180,18 @@ impl Fence {
     ///
     /// Nothing is committed unless [`commit`](FencedTransaction::commit) is called. A
     /// returned transaction that is dropped is rolled back by mysql_async before the
-    /// connection's next command. This future dropped while a statement waits for its
-    /// answer (a timeout while the fence row is locked by another writer) leaves the
-    /// connection owing that answer: every fence call on it is then refused with
-    /// [`FenceError::ConnectionUnusable`], also after other commands of yours on it (the
-    /// first of which reads the abandoned answer and makes mysql_async think it in step),
-    /// until a query whose answer only it can give (`SELECT <random number>`, sent by
-    /// the refusing call) comes back with that number; one that lags never does. Drop
-    /// such a connection: the server rolls back when it closes, and until then the fence
-    /// row stays locked.
+    /// connection's next command. Any statement on the connection dropped while it waits
+    /// for its answer (this future, or a statement of yours, given up by a timeout while
+    /// a row is locked) leaves the connection owing that answer, and after one more
+    /// command of any kind every answer on it is one behind, unknown to mysql_async. The
+    /// fence decides only on answers that carry a random number the statement just sent
+    /// chose (the guarded `UPDATE`'s last-insert-id, a `SELECT`'s column), which an
+    /// answer one behind never does: such a connection is refused with
+    /// [`FenceError::ConnectionUnusable`] and flagged so that mysql_async's pool discards
+    /// it when you drop it. Drop it (or call `Conn::disconnect`): the server rolls back
+    /// when it closes, and until then the rows it locked stay locked.
+    ///
+    /// Passing the fence sets the session's `LAST_INSERT_ID()` to that random number.
     #[tracing::instrument(skip(self, conn), fields(table = self.table.sql(), token = %token))]
     pub async fn begin<'a>(
         &self,
@@ -201,17 +217,14 @@ impl Fence {
         token: FencingToken,
     ) -> Result<FencedTransaction<'a>, FenceError> {
         check_key(resource)?;
-        usable(conn).await?;
+        usable(conn)?;
         if options.consistent_snapshot() {
             return Err(FenceError::UnsupportedOptions(
                 "a consistent snapshot is taken before the fence row's lock is waited for, \
                  so the transaction would read data older than the previous holder's commit",
             ));
         }
-        let in_flight = InFlight::on(conn);
-        let begun = self.begin_checked(conn, options, resource, token).await;
-        in_flight.done();
-        begun
+        self.begin_checked(conn, options, resource, token).await
     }
 
     /// [`begin_with`](Self::begin_with) on a connection found usable.
@@ -230,6 +243,11 @@ impl Fence {
             Err(err) => Err(err),
         };
         if let Err(err) = passed {
+            if err.is_connection_unusable() {
+                // A rollback would read someone else's answer; the connection is
+                // condemned, and closing it rolls back.
+                return Err(err);
+            }
             // Free the fence row now rather than at the connection's next command.
             if let Err(rollback) = tx.rollback().await {
                 tracing::debug!(%rollback, "rollback after a refused fence failed");
@@ -257,7 +275,9 @@ impl Fence {
     /// may be locked or moved forward) and the connection owing an answer: drop the
     /// transaction and its connection, never commit it. (A fenced transaction's
     /// [`commit`](FencedTransaction::commit) refuses such a connection; mysql_async's own
-    /// `Transaction::commit` does not.)
+    /// `Transaction::commit` does not.) Like [`begin`](Self::begin), it decides only on
+    /// answers proven to be its own statements', and refuses a connection whose answers
+    /// lag with [`FenceError::ConnectionUnusable`].
     #[tracing::instrument(skip(self, tx), fields(table = self.table.sql(), token = %token))]
     pub async fn check(
         &self,
@@ -266,11 +286,8 @@ impl Fence {
         token: FencingToken,
     ) -> Result<(), FenceError> {
         check_key(resource)?;
-        usable(tx).await?;
-        let in_flight = InFlight::on(tx);
-        let checked = self.advance(tx, resource, token).await;
-        in_flight.done();
-        checked
+        usable(tx)?;
+        self.advance(tx, resource, token).await
     }
 
     /// [`check`](Self::check)'s statements, on a transaction found usable.
@@ -282,14 +299,25 @@ impl Fence {
     ) -> Result<(), FenceError> {
         let value = Value::UInt(token.get());
         let key = Value::Bytes(resource.as_bytes().to_vec());
+        let proof = nonce();
         tx.exec_drop(&self.lock_sql, vec![key.clone()]).await?;
-        let (matched, warned) = affected_warned(
+        let advanced = done(
             &mut *tx,
             &self.advance_sql,
-            vec![value.clone(), key.clone(), value],
+            vec![value.clone(), Value::UInt(proof), key.clone(), value],
         )
         .await?;
-        if matched == 1 && warned > 0 {
+        // The server evaluates LAST_INSERT_ID(expr) only on a row the UPDATE matched, and
+        // then reports expr as the OK packet's last-insert-id (MariaDB and MySQL alike,
+        // with or without CLIENT_FOUND_ROWS: tests/mysql/abandoned_statement.rs checks
+        // it); an UPDATE that matched nothing reports 0. Any other number is the answer
+        // to an earlier statement: the connection lags.
+        let matched = match (advanced.affected, advanced.insert_id) {
+            (1, id) if id == proof => true,
+            (0, 0) => false,
+            _ => return Err(condemn(tx)),
+        };
+        if matched && advanced.warnings > 0 {
             // Outside strict SQL mode a token too large for the column is stored cut to
             // fit, with a warning (a table of the caller's with a narrow column). The
             // statement writes nothing else that could warn on the table `ensure_schema`
@@ -300,30 +328,50 @@ impl Fence {
                 column: format!("{}.`token`", self.table.sql()),
             });
         }
-        if matched == 1 {
+        if matched {
             return Ok(());
         }
-        let current: Option<Option<u64>> =
-            first_column(&mut *tx, &self.current_sql, vec![key]).await?;
+        // "0 rows, id 0" may be an earlier statement's answer too: the refusal is decided
+        // on this read, whose answer carries a fresh nonce.
+        let proof = nonce();
+        let current: Option<Option<u64>> = proven_first(
+            &mut *tx,
+            &self.current_sql,
+            vec![Value::UInt(proof), key],
+            proof,
+        )
+        .await?;
+        let Some(current) = current else {
+            // No row carrying the nonce: an earlier statement's answer (the upsert made
+            // the row in this transaction, so its own answer has one).
+            return Err(condemn(tx));
+        };
         Err(FenceError::Stale {
             resource: resource.to_owned(),
             presented: token,
-            current: FencingToken::new(current.flatten().unwrap_or(0)),
+            current: FencingToken::new(current.unwrap_or(0)),
         })
     }
 
     /// The newest token seen for `resource`, if any (a plain read: outside a
-    /// transaction, the latest committed value).
+    /// transaction, the latest committed value). Its answer carries a random number the
+    /// query chose, so a connection whose answers lag is refused
+    /// ([`FenceError::ConnectionUnusable`]) instead of answered with another
+    /// statement's result.
     #[tracing::instrument(skip(self, conn), fields(table = self.table.sql()))]
     pub async fn current(
         &self,
         conn: &mut impl Queryable,
         resource: &str,
     ) -> Result<Option<FencingToken>, FenceError> {
-        let sql = format!("SELECT token FROM {} WHERE resource = ?", self.table.sql());
+        let proof = nonce();
+        let key = Value::Bytes(resource.as_bytes().to_vec());
         let row: Option<Option<u64>> =
-            first_column(conn, &sql, vec![Value::Bytes(resource.as_bytes().to_vec())]).await?;
-        Ok(row.flatten().map(FencingToken::new))
+            proven_first(conn, &self.read_sql, vec![key, Value::UInt(proof)], proof).await?;
+        match row {
+            Some(token) => Ok(token.map(FencingToken::new)),
+            None => Err(condemn_queryable(conn)),
+        }
     }
 }
 
@@ -338,6 +386,13 @@ impl Fence {
 /// one, and MySQL has no such variable.)
 const MARK: &str = "SAVEPOINT fencelock_fenced";
 const RELEASE_MARK: &str = "RELEASE SAVEPOINT fencelock_fenced";
+/// `RELEASE_MARK` and a `SELECT` of a nonce, sent as one query: the server runs the
+/// `SELECT` only if the release succeeded (it stops a multi-statement query at the first
+/// error), and its row proves the answer is this query's. mysql_async asks for
+/// `CLIENT_MULTI_STATEMENTS` on every connection.
+fn release_proven(nonce: u64) -> String {
+    format!("{RELEASE_MARK}; SELECT {nonce}")
+}
 /// The largest token a signed `BIGINT` holds: 2^63 - 1.
 const SIGNED_BIGINT_MAX: u64 = u64::MAX >> 1;
 /// "SAVEPOINT ... does not exist", MariaDB and MySQL.
@@ -394,22 +449,18 @@ impl FencedTransaction<'_> {
     /// # Cancel safety
     ///
     /// Not cancel safe: once `COMMIT` is sent, dropping the future leaves its outcome
-    /// unknown (it may have committed). If a statement of yours on this transaction was
-    /// abandoned before its answer came, nothing is sent and the answer is
-    /// [`FenceError::ConnectionUnusable`]: drop the connection, which rolls back.
+    /// unknown (it may have committed). If a statement on this transaction was abandoned
+    /// before its answer came (yours, even with other commands after it), `COMMIT` is
+    /// not sent and the answer is [`FenceError::ConnectionUnusable`]: the check before it
+    /// is decided on an answer that proves it is its own. Drop the connection, which
+    /// rolls back.
     #[tracing::instrument(skip(self), fields(resource = %self.resource, token = %self.token))]
     pub async fn commit(mut self) -> Result<(), FenceError> {
-        usable(&mut self.tx).await?;
-        let in_flight = InFlight::on(&self.tx);
-        let committed = self.commit_checked().await;
-        in_flight.done();
-        committed
-    }
-
-    /// [`commit`](Self::commit) on a connection found usable.
-    async fn commit_checked(mut self) -> Result<(), FenceError> {
-        let ended = match self.tx.query_drop(RELEASE_MARK).await {
-            Ok(()) => None,
+        usable(&self.tx)?;
+        let proof = nonce();
+        let ended = match released(&mut self.tx, proof).await {
+            Ok(true) => None,
+            Ok(false) => return Err(condemn(&mut self.tx)),
             Err(mysql_async::Error::Server(server)) if server.code == ER_SP_DOES_NOT_EXIST => {
                 Some(FenceError::TransactionEnded {
                     resource: self.resource.clone(),
@@ -434,11 +485,26 @@ impl FencedTransaction<'_> {
     ///
     /// Dropping the future leaves the connection owing an answer (later fence calls on it
     /// are refused): drop the connection, the server rolls back when it closes.
-    pub async fn rollback(mut self) -> Result<(), FenceError> {
-        usable(&mut self.tx).await?;
-        let in_flight = InFlight::on(&self.tx);
-        let rolled_back = self.tx.rollback().await;
-        in_flight.done();
-        Ok(rolled_back?)
+    pub async fn rollback(self) -> Result<(), FenceError> {
+        usable(&self.tx)?;
+        Ok(self.tx.rollback().await?)
     }
+}
+
+/// Sends [`release_proven`]: `Ok(true)` when the savepoint was released and the answer
+/// carried `nonce`, `Ok(false)` when the answer was another statement's.
+async fn released(tx: &mut Transaction<'_>, nonce: u64) -> Result<bool, mysql_async::Error> {
+    let mut answer = tx.query_iter(release_proven(nonce)).await?;
+    // The first result is the release's OK; the second the SELECT's one row.
+    let _release: Vec<Row> = answer.collect().await?;
+    let selected: Vec<Row> = answer.collect().await?;
+    answer.drop_result().await?;
+    let carried = match selected.as_slice() {
+        [row] if row.len() == 1 => row
+            .as_ref(0)
+            .cloned()
+            .and_then(|v| mysql_async::from_value_opt::<u64>(v).ok()),
+        _ => None,
+    };
+    Ok(carried == Some(nonce))
 }

@@ -3,7 +3,8 @@
 //! No lock, no TTL, no token: the database's unique constraint does the excluding.
 //!
 //! ```sql
-//! INSERT INTO fencelock_idempotency (`key`) VALUES (?)  -- error 1062: a duplicate
+//! INSERT INTO fencelock_idempotency (`key`) VALUES (IF(LAST_INSERT_ID(?) > 0, ?, NULL))
+//! -- error 1062: a duplicate; "1 row" with last-insert-id = the nonce: the first claim
 //! ```
 //!
 //! A plain `INSERT`, the duplicate told by its error: `INSERT IGNORE` would also turn
@@ -16,7 +17,9 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Error, Value};
 
 use super::FenceError;
+use super::abandoned::{condemn_queryable, nonce};
 use super::ident::{Ident, MAX_KEY, check_key};
+use super::rows::done;
 
 /// `ER_DUP_ENTRY`: the unique key already holds this value.
 const ER_DUP_ENTRY: u16 = 1062;
@@ -83,15 +86,28 @@ impl IdempotencyKeys {
     /// Outside a transaction, dropping the future after the statement was sent leaves
     /// the claim's outcome unknown (a retry then answers [`Claim::Duplicate`]). Inside
     /// one, roll the transaction back.
+    ///
+    /// Any future dropped mid-statement on the connection (this one or another) leaves
+    /// its answers one behind; this call then fails with
+    /// [`FenceError::ConnectionUnusable`] (its statement's outcome unknown) instead of
+    /// reading another statement's answer: drop the connection.
     #[tracing::instrument(skip_all, fields(table = self.table.sql()))]
     pub async fn claim(&self, conn: &mut impl Queryable, key: &str) -> Result<Claim, FenceError> {
         check_key(key)?;
-        let sql = format!("INSERT INTO {} (`key`) VALUES (?)", self.table.sql());
-        match conn
-            .exec_drop(sql, vec![Value::Bytes(key.as_bytes().to_vec())])
-            .await
-        {
-            Ok(()) => Ok(Claim::First),
+        // LAST_INSERT_ID(<nonce>), evaluated for the row inserted: the server reports the
+        // value in the OK packet, so the answer proves it is this statement's (see
+        // abandoned.rs); an OK without it is an earlier statement's.
+        let sql = format!(
+            "INSERT INTO {} (`key`) VALUES (IF(LAST_INSERT_ID(?) > 0, ?, NULL))",
+            self.table.sql()
+        );
+        let proof = nonce();
+        let params = vec![Value::UInt(proof), Value::Bytes(key.as_bytes().to_vec())];
+        match done(conn, &sql, params).await {
+            Ok(inserted) if inserted.affected == 1 && inserted.insert_id == proof => {
+                Ok(Claim::First)
+            }
+            Ok(_) => Err(condemn_queryable(conn)),
             Err(Error::Server(server)) if server.code == ER_DUP_ENTRY => Ok(Claim::Duplicate),
             Err(err) => Err(err.into()),
         }

@@ -3,32 +3,37 @@
 use mysql_async::prelude::{FromValue, Queryable};
 use mysql_async::{DriverError, Row, Value};
 
-/// Runs `sql` and returns the rows it affected and the warnings it raised (outside strict
-/// SQL mode, a value cut to fit its column is a warning, not an error).
-pub(crate) async fn affected_warned(
-    q: &mut impl Queryable,
-    sql: &str,
-    params: Vec<Value>,
-) -> Result<(u64, u16), mysql_async::Error> {
-    let result = q.exec_iter(sql, params).await?;
-    let done = (result.affected_rows(), result.warnings());
-    result.drop_result().await?;
-    Ok(done)
+/// What the OK packet answering a statement said.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Done {
+    /// Rows affected: by default the rows a statement *changed*; with
+    /// `CLIENT_FOUND_ROWS` (mysql_async's `client_found_rows=true`) the rows it *matched*.
+    /// Every guarded statement of this module changes a column on each row it matches (a
+    /// counter, a version, a strictly newer token), so both counts are equal and the
+    /// answer does not depend on the flag.
+    pub(crate) affected: u64,
+    /// Warnings raised (outside strict SQL mode, a value cut to fit its column is a
+    /// warning, not an error).
+    pub(crate) warnings: u16,
+    /// The packet's last-insert-id: the value of a `LAST_INSERT_ID(expr)` the statement
+    /// evaluated, 0 if none.
+    pub(crate) insert_id: u64,
 }
 
-/// Runs `sql` and returns the rows it affected.
-///
-/// What "affected" counts depends on the connection: by default the rows a statement
-/// *changed*; with `CLIENT_FOUND_ROWS` (mysql_async's `client_found_rows=true`) the rows
-/// it *matched*. Every guarded statement of this module changes a column on each row it
-/// matches (a counter, a version, a strictly newer token), so both counts are equal and
-/// the answer does not depend on the flag.
-pub(crate) async fn affected(
+/// Runs `sql` and returns what its OK packet said.
+pub(crate) async fn done(
     q: &mut impl Queryable,
     sql: &str,
     params: Vec<Value>,
-) -> Result<u64, mysql_async::Error> {
-    affected_warned(q, sql, params).await.map(|(rows, _)| rows)
+) -> Result<Done, mysql_async::Error> {
+    let result = q.exec_iter(sql, params).await?;
+    let done = Done {
+        affected: result.affected_rows(),
+        warnings: result.warnings(),
+        insert_id: result.last_insert_id().unwrap_or(0),
+    };
+    result.drop_result().await?;
+    Ok(done)
 }
 
 /// The first row `sql` returns (`None`: no row), its first four columns converted to
@@ -66,19 +71,49 @@ fn take<T: FromValue>(row: &mut Row, index: usize) -> Result<T, mysql_async::Err
     }
 }
 
-/// The first column of the first row `sql` returns (`None`: no row), converted to `T`
-/// (an `Option<_>` for a nullable column); a value of another type is an error, not a
-/// panic.
-pub(crate) async fn first_column<T: FromValue>(
+/// The first row `sql` returns, if its last column is `nonce` (the statement's own answer:
+/// see `abandoned.rs`): its first column converted to `T`. `None`: no row, or another
+/// number in the last column (an answer to an earlier statement).
+pub(crate) async fn proven_first<T: FromValue>(
     q: &mut impl Queryable,
     sql: &str,
     params: Vec<Value>,
+    nonce: u64,
 ) -> Result<Option<T>, mysql_async::Error> {
     let row: Option<Row> = q.exec_first(sql, params).await?;
     let Some(mut row) = row else {
         return Ok(None);
     };
+    let last = row.len().checked_sub(1);
+    let carried = last
+        .and_then(|i| row.as_ref(i).cloned())
+        .and_then(|v| mysql_async::from_value_opt::<u64>(v).ok());
+    if last == Some(0) || carried != Some(nonce) {
+        return Ok(None);
+    }
     take(&mut row, 0).map(Some)
+}
+
+/// [`proven_first`] for two columns before the nonce: `SELECT COUNT(*), MAX(col), ?`
+/// gives one row whether the key exists or not.
+pub(crate) async fn proven_pair<A: FromValue, B: FromValue>(
+    q: &mut impl Queryable,
+    sql: &str,
+    params: Vec<Value>,
+    nonce: u64,
+) -> Result<Option<(A, B)>, mysql_async::Error> {
+    let row: Option<Row> = q.exec_first(sql, params).await?;
+    let Some(mut row) = row else {
+        return Ok(None);
+    };
+    let carried = row
+        .as_ref(2)
+        .cloned()
+        .and_then(|v| mysql_async::from_value_opt::<u64>(v).ok());
+    if row.len() != 3 || carried != Some(nonce) {
+        return Ok(None);
+    }
+    Ok(Some((take(&mut row, 0)?, take(&mut row, 1)?)))
 }
 
 /// A key as a person reads it, for error messages: text as text, numbers as numbers.

@@ -11,7 +11,9 @@
 //! (after waiting for the row lock), never on a transaction's snapshot. The token always
 //! changes on a match (strictly newer), so "rows affected" is the rows matched with or
 //! without `CLIENT_FOUND_ROWS`. A NULL token column means no token has been seen yet: the
-//! first fenced write takes it.
+//! first fenced write takes it. The statement sent sets the token to
+//! `? + 0 * LAST_INSERT_ID(<nonce>)`, so that its answer proves it is its own (see
+//! `abandoned.rs`).
 
 use std::sync::{Arc, OnceLock};
 
@@ -19,9 +21,10 @@ use mysql_async::Value;
 use mysql_async::prelude::Queryable;
 
 use super::FenceError;
+use super::abandoned::{condemn_queryable, nonce};
 use super::capacity::{self, Capacity};
 use super::ident::Ident;
-use super::rows::{affected, describe, first_column};
+use super::rows::{describe, done, proven_pair};
 use crate::FencingToken;
 
 /// A table whose rows carry the token of their last writer in a column.
@@ -92,6 +95,11 @@ impl TokenColumn {
     /// Outside a transaction the statement is applied or not as one; dropping the future
     /// after it was sent leaves which one unknown (a retry with the same token is then
     /// refused as stale if it was applied).
+    ///
+    /// Any future dropped mid-statement on the connection (this one or another) leaves
+    /// its answers one behind; this call then fails with
+    /// [`FenceError::ConnectionUnusable`] (its statement's outcome unknown) instead of
+    /// reading another statement's answer: drop the connection.
     #[tracing::instrument(skip_all, fields(table = self.table.sql(), token = %token))]
     pub async fn update(
         &self,
@@ -112,29 +120,44 @@ impl TokenColumn {
                 });
             }
         }
+        // `+ 0 * LAST_INSERT_ID(<nonce>)`: the answer proves it is this statement's (the
+        // server reports the value in the OK packet of an UPDATE that matched a row; see
+        // abandoned.rs and Fence's guarded UPDATE).
         let sql = format!(
-            "UPDATE {table} SET {set}, {token_col} = ? \
+            "UPDATE {table} SET {set}, {token_col} = ? + 0 * LAST_INSERT_ID(?) \
              WHERE {key_col} = ? AND ({token_col} IS NULL OR {token_col} < ?)"
         );
         let value = Value::UInt(token.get());
+        let proof = nonce();
         let mut all = params;
-        all.extend([value.clone(), key.clone(), value]);
-        let updated = affected(conn, &sql, all).await?;
-        if updated > 0 {
-            return Ok(updated);
+        all.extend([value.clone(), Value::UInt(proof), key.clone(), value]);
+        let updated = done(conn, &sql, all).await?;
+        match (updated.affected, updated.insert_id) {
+            (rows, id) if rows > 0 && id == proof => return Ok(rows),
+            (0, 0) => {}
+            _ => return Err(condemn_queryable(conn)),
         }
         // A locking read: inside a REPEATABLE READ transaction a plain one could answer
-        // from the transaction's older snapshot.
-        let sql = format!("SELECT {token_col} FROM {table} WHERE {key_col} = ? LOCK IN SHARE MODE");
+        // from the transaction's older snapshot. An aggregate: one row (carrying the
+        // nonce) whether the key exists or not.
+        let proof = nonce();
+        let sql = format!(
+            "SELECT COUNT(*), MAX({token_col}), ? FROM {table} WHERE {key_col} = ? \
+             LOCK IN SHARE MODE"
+        );
         let resource = describe(&key);
-        match first_column::<Option<u64>>(conn, &sql, vec![key]).await? {
-            Some(stored) => Err(FenceError::Stale {
+        let read =
+            proven_pair::<u64, Option<u64>>(conn, &sql, vec![Value::UInt(proof), key], proof)
+                .await?;
+        match read {
+            None => Err(condemn_queryable(conn)),
+            Some((0, _)) => Err(FenceError::NotFound { resource }),
+            Some((_, stored)) => Err(FenceError::Stale {
                 resource,
                 presented: token,
                 // NULL only if another writer set it back to NULL in between.
                 current: FencingToken::new(stored.unwrap_or(0)),
             }),
-            None => Err(FenceError::NotFound { resource }),
         }
     }
 }

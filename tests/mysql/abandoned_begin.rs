@@ -134,8 +134,8 @@ async fn a_newer_token_on_a_connection_owing_an_answer_is_never_called_stale() {
 /// mysql_async's own mark is cleared by the first command after the abandoned one, which
 /// reads the abandoned answer as its own: a plain command of the caller's in between (a
 /// ping-like `DO 1`, a read) made the fence trust the connection again on 940911f, and
-/// the stale retry read answers one behind. The fence's mark stays until the connection
-/// is proven in step, which a lagging one never is.
+/// the stale retry read answers one behind. The fence now decides only on answers that
+/// carry a nonce of the statement just sent, which a lagging connection never returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_in_between_does_not_make_a_connection_owing_an_answer_usable() {
     let mut db = Db::start().await;

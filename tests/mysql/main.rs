@@ -6,6 +6,7 @@
 mod support;
 
 mod abandoned_begin;
+mod abandoned_statement;
 mod concurrent_writers;
 mod connect_errors;
 mod idempotency;
