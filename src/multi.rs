@@ -12,7 +12,7 @@
 //!
 //! This is the ordering rule of every textbook; it costs what one lock after another
 //! costs (one wait per name, earlier locks held meanwhile), and each lock keeps its own
-//! token. ZooKeeper has better: [`ZooKeeperLocker::lock_all`](crate::zookeeper::ZooKeeperLocker::lock_all)
+//! token. ZooKeeper has better: `ZooKeeperLocker::lock_all`
 //! queues in every lock in one transaction, with one token for all. Mixing the two on one
 //! ZooKeeper name stays deadlock-free only if every multi-lock user of those names takes
 //! the same kind: keep to one.
