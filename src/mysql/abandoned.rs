@@ -94,6 +94,28 @@ pub(super) fn condemn_queryable(q: &mut impl Queryable) -> FenceError {
     FenceError::ConnectionUnusable
 }
 
+/// Whether the connection answers in step now: `SELECT <nonce>` comes back with that
+/// nonce. Asked after an answer that carries no nonce of its own (a server error, an
+/// insert into a table whose AUTO_INCREMENT id the server reports instead of
+/// `LAST_INSERT_ID(expr)`'s value): if the connection is in step after it, that answer was
+/// the statement's own; if it lagged, this one reads the statement's real answer instead
+/// and never the nonce. One round trip, on those paths only.
+pub(super) async fn in_step(q: &mut impl Queryable) -> bool {
+    let proof = nonce();
+    let answered: Result<Option<u64>, _> = q.exec_first("SELECT ?", (proof,)).await;
+    matches!(answered, Ok(Some(carried)) if carried == proof)
+}
+
+/// A server error answered to a helper's statement that carries no nonce: the error
+/// itself if the connection proves in step after it ([`in_step`]), else refused (it may
+/// be an earlier statement's error, the helper's own outcome unknown).
+pub(super) async fn proven_error(q: &mut impl Queryable, err: mysql_async::Error) -> FenceError {
+    if matches!(err, mysql_async::Error::Server(_)) && !in_step(q).await {
+        return condemn_queryable(q);
+    }
+    err.into()
+}
+
 /// How many `DO 0`s [`condemn`] sends at most before leaving the connection as it is
 /// (still refused by every fence call, which checks each answer).
 const CONDEMN_TRIES: usize = 8;

@@ -32,7 +32,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row, Transaction, TxOpts, Value};
 
 use super::FenceError;
-use super::abandoned::{condemn, condemn_queryable, nonce, usable};
+use super::abandoned::{condemn, condemn_queryable, in_step, nonce, usable};
 use super::capacity;
 use super::ident::{Ident, MAX_KEY, check_key};
 use super::rows::{done, proven_first};
@@ -248,6 +248,13 @@ impl Fence {
                 // condemned, and closing it rolls back.
                 return Err(err);
             }
+            // A server error carries no nonce: it may be an earlier statement's, read by
+            // a lagging connection (which must not go back to a pool as it is).
+            if matches!(err, FenceError::Database(mysql_async::Error::Server(_)))
+                && !in_step(&mut tx).await
+            {
+                return Err(condemn(&mut tx));
+            }
             // Free the fence row now rather than at the connection's next command.
             if let Err(rollback) = tx.rollback().await {
                 tracing::debug!(%rollback, "rollback after a refused fence failed");
@@ -461,9 +468,18 @@ impl FencedTransaction<'_> {
         let ended = match released(&mut self.tx, proof).await {
             Ok(true) => None,
             Ok(false) => return Err(condemn(&mut self.tx)),
-            Err(mysql_async::Error::Server(server)) if server.code == ER_SP_DOES_NOT_EXIST => {
-                Some(FenceError::TransactionEnded {
-                    resource: self.resource.clone(),
+            Err(mysql_async::Error::Server(server)) => {
+                // An error carries no nonce: one read from a lagging answer ("no such
+                // savepoint" of another transaction) is not this transaction's.
+                if !in_step(&mut self.tx).await {
+                    return Err(condemn(&mut self.tx));
+                }
+                Some(if server.code == ER_SP_DOES_NOT_EXIST {
+                    FenceError::TransactionEnded {
+                        resource: self.resource.clone(),
+                    }
+                } else {
+                    mysql_async::Error::Server(server).into()
                 })
             }
             Err(err) => Some(err.into()),

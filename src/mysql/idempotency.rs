@@ -17,7 +17,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Error, Value};
 
 use super::FenceError;
-use super::abandoned::{condemn_queryable, nonce};
+use super::abandoned::{condemn_queryable, in_step, nonce, proven_error};
 use super::ident::{Ident, MAX_KEY, check_key};
 use super::rows::done;
 
@@ -107,9 +107,21 @@ impl IdempotencyKeys {
             Ok(inserted) if inserted.affected == 1 && inserted.insert_id == proof => {
                 Ok(Claim::First)
             }
+            // A table with an AUTO_INCREMENT column: the server reports the id it
+            // generated, not LAST_INSERT_ID(expr)'s value; the row was ours if the
+            // connection answers in step after it.
+            Ok(inserted) if inserted.affected == 1 && in_step(conn).await => Ok(Claim::First),
             Ok(_) => Err(condemn_queryable(conn)),
-            Err(Error::Server(server)) if server.code == ER_DUP_ENTRY => Ok(Claim::Duplicate),
-            Err(err) => Err(err.into()),
+            // An error carries no nonce: a lagging duplicate of another key would make
+            // this key's work never run.
+            Err(Error::Server(server)) if server.code == ER_DUP_ENTRY => {
+                if in_step(conn).await {
+                    Ok(Claim::Duplicate)
+                } else {
+                    Err(condemn_queryable(conn))
+                }
+            }
+            Err(err) => Err(proven_error(conn, err).await),
         }
     }
 }

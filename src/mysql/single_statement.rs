@@ -21,7 +21,7 @@ use mysql_async::Value;
 use mysql_async::prelude::Queryable;
 
 use super::FenceError;
-use super::abandoned::{condemn_queryable, nonce};
+use super::abandoned::{condemn_queryable, nonce, proven_error};
 use super::capacity::{self, Capacity};
 use super::ident::Ident;
 use super::rows::{describe, done, proven_pair};
@@ -131,7 +131,10 @@ impl TokenColumn {
         let proof = nonce();
         let mut all = params;
         all.extend([value.clone(), Value::UInt(proof), key.clone(), value]);
-        let updated = done(conn, &sql, all).await?;
+        let updated = match done(conn, &sql, all).await {
+            Ok(updated) => updated,
+            Err(err) => return Err(proven_error(conn, err).await),
+        };
         match (updated.affected, updated.insert_id) {
             (rows, id) if rows > 0 && id == proof => return Ok(rows),
             (0, 0) => {}

@@ -13,7 +13,7 @@ use mysql_async::Value;
 use mysql_async::prelude::Queryable;
 
 use super::FenceError;
-use super::abandoned::{condemn_queryable, nonce};
+use super::abandoned::{condemn_queryable, nonce, proven_error};
 use super::ident::Ident;
 use super::rows::{describe, done, proven_pair};
 
@@ -70,7 +70,10 @@ impl VersionColumn {
         let proof = nonce();
         let mut all = params;
         all.extend([Value::UInt(proof), key.clone(), Value::Int(expected)]);
-        let updated = done(conn, &sql, all).await?;
+        let updated = match done(conn, &sql, all).await {
+            Ok(updated) => updated,
+            Err(err) => return Err(proven_error(conn, err).await),
+        };
         match (updated.affected, updated.insert_id) {
             // The row had `expected` and the statement added one: no read needed. (At
             // i64::MAX the server refuses the UPDATE itself: out of range.)

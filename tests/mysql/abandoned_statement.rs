@@ -438,3 +438,42 @@ async fn a_claim_on_a_lagging_connection_is_refused() {
         "a repeat on a lagging connection: {lagging:?}"
     );
 }
+
+/// A claim given up while another transaction holds its key uncommitted: when that
+/// transaction commits, the abandoned `INSERT`'s answer is a duplicate-key error. The next
+/// claim (another key) reads that error as its own: taken for a repeat, its own key was
+/// inserted and its work would never run. It must be refused instead.
+#[tokio::test]
+async fn a_claim_reading_an_abandoned_claims_duplicate_error_is_refused() {
+    let mut db = Db::start().await;
+    let keys = IdempotencyKeys::new();
+    keys.ensure_schema(&mut db.conn).await.expect("schema");
+    let mut writer = db.connect().await;
+    // The claim's INSERT is prepared on the writer's connection.
+    assert_eq!(
+        keys.claim(&mut writer, "warm").await.expect("claim"),
+        Claim::First
+    );
+    let mut other = db.connect().await;
+    let mut held = other
+        .start_transaction(mysql_async::TxOpts::default())
+        .await
+        .expect("begin");
+    assert_eq!(
+        keys.claim(&mut held, "k1").await.expect("claim"),
+        Claim::First
+    );
+    let waited =
+        tokio::time::timeout(Duration::from_millis(300), keys.claim(&mut writer, "k1")).await;
+    assert!(
+        waited.is_err(),
+        "the claim of k1 waits for the other transaction"
+    );
+    held.commit().await.expect("commit");
+
+    let next = keys.claim(&mut writer, "k2").await;
+    assert!(
+        matches!(next, Err(FenceError::ConnectionUnusable)),
+        "a claim of k2 reading k1's duplicate: {next:?}"
+    );
+}

@@ -49,3 +49,27 @@ async fn first_then_duplicate_and_a_rollback_frees_the_key() {
         "the rolled-back claim freed the key"
     );
 }
+
+/// A keys table with a surrogate AUTO_INCREMENT id: the server reports the id it
+/// generated, not the claim's own proof, and the claim must still be taken as the first.
+#[tokio::test]
+async fn a_table_with_an_auto_increment_id_claims_first_then_duplicate() {
+    use mysql_async::prelude::Queryable;
+    let mut db = Db::start().await;
+    db.conn
+        .query_drop(
+            "CREATE TABLE claims_ai (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+             `key` VARBINARY(255) NOT NULL UNIQUE) ENGINE=InnoDB",
+        )
+        .await
+        .expect("table");
+    let keys = IdempotencyKeys::with_table("claims_ai").expect("table name");
+    assert_eq!(
+        keys.claim(&mut db.conn, "req-1").await.expect("claim"),
+        Claim::First
+    );
+    assert_eq!(
+        keys.claim(&mut db.conn, "req-1").await.expect("again"),
+        Claim::Duplicate
+    );
+}
