@@ -33,6 +33,11 @@ use crate::LossReason;
 /// that can keep a waiter from hearing (a cut path, 3 s) plus a margin.
 pub(crate) const STALL_BOUND: Duration = Duration::from_secs(6);
 
+/// How long after its release returned a key may stay beyond its lease's TTL: the
+/// longest revocation of the clients' write permission (2 s; a delete refused meanwhile
+/// is retried by the session's sweep once it is restored) plus a sweep and a request.
+pub(crate) const RELEASE_SLACK: Duration = Duration::from_secs(5);
+
 /// How long after its key is deleted a guard may still say it holds: one lease TTL (a
 /// holder cut off from every member learns by its lease deadline) plus a margin.
 pub(crate) struct HeldBound;
@@ -82,6 +87,8 @@ pub(crate) enum Event {
     Released {
         id: u64,
         started: Instant,
+        /// When the release returned (or the guard was dropped).
+        ended: Instant,
         outcome: Outcome,
     },
 }
@@ -162,6 +169,15 @@ pub(crate) struct Verdict {
     pub(crate) checked: Vec<(&'static str, usize)>,
     /// Every violation, with the history around it.
     pub(crate) violations: Vec<String>,
+    /// When the earliest violation happened (as near as the checker can tell).
+    pub(crate) first_at: Option<Instant>,
+}
+
+impl Verdict {
+    fn fail(&mut self, at: Instant, violation: String) {
+        self.first_at = Some(self.first_at.map_or(at, |first| first.min(at)));
+        self.violations.push(violation);
+    }
 }
 
 /// What the operator (the nemesis) did that may delete keys.
@@ -230,17 +246,20 @@ pub(crate) fn check(
     for grant in grants.values() {
         *counts.entry("token").or_default() += 1;
         let Some(life) = life_of(grant) else {
-            verdict.violations.push(format!(
-                "token: client {} was granted {} with token {}, but no key of that name was \
+            verdict.fail(
+                grant.at,
+                format!(
+                    "token: client {} was granted {} with token {}, but no key of that name was \
                  created at that revision",
-                grant.client, grant.key, grant.token
-            ));
+                    grant.client, grant.key, grant.token
+                ),
+            );
             continue;
         };
         *counts.entry("exclusion").or_default() += 1;
         let revision = grant.admitted;
         if !life.alive_at(revision) {
-            verdict.violations.push(format!(
+            verdict.fail(grant.at, format!(
                 "exclusion: client {} was granted {} (token {}) at revision {revision}, when its \
                  key did not exist (deleted at {:?})\n{}",
                 grant.client,
@@ -256,7 +275,12 @@ pub(crate) fn check(
             .into_iter()
             .flatten()
             .map(|i| &lives[*i])
-            .filter(|other| other.created < life.created && other.alive_at(revision))
+            // An equal create revision is ahead too: two keys of one name made in one
+            // transaction (two joins batched together) share a token, and neither may
+            // pass the other.
+            .filter(|other| {
+                other.created <= life.created && other.key != life.key && other.alive_at(revision)
+            })
             .collect();
         let shares: Vec<Share> = ahead.iter().map(|other| share(&other.value)).collect();
         if !admits(share(&life.value), &shares) {
@@ -264,14 +288,112 @@ pub(crate) fn check(
                 .iter()
                 .map(|o| format!("{}@{}", String::from_utf8_lossy(&o.key), o.created))
                 .collect();
-            verdict.violations.push(format!(
-                "exclusion: client {} was granted {} (token {}) at revision {revision} while \
+            verdict.fail(
+                grant.at,
+                format!(
+                    "exclusion: client {} was granted {} (token {}) at revision {revision} while \
                  {names:?} were ahead of it\n{}",
-                grant.client,
-                grant.key,
-                grant.token,
-                dump(&life.prefix, revision)
-            ));
+                    grant.client,
+                    grant.key,
+                    grant.token,
+                    dump(&life.prefix, revision)
+                ),
+            );
+        }
+    }
+
+    // Duplicate tokens: a token is one grant of one name, ever. Two grants of one name
+    // with equal tokens are one key handed out twice (a name reused while its old key
+    // stood) or two keys made in one transaction; either way their fences cannot tell
+    // them apart.
+    let mut by_token: HashMap<(&[u8], i64), &Grant> = HashMap::new();
+    let mut ordered: Vec<&Grant> = grants.values().copied().collect();
+    ordered.sort_by_key(|g| (g.at, g.id));
+    for grant in ordered {
+        let Some(life) = life_of(grant) else { continue };
+        *counts.entry("duplicate token").or_default() += 1;
+        if let Some(first) = by_token.insert((life.prefix.as_slice(), grant.token), grant) {
+            verdict.fail(
+                grant.at,
+                format!(
+                    "duplicate token: client {} was granted {} with token {}, which client {} had \
+                 already been granted for {} (another acquisition)\n{}",
+                    grant.client,
+                    grant.key,
+                    grant.token,
+                    first.client,
+                    first.key,
+                    dump(&life.prefix, grant.token)
+                ),
+            );
+        }
+    }
+
+    // Once `lost()` has resolved, `is_held()` says false for good.
+    let mut lost_at: HashMap<u64, Instant> = HashMap::new();
+    for event in events {
+        match event {
+            Event::Lost { id, at, .. } => {
+                lost_at.entry(*id).or_insert(*at);
+            }
+            Event::Held { id, at, held } => {
+                let Some(since) = lost_at.get(id) else {
+                    continue;
+                };
+                *counts.entry("held after loss").or_default() += 1;
+                if *held {
+                    if let Some(grant) = grants.get(id) {
+                        verdict.fail(
+                            *at,
+                            format!(
+                                "holding: client {}'s is_held() said true for {} (token {}) {:?} \
+                             after its lost() resolved",
+                                grant.client,
+                                grant.key,
+                                grant.token,
+                                at.duration_since(*since)
+                            ),
+                        );
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    // A key outlives its release by at most its lease (a delete that cannot get through
+    // leaves the key to its lease) plus the longest revocation of the clients' write
+    // permission (a refused delete is retried by the sweep once it is restored).
+    for event in events {
+        let Event::Released {
+            id,
+            ended: returned,
+            ..
+        } = event
+        else {
+            continue;
+        };
+        let Some(grant) = grants.get(id) else {
+            continue;
+        };
+        let Some(life) = life_of(grant) else { continue };
+        *counts.entry("key after release").or_default() += 1;
+        let bound = grant.ttl + RELEASE_SLACK;
+        // Never deleted: the leftovers check speaks for a key still there at the end.
+        let gone = life.deleted.map_or(ended, |(_, seen)| seen);
+        if gone > *returned + bound {
+            verdict.fail(
+                *returned + bound,
+                format!(
+                    "release: client {}'s key {} (token {}) was still there {:?} after its release \
+                 returned (bound {bound:?})\n{}",
+                    grant.client,
+                    grant.key,
+                    grant.token,
+                    gone.duration_since(*returned),
+                    dump(&life.prefix, life.created)
+                ),
+            );
         }
     }
 
@@ -286,7 +408,7 @@ pub(crate) fn check(
                 if let Some((revision, seen)) = life.deleted {
                     let bound = HeldBound::for_ttl(grant.ttl);
                     if *at > seen + bound {
-                        verdict.violations.push(format!(
+                        verdict.fail(*at, format!(
                             "holding: client {}'s is_held() said true for {} (token {}) {:?} \
                              after its key was deleted at revision {revision} (bound {bound:?})\n{}",
                             grant.client,
@@ -312,20 +434,24 @@ pub(crate) fn check(
                 // (3 s of silence before the recorder opens another watch, and its reopen.)
                 let heard_late = |seen: Instant| seen > *at + Duration::from_secs(5);
                 if life.deleted.is_none_or(|(_, seen)| heard_late(seen)) {
-                    verdict.violations.push(format!(
-                        "holding: client {} was told its key {} (token {}) was deleted, before \
+                    verdict.fail(
+                        *at,
+                        format!(
+                            "holding: client {} was told its key {} (token {}) was deleted, before \
                          it was (deleted: {:?})",
-                        grant.client,
-                        grant.key,
-                        grant.token,
-                        life.deleted.map(|(d, _)| d)
-                    ));
+                            grant.client,
+                            grant.key,
+                            grant.token,
+                            life.deleted.map(|(d, _)| d)
+                        ),
+                    );
                 }
             }
             Event::Released {
                 id,
                 started,
                 outcome: Outcome::Released,
+                ..
             } => {
                 let Some(grant) = grants.get(id) else {
                     continue;
@@ -333,22 +459,28 @@ pub(crate) fn check(
                 let Some(life) = life_of(grant) else { continue };
                 *counts.entry("release").or_default() += 1;
                 match life.deleted {
-                    None => verdict.violations.push(format!(
-                        "release: client {} released {} (token {}), and its key was never \
+                    None => verdict.fail(
+                        *started,
+                        format!(
+                            "release: client {} released {} (token {}), and its key was never \
                          deleted",
-                        grant.client, grant.key, grant.token
-                    )),
+                            grant.client, grant.key, grant.token
+                        ),
+                    ),
                     // Someone else deleted it long before: the release found nothing of
                     // its own to delete, and should have said so.
                     Some((revision, seen)) if seen + HeldBound::for_ttl(grant.ttl) < *started => {
-                        verdict.violations.push(format!(
-                            "release: client {} reported {} (token {}) released, but its key \
+                        verdict.fail(
+                            *started,
+                            format!(
+                                "release: client {} reported {} (token {}) released, but its key \
                              had been deleted at revision {revision}, {:?} before the release",
-                            grant.client,
-                            grant.key,
-                            grant.token,
-                            started.duration_since(seen)
-                        ));
+                                grant.client,
+                                grant.key,
+                                grant.token,
+                                started.duration_since(seen)
+                            ),
+                        );
                     }
                     Some(_) => {}
                 }
@@ -386,15 +518,18 @@ pub(crate) fn check(
             .get(&life.lease)
             .is_none_or(|last| *last < revision);
         if !lease_ended {
-            verdict.violations.push(format!(
-                "deletion: client {}'s key {} (token {}) was deleted at revision {revision}, \
+            verdict.fail(
+                seen,
+                format!(
+                    "deletion: client {}'s key {} (token {}) was deleted at revision {revision}, \
                  {:?} before its release began, by neither the operator nor its lease's end\n{}",
-                grant.client,
-                grant.key,
-                grant.token,
-                started.duration_since(seen),
-                dump(&life.prefix, revision)
-            ));
+                    grant.client,
+                    grant.key,
+                    grant.token,
+                    started.duration_since(seen),
+                    dump(&life.prefix, revision)
+                ),
+            );
         }
     }
 
@@ -424,22 +559,26 @@ pub(crate) fn check(
             } else {
                 "nobody took it; it went only"
             };
-            verdict.violations.push(format!(
-                "progress: key {} (created {}) was admitted at revision {admitted}, and {who} \
+            verdict.fail(
+                since + STALL_BOUND,
+                format!(
+                    "progress: key {} (created {}) was admitted at revision {admitted}, and {who} \
                  {:?} later\n{}",
-                String::from_utf8_lossy(&life.key),
-                life.created,
-                until.duration_since(since),
-                dump(&life.prefix, admitted)
-            ));
+                    String::from_utf8_lossy(&life.key),
+                    life.created,
+                    until.duration_since(since),
+                    dump(&life.prefix, admitted)
+                ),
+            );
         }
     }
 
     *counts.entry("leftovers").or_default() += 1;
     for key in left {
-        verdict.violations.push(format!(
-            "leftovers: key {key} was still there after the run settled"
-        ));
+        verdict.fail(
+            ended,
+            format!("leftovers: key {key} was still there after the run settled"),
+        );
     }
 
     let mut checked: Vec<(&'static str, usize)> = counts.into_iter().collect();
@@ -636,6 +775,7 @@ mod tests {
             self.events.push(Event::Released {
                 id,
                 started: self.at(ms),
+                ended: self.at(ms),
                 outcome: Outcome::Released,
             });
         }
