@@ -3,7 +3,7 @@
 //! give it back (a release refused, a join refused) while everything else goes on. The
 //! recorder and the nemesis are root.
 
-use etcd_client::{Client, Permission};
+use etcd_client::{Client, ConnectOptions, Permission};
 
 use crate::testkit::{EtcdCluster, TestkitError};
 
@@ -48,7 +48,12 @@ pub(crate) async fn enable(cluster: &EtcdCluster, namespace: &str) -> Result<Cli
         .auth_enable()
         .await
         .map_err(|e| failed("auth enable", e))?;
-    cluster.client_as("root", ROOT_PASSWORD).await
+    // Refreshing its token: a member the nemesis restarted forgets the simple tokens it
+    // issued, and the recorder and the nemesis must go on through it.
+    let options = ConnectOptions::new()
+        .with_user("root", ROOT_PASSWORD)
+        .with_auto_token_refresh(true);
+    Ok(Client::connect(cluster.endpoints(), Some(options)).await?)
 }
 
 /// [`ROLE`] may read and write `namespace/` (again).

@@ -33,9 +33,14 @@ use crate::LossReason;
 /// that can keep a waiter from hearing (a cut path, 3 s) plus a margin.
 pub(crate) const STALL_BOUND: Duration = Duration::from_secs(6);
 
-/// How long after its release returned a key may stay beyond its lease's TTL: the
-/// longest revocation of the clients' write permission (2 s; a delete refused meanwhile
-/// is retried by the session's sweep once it is restored) plus a sweep and a request.
+/// How much longer a key may stay (unreleased, or not taken) when the clients' write
+/// permission was revoked meanwhile: the revocation (at most 2 s), then the sweep's
+/// backoff (at most 1 s) and its read and delete.
+pub(crate) const REVOKED_SLACK: Duration = Duration::from_secs(4);
+
+/// How long after its release returned a key may stay beyond its lease's TTL (a delete
+/// that cannot get through leaves the key to its lease): retries through a cut path or a
+/// killed member. A revocation of the clients' write permission adds [`REVOKED_SLACK`].
 pub(crate) const RELEASE_SLACK: Duration = Duration::from_secs(5);
 
 /// How long after its key is deleted a guard may still say it holds: one lease TTL (a
@@ -187,9 +192,22 @@ pub(crate) struct Operator {
     pub(crate) revisions: std::collections::BTreeSet<i64>,
     /// When its requests that got no answer were in flight.
     pub(crate) unanswered: Vec<(Instant, Instant)>,
+    /// When the clients' write permission was revoked: a key whose delete was refused
+    /// meanwhile stays until the sweep gets through after it is restored.
+    pub(crate) revoked: Vec<(Instant, Instant)>,
 }
 
 impl Operator {
+    /// Extra time a key may stay between `from` and `until`: [`REVOKED_SLACK`] if the
+    /// clients' write permission was revoked at some point in between.
+    fn revoked_slack(&self, from: Instant, until: Instant) -> Duration {
+        if self.revoked.iter().any(|(a, b)| *a <= until && *b >= from) {
+            REVOKED_SLACK
+        } else {
+            Duration::ZERO
+        }
+    }
+
     /// Whether the operator may have made the deletion at `revision`, seen at `seen`.
     fn explains(&self, revision: i64, seen: Instant) -> bool {
         self.revisions.contains(&revision)
@@ -362,8 +380,8 @@ pub(crate) fn check(
     }
 
     // A key outlives its release by at most its lease (a delete that cannot get through
-    // leaves the key to its lease) plus the longest revocation of the clients' write
-    // permission (a refused delete is retried by the sweep once it is restored).
+    // leaves the key to its lease) plus retries, plus a revocation of the clients' write
+    // permission meanwhile (a refused delete is retried by the sweep once restored).
     for event in events {
         let Event::Released {
             id,
@@ -379,6 +397,7 @@ pub(crate) fn check(
         let Some(life) = life_of(grant) else { continue };
         *counts.entry("key after release").or_default() += 1;
         let bound = grant.ttl + RELEASE_SLACK;
+        let bound = bound + operator.revoked_slack(*returned, *returned + bound);
         // Never deleted: the leftovers check speaks for a key still there at the end.
         let gone = life.deleted.map_or(ended, |(_, seen)| seen);
         if gone > *returned + bound {
@@ -553,7 +572,8 @@ pub(crate) fn check(
             Some(grant) => grant.at,
             None => life.deleted.map_or(ended, |(_, seen)| seen),
         };
-        if until > since + STALL_BOUND {
+        let bound = STALL_BOUND + operator.revoked_slack(since, since + STALL_BOUND);
+        if until > since + bound {
             let who = if granted.contains_key(&(life.key.as_slice(), life.created)) {
                 "its waiter was granted only"
             } else {

@@ -356,6 +356,7 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
         &checker::Operator {
             revisions: faults.operator_revisions(),
             unanswered: faults.unanswered(),
+            revoked: faults.revoked(),
         },
     );
     violations.extend(verdict.violations);

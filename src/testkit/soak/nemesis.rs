@@ -29,6 +29,8 @@ pub(crate) struct Faults {
     operator: Mutex<std::collections::BTreeSet<i64>>,
     /// When operator requests that got no answer were in flight: they may have deleted.
     unanswered: Mutex<Vec<(Instant, Instant)>>,
+    /// When the clients' write permission may have been revoked.
+    revoked: Mutex<Vec<(Instant, Instant)>>,
 }
 
 impl Faults {
@@ -69,6 +71,11 @@ impl Faults {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// When the clients' write permission may have been revoked.
+    pub(crate) fn revoked(&self) -> Vec<(Instant, Instant)> {
+        lock(&self.revoked).clone()
     }
 
     /// The revisions of the operator's deletes and revokes.
@@ -289,6 +296,7 @@ async fn revoke_write(targets: &Targets, rng: &mut Rng, faults: &Faults, revoked
     }
     let mut admin = targets.admin.clone();
     let prefix = format!("{}/", targets.namespace);
+    let from = Instant::now();
     let taken = admin
         .role_revoke_permission(
             super::auth::ROLE,
@@ -317,6 +325,7 @@ async fn revoke_write(targets: &Targets, rng: &mut Rng, faults: &Faults, revoked
     if let Err(err) = super::auth::restore_write(&mut admin, &targets.namespace).await {
         tracing::warn!(%err, "soak: restoring the clients' write permission failed");
     }
+    lock(&faults.revoked).push((from, Instant::now()));
     *lock(revoked) = false;
 }
 
