@@ -88,6 +88,13 @@ pub(crate) enum Event {
         at: Instant,
         reason: LossReason,
     },
+    /// An acquisition failed with `error`.
+    Failed {
+        client: usize,
+        name: String,
+        at: Instant,
+        error: String,
+    },
     /// The grant's release, and what it reported.
     Released {
         id: u64,
@@ -344,6 +351,29 @@ pub(crate) fn check(
                     dump(&life.prefix, grant.token)
                 ),
             );
+        }
+    }
+
+    // A join that finds its own key already there, although no attempt of it went
+    // unanswered, met a name its session used before while that name's key stood (a
+    // name given back too early): the library refuses the key rather than take an
+    // earlier grant's token, but the name should never have been given back.
+    for event in events {
+        let Event::Failed {
+            client,
+            name,
+            at,
+            error,
+        } = event
+        else {
+            continue;
+        };
+        *counts.entry("name reuse").or_default() += 1;
+        if error.contains("already exists although every attempt") {
+            verdict.fail(*at, format!(
+                "name reuse: client {client}'s acquisition of {name} found a key of its own name \
+                 standing: {error}"
+            ));
         }
     }
 
@@ -944,6 +974,7 @@ mod tests {
         let operator = Operator {
             revisions: [5].into_iter().collect(),
             unanswered: Vec::new(),
+            revoked: Vec::new(),
         };
         let verdict = check(&s.history, &s.events, &[], s.at(1000), NS, &operator);
         assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
@@ -953,5 +984,70 @@ mod tests {
     fn a_prefix_is_the_namespace_and_the_lock_name() {
         assert_eq!(prefix_of(b"soak/x/0a-1", NS), b"soak/x/");
         assert_eq!(prefix_of(b"soak/long-name/k", NS), b"soak/long-name/");
+    }
+
+    #[test]
+    fn one_key_granted_twice_is_a_duplicate_token() {
+        // A name given back while its key stood: the next acquisition finds the old key
+        // and is granted with its token again.
+        let mut s = Story::new();
+        s.put(2, "soak/x/a-0", "", 0);
+        s.grant(1, "soak/x/a-0", 2, 2, 1);
+        s.released(1, 10);
+        s.grant(2, "soak/x/a-0", 2, 4, 20);
+        s.released(2, 30);
+        s.delete(5, "soak/x/a-0", 31);
+        assert!(kinds(&s.check(1000)).contains(&"duplicate token"));
+    }
+
+    #[test]
+    fn two_keys_of_one_name_made_in_one_transaction_are_caught() {
+        // Two joins of one name batched: one create revision, and each holds.
+        let mut s = Story::new();
+        s.put(2, "soak/x/a-0", "", 0);
+        s.put(2, "soak/x/a-1", "", 0);
+        s.grant(1, "soak/x/a-0", 2, 2, 1);
+        s.grant(2, "soak/x/a-1", 2, 2, 1);
+        s.delete(3, "soak/x/a-0", 5);
+        s.delete(4, "soak/x/a-1", 5);
+        let found = kinds(&s.check(1000));
+        assert!(found.contains(&"duplicate token"), "{found:?}");
+        assert!(found.contains(&"exclusion"), "{found:?}");
+    }
+
+    #[test]
+    fn is_held_after_lost_is_caught() {
+        let mut s = Story::new();
+        s.put(2, "soak/x/a-0", "", 0);
+        s.grant(1, "soak/x/a-0", 2, 2, 1);
+        s.delete(3, "soak/x/a-0", 100);
+        s.events.push(Event::Lost {
+            id: 1,
+            at: s.at(110),
+            reason: LossReason::KeyDeleted,
+        });
+        s.events.push(Event::Held {
+            id: 1,
+            at: s.at(160),
+            held: true,
+        });
+        assert_eq!(kinds(&s.check(1000)), ["holding"]);
+    }
+
+    #[test]
+    fn a_key_long_after_its_release_is_caught_unless_writes_were_revoked() {
+        let mut s = Story::new();
+        s.put(2, "soak/x/a-0", "", 0);
+        s.grant(1, "soak/x/a-0", 2, 2, 1);
+        s.released(1, 10);
+        // TTL 2 s + 5 s later.
+        s.delete(3, "soak/x/a-0", 10 + 7000 + 1);
+        assert_eq!(kinds(&s.check(9000)), ["release"]);
+        let operator = Operator {
+            revoked: vec![(s.at(0), s.at(2000))],
+            ..Default::default()
+        };
+        let verdict = check(&s.history, &s.events, &[], s.at(9000), NS, &operator);
+        assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
     }
 }

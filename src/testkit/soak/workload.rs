@@ -199,6 +199,12 @@ async fn one(client: &Client, name: &str, rng: &mut Rng, queue: bool) {
         Err(err) => {
             tracing::debug!(%err, "soak acquisition failed");
             Tally::add(&tally.errors);
+            journal.push(Event::Failed {
+                client,
+                name: name.to_owned(),
+                at: Instant::now(),
+                error: err.to_string(),
+            });
             // A failing member or path: do not spin.
             tokio::time::sleep(Duration::from_millis(50)).await;
             return;
