@@ -26,9 +26,12 @@ rows=()
 for patch in "${patches[@]}"; do
   name=$(basename "$patch" .patch)
   scenario=$(sed -n 's/^# scenario: *//p' "$patch" | head -1)
-  # A fresh copy of the tree (rsync keeps unchanged files' times: cargo rebuilds only
-  # what the patch touches, and fencelock).
+  # A fresh copy of the tree (the dependencies' builds are shared: only fencelock
+  # rebuilds).
   rsync -a --delete --exclude /target --exclude /.git "$repo"/ "$scratch"/
+  # rsync keeps the sources' times, which may be older than the last build's: make
+  # sure cargo sees the crate changed.
+  find "$scratch/src" "$scratch/tests" -name '*.rs' -exec touch {} +
   if ! (cd "$scratch" && git apply "$patch"); then
     rows+=("$name | patch does not apply | -")
     continue

@@ -167,7 +167,10 @@ pub(crate) async fn run(targets: Targets, mut rng: Rng, until: Instant, faults: 
                     proxy.hold_requests();
                     tokio::time::sleep(fault_rng.millis(100, 800)).await;
                     proxy.sever();
-                    tokio::time::sleep(fault_rng.millis(0, 600)).await;
+                    // Delivered soon, or (a third of the time) long after the client
+                    // retried elsewhere and moved on.
+                    let late = if fault_rng.chance(33) { 2500 } else { 600 };
+                    tokio::time::sleep(fault_rng.millis(0, late)).await;
                     proxy.deliver_held();
                     proxy.heal();
                 }

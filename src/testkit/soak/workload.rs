@@ -126,8 +126,14 @@ pub(crate) async fn task(
     stop: watch::Receiver<bool>,
 ) {
     let mut round = 0;
+    let mut name = names[rng.index(names.len())].clone();
     while !*stop.borrow() {
-        let name = names[rng.index(names.len())].clone();
+        // Half the time the same name again, as most clients take one lock over and
+        // over: a name the session freed is then soon asked for again (a freed name
+        // reused while a late request about it is still on its way shows).
+        if rng.chance(50) {
+            name = names[rng.index(names.len())].clone();
+        }
         let crowd = match rng.weighted(&[78, 16, 6]) {
             0 => Crowd::Alone,
             1 => Crowd::Few(2 + rng.index(3)),
