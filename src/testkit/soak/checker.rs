@@ -1010,7 +1010,8 @@ mod tests {
         s.grant(2, "soak/x/a-1", 2, 2, 1);
         s.delete(3, "soak/x/a-0", 5);
         s.delete(4, "soak/x/a-1", 5);
-        let found = kinds(&s.check(1000));
+        let verdict = s.check(1000);
+        let found = kinds(&verdict);
         assert!(found.contains(&"duplicate token"), "{found:?}");
         assert!(found.contains(&"exclusion"), "{found:?}");
     }
