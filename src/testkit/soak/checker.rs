@@ -33,6 +33,16 @@ use crate::LossReason;
 /// that can keep a waiter from hearing (a cut path, 3 s) plus a margin.
 pub(crate) const STALL_BOUND: Duration = Duration::from_secs(6);
 
+/// How much longer a key may stay (unreleased, or not taken) when the clients' write
+/// permission was revoked meanwhile: the revocation (at most 2 s), then the sweep's
+/// backoff (at most 1 s) and its read and delete.
+pub(crate) const REVOKED_SLACK: Duration = Duration::from_secs(4);
+
+/// How long after its release returned a key may stay beyond its lease's TTL (a delete
+/// that cannot get through leaves the key to its lease): retries through a cut path or a
+/// killed member. A revocation of the clients' write permission adds [`REVOKED_SLACK`].
+pub(crate) const RELEASE_SLACK: Duration = Duration::from_secs(5);
+
 /// How long after its key is deleted a guard may still say it holds: one lease TTL (a
 /// holder cut off from every member learns by its lease deadline) plus a margin.
 pub(crate) struct HeldBound;
@@ -78,10 +88,19 @@ pub(crate) enum Event {
         at: Instant,
         reason: LossReason,
     },
+    /// An acquisition failed with `error`.
+    Failed {
+        client: usize,
+        name: String,
+        at: Instant,
+        error: String,
+    },
     /// The grant's release, and what it reported.
     Released {
         id: u64,
         started: Instant,
+        /// When the release returned (or the guard was dropped).
+        ended: Instant,
         outcome: Outcome,
     },
 }
@@ -168,6 +187,15 @@ pub(crate) struct Verdict {
     pub(crate) checked: Vec<(&'static str, usize)>,
     /// Every violation, with the history around it.
     pub(crate) violations: Vec<String>,
+    /// When the earliest violation happened (as near as the checker can tell).
+    pub(crate) first_at: Option<Instant>,
+}
+
+impl Verdict {
+    fn fail(&mut self, at: Instant, violation: String) {
+        self.first_at = Some(self.first_at.map_or(at, |first| first.min(at)));
+        self.violations.push(violation);
+    }
 }
 
 /// What the operator (the nemesis) did that may delete keys.
@@ -177,9 +205,22 @@ pub(crate) struct Operator {
     pub(crate) revisions: std::collections::BTreeSet<i64>,
     /// When its requests that got no answer were in flight.
     pub(crate) unanswered: Vec<(Instant, Instant)>,
+    /// When the clients' write permission was revoked: a key whose delete was refused
+    /// meanwhile stays until the sweep gets through after it is restored.
+    pub(crate) revoked: Vec<(Instant, Instant)>,
 }
 
 impl Operator {
+    /// Extra time a key may stay between `from` and `until`: [`REVOKED_SLACK`] if the
+    /// clients' write permission was revoked at some point in between.
+    fn revoked_slack(&self, from: Instant, until: Instant) -> Duration {
+        if self.revoked.iter().any(|(a, b)| *a <= until && *b >= from) {
+            REVOKED_SLACK
+        } else {
+            Duration::ZERO
+        }
+    }
+
     /// Whether the operator may have made the deletion at `revision`, seen at `seen`.
     fn explains(&self, revision: i64, seen: Instant) -> bool {
         self.revisions.contains(&revision)
@@ -236,17 +277,20 @@ pub(crate) fn check(
     for grant in grants.values() {
         *counts.entry("token").or_default() += 1;
         let Some(life) = life_of(grant) else {
-            verdict.violations.push(format!(
-                "token: client {} was granted {} with token {}, but no key of that name was \
+            verdict.fail(
+                grant.at,
+                format!(
+                    "token: client {} was granted {} with token {}, but no key of that name was \
                  created at that revision",
-                grant.client, grant.key, grant.token
-            ));
+                    grant.client, grant.key, grant.token
+                ),
+            );
             continue;
         };
         *counts.entry("exclusion").or_default() += 1;
         let revision = grant.admitted;
         if !life.alive_at(revision) {
-            verdict.violations.push(format!(
+            verdict.fail(grant.at, format!(
                 "exclusion: client {} was granted {} (token {}) at revision {revision}, when its \
                  key did not exist (deleted at {:?})\n{}",
                 grant.client,
@@ -262,7 +306,12 @@ pub(crate) fn check(
             .into_iter()
             .flatten()
             .map(|i| &lives[*i])
-            .filter(|other| other.created < life.created && other.alive_at(revision))
+            // An equal create revision is ahead too: two keys of one name made in one
+            // transaction (two joins batched together) share a token, and neither may
+            // pass the other.
+            .filter(|other| {
+                other.created <= life.created && other.key != life.key && other.alive_at(revision)
+            })
             .collect();
         let shares: Vec<Share> = ahead.iter().map(|other| share(&other.value)).collect();
         if !admits(share(&life.value), &shares) {
@@ -270,14 +319,136 @@ pub(crate) fn check(
                 .iter()
                 .map(|o| format!("{}@{}", String::from_utf8_lossy(&o.key), o.created))
                 .collect();
-            verdict.violations.push(format!(
-                "exclusion: client {} was granted {} (token {}) at revision {revision} while \
+            verdict.fail(
+                grant.at,
+                format!(
+                    "exclusion: client {} was granted {} (token {}) at revision {revision} while \
                  {names:?} were ahead of it\n{}",
-                grant.client,
-                grant.key,
-                grant.token,
-                dump(&life.prefix, revision)
+                    grant.client,
+                    grant.key,
+                    grant.token,
+                    dump(&life.prefix, revision)
+                ),
+            );
+        }
+    }
+
+    // Duplicate tokens: a token is one grant of one name, ever. Two grants of one name
+    // with equal tokens are one key handed out twice (a name reused while its old key
+    // stood) or two keys made in one transaction; either way their fences cannot tell
+    // them apart.
+    let mut by_token: HashMap<(&[u8], i64), &Grant> = HashMap::new();
+    let mut ordered: Vec<&Grant> = grants.values().copied().collect();
+    ordered.sort_by_key(|g| (g.at, g.id));
+    for grant in ordered {
+        let Some(life) = life_of(grant) else { continue };
+        *counts.entry("duplicate token").or_default() += 1;
+        if let Some(first) = by_token.insert((life.prefix.as_slice(), grant.token), grant) {
+            verdict.fail(
+                grant.at,
+                format!(
+                    "duplicate token: client {} was granted {} with token {}, which client {} had \
+                 already been granted for {} (another acquisition)\n{}",
+                    grant.client,
+                    grant.key,
+                    grant.token,
+                    first.client,
+                    first.key,
+                    dump(&life.prefix, grant.token)
+                ),
+            );
+        }
+    }
+
+    // A join that finds its own key already there, although no attempt of it went
+    // unanswered, met a name its session used before while that name's key stood (a
+    // name given back too early): the library refuses the key rather than take an
+    // earlier grant's token, but the name should never have been given back.
+    for event in events {
+        let Event::Failed {
+            client,
+            name,
+            at,
+            error,
+        } = event
+        else {
+            continue;
+        };
+        *counts.entry("name reuse").or_default() += 1;
+        if error.contains("already exists although every attempt") {
+            verdict.fail(*at, format!(
+                "name reuse: client {client}'s acquisition of {name} found a key of its own name \
+                 standing: {error}"
             ));
+        }
+    }
+
+    // Once `lost()` has resolved, `is_held()` says false for good.
+    let mut lost_at: HashMap<u64, Instant> = HashMap::new();
+    for event in events {
+        match event {
+            Event::Lost { id, at, .. } => {
+                lost_at.entry(*id).or_insert(*at);
+            }
+            Event::Held { id, at, held } => {
+                let Some(since) = lost_at.get(id) else {
+                    continue;
+                };
+                *counts.entry("held after loss").or_default() += 1;
+                if *held {
+                    if let Some(grant) = grants.get(id) {
+                        verdict.fail(
+                            *at,
+                            format!(
+                                "holding: client {}'s is_held() said true for {} (token {}) {:?} \
+                             after its lost() resolved",
+                                grant.client,
+                                grant.key,
+                                grant.token,
+                                at.duration_since(*since)
+                            ),
+                        );
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    // A key outlives its release by at most its lease (a delete that cannot get through
+    // leaves the key to its lease) plus retries, plus a revocation of the clients' write
+    // permission meanwhile (a refused delete is retried by the sweep once restored).
+    for event in events {
+        let Event::Released {
+            id,
+            ended: returned,
+            ..
+        } = event
+        else {
+            continue;
+        };
+        let Some(grant) = grants.get(id) else {
+            continue;
+        };
+        let Some(life) = life_of(grant) else { continue };
+        *counts.entry("key after release").or_default() += 1;
+        let bound = grant.ttl + RELEASE_SLACK;
+        let bound = bound + operator.revoked_slack(*returned, *returned + bound);
+        // Never deleted: the leftovers check speaks for a key still there at the end.
+        let gone = life.deleted.map_or(ended, |(_, seen)| seen);
+        if gone > *returned + bound {
+            verdict.fail(
+                *returned + bound,
+                format!(
+                    "release: client {}'s key {} (token {}) was still there {:?} after its release \
+                 returned (bound {bound:?})\n{}",
+                    grant.client,
+                    grant.key,
+                    grant.token,
+                    gone.duration_since(*returned),
+                    dump(&life.prefix, life.created)
+                ),
+            );
         }
     }
 
@@ -292,7 +463,7 @@ pub(crate) fn check(
                 if let Some((revision, seen)) = life.deleted {
                     let bound = HeldBound::for_ttl(grant.ttl);
                     if *at > seen + bound {
-                        verdict.violations.push(format!(
+                        verdict.fail(*at, format!(
                             "holding: client {}'s is_held() said true for {} (token {}) {:?} \
                              after its key was deleted at revision {revision} (bound {bound:?})\n{}",
                             grant.client,
@@ -318,20 +489,24 @@ pub(crate) fn check(
                 // (3 s of silence before the recorder opens another watch, and its reopen.)
                 let heard_late = |seen: Instant| seen > *at + Duration::from_secs(5);
                 if life.deleted.is_none_or(|(_, seen)| heard_late(seen)) {
-                    verdict.violations.push(format!(
-                        "holding: client {} was told its key {} (token {}) was deleted, before \
+                    verdict.fail(
+                        *at,
+                        format!(
+                            "holding: client {} was told its key {} (token {}) was deleted, before \
                          it was (deleted: {:?})",
-                        grant.client,
-                        grant.key,
-                        grant.token,
-                        life.deleted.map(|(d, _)| d)
-                    ));
+                            grant.client,
+                            grant.key,
+                            grant.token,
+                            life.deleted.map(|(d, _)| d)
+                        ),
+                    );
                 }
             }
             Event::Released {
                 id,
                 started,
                 outcome: Outcome::Released,
+                ..
             } => {
                 let Some(grant) = grants.get(id) else {
                     continue;
@@ -339,22 +514,28 @@ pub(crate) fn check(
                 let Some(life) = life_of(grant) else { continue };
                 *counts.entry("release").or_default() += 1;
                 match life.deleted {
-                    None => verdict.violations.push(format!(
-                        "release: client {} released {} (token {}), and its key was never \
+                    None => verdict.fail(
+                        *started,
+                        format!(
+                            "release: client {} released {} (token {}), and its key was never \
                          deleted",
-                        grant.client, grant.key, grant.token
-                    )),
+                            grant.client, grant.key, grant.token
+                        ),
+                    ),
                     // Someone else deleted it long before: the release found nothing of
                     // its own to delete, and should have said so.
                     Some((revision, seen)) if seen + HeldBound::for_ttl(grant.ttl) < *started => {
-                        verdict.violations.push(format!(
-                            "release: client {} reported {} (token {}) released, but its key \
+                        verdict.fail(
+                            *started,
+                            format!(
+                                "release: client {} reported {} (token {}) released, but its key \
                              had been deleted at revision {revision}, {:?} before the release",
-                            grant.client,
-                            grant.key,
-                            grant.token,
-                            started.duration_since(seen)
-                        ));
+                                grant.client,
+                                grant.key,
+                                grant.token,
+                                started.duration_since(seen)
+                            ),
+                        );
                     }
                     Some(_) => {}
                 }
@@ -392,15 +573,18 @@ pub(crate) fn check(
             .get(&life.lease)
             .is_none_or(|last| *last < revision);
         if !lease_ended {
-            verdict.violations.push(format!(
-                "deletion: client {}'s key {} (token {}) was deleted at revision {revision}, \
+            verdict.fail(
+                seen,
+                format!(
+                    "deletion: client {}'s key {} (token {}) was deleted at revision {revision}, \
                  {:?} before its release began, by neither the operator nor its lease's end\n{}",
-                grant.client,
-                grant.key,
-                grant.token,
-                started.duration_since(seen),
-                dump(&life.prefix, revision)
-            ));
+                    grant.client,
+                    grant.key,
+                    grant.token,
+                    started.duration_since(seen),
+                    dump(&life.prefix, revision)
+                ),
+            );
         }
     }
 
@@ -424,28 +608,33 @@ pub(crate) fn check(
             Some(grant) => grant.at,
             None => life.deleted.map_or(ended, |(_, seen)| seen),
         };
-        if until > since + STALL_BOUND {
+        let bound = STALL_BOUND + operator.revoked_slack(since, since + STALL_BOUND);
+        if until > since + bound {
             let who = if granted.contains_key(&(life.key.as_slice(), life.created)) {
                 "its waiter was granted only"
             } else {
                 "nobody took it; it went only"
             };
-            verdict.violations.push(format!(
-                "progress: key {} (created {}) was admitted at revision {admitted}, and {who} \
+            verdict.fail(
+                since + STALL_BOUND,
+                format!(
+                    "progress: key {} (created {}) was admitted at revision {admitted}, and {who} \
                  {:?} later\n{}",
-                String::from_utf8_lossy(&life.key),
-                life.created,
-                until.duration_since(since),
-                dump(&life.prefix, admitted)
-            ));
+                    String::from_utf8_lossy(&life.key),
+                    life.created,
+                    until.duration_since(since),
+                    dump(&life.prefix, admitted)
+                ),
+            );
         }
     }
 
     *counts.entry("leftovers").or_default() += 1;
     for key in left {
-        verdict.violations.push(format!(
-            "leftovers: key {key} was still there after the run settled"
-        ));
+        verdict.fail(
+            ended,
+            format!("leftovers: key {key} was still there after the run settled"),
+        );
     }
 
     let mut checked: Vec<(&'static str, usize)> = counts.into_iter().collect();
@@ -642,6 +831,7 @@ mod tests {
             self.events.push(Event::Released {
                 id,
                 started: self.at(ms),
+                ended: self.at(ms),
                 outcome: Outcome::Released,
             });
         }
@@ -790,6 +980,7 @@ mod tests {
         let operator = Operator {
             revisions: [5].into_iter().collect(),
             unanswered: Vec::new(),
+            revoked: Vec::new(),
         };
         let verdict = check(&s.history, &s.events, &[], s.at(1000), NS, &operator);
         assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
@@ -799,5 +990,71 @@ mod tests {
     fn a_prefix_is_the_namespace_and_the_lock_name() {
         assert_eq!(prefix_of(b"soak/x/0a-1", NS), b"soak/x/");
         assert_eq!(prefix_of(b"soak/long-name/k", NS), b"soak/long-name/");
+    }
+
+    #[test]
+    fn one_key_granted_twice_is_a_duplicate_token() {
+        // A name given back while its key stood: the next acquisition finds the old key
+        // and is granted with its token again.
+        let mut s = Story::new();
+        s.put(2, "soak/x/a-0", "", 0);
+        s.grant(1, "soak/x/a-0", 2, 2, 1);
+        s.released(1, 10);
+        s.grant(2, "soak/x/a-0", 2, 4, 20);
+        s.released(2, 30);
+        s.delete(5, "soak/x/a-0", 31);
+        assert!(kinds(&s.check(1000)).contains(&"duplicate token"));
+    }
+
+    #[test]
+    fn two_keys_of_one_name_made_in_one_transaction_are_caught() {
+        // Two joins of one name batched: one create revision, and each holds.
+        let mut s = Story::new();
+        s.put(2, "soak/x/a-0", "", 0);
+        s.put(2, "soak/x/a-1", "", 0);
+        s.grant(1, "soak/x/a-0", 2, 2, 1);
+        s.grant(2, "soak/x/a-1", 2, 2, 1);
+        s.delete(3, "soak/x/a-0", 5);
+        s.delete(4, "soak/x/a-1", 5);
+        let verdict = s.check(1000);
+        let found = kinds(&verdict);
+        assert!(found.contains(&"duplicate token"), "{found:?}");
+        assert!(found.contains(&"exclusion"), "{found:?}");
+    }
+
+    #[test]
+    fn is_held_after_lost_is_caught() {
+        let mut s = Story::new();
+        s.put(2, "soak/x/a-0", "", 0);
+        s.grant(1, "soak/x/a-0", 2, 2, 1);
+        s.delete(3, "soak/x/a-0", 100);
+        s.events.push(Event::Lost {
+            id: 1,
+            at: s.at(110),
+            reason: LossReason::KeyDeleted,
+        });
+        s.events.push(Event::Held {
+            id: 1,
+            at: s.at(160),
+            held: true,
+        });
+        assert_eq!(kinds(&s.check(1000)), ["holding"]);
+    }
+
+    #[test]
+    fn a_key_long_after_its_release_is_caught_unless_writes_were_revoked() {
+        let mut s = Story::new();
+        s.put(2, "soak/x/a-0", "", 0);
+        s.grant(1, "soak/x/a-0", 2, 2, 1);
+        s.released(1, 10);
+        // TTL 2 s + 5 s later.
+        s.delete(3, "soak/x/a-0", 10 + 7000 + 1);
+        assert_eq!(kinds(&s.check(9000)), ["release"]);
+        let operator = Operator {
+            revoked: vec![(s.at(0), s.at(2000))],
+            ..Default::default()
+        };
+        let verdict = check(&s.history, &s.events, &[], s.at(9000), NS, &operator);
+        assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
     }
 }

@@ -68,6 +68,8 @@ pub(crate) async fn record(
             _ = stop.changed() => return,
         };
         let Ok(Ok(mut stream)) = opened else {
+            // (A restarted member refuses the token it forgot: log in again.)
+            let _ = client.refresh_token().await;
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };

@@ -1,7 +1,7 @@
 //! A request-level fault soak for the etcd lock: many clients on a three-member cluster,
 //! every one of their paths to every member behind a fault proxy, a nemesis that delays,
 //! holds and later delivers, or cuts their requests, kills members, deletes keys as an
-//! operator would and compacts, all on a schedule drawn from a seed; and an independent
+//! operator would, compacts and takes the clients' write permission away for a while, all on a schedule drawn from a seed; and an independent
 //! checker that rebuilds the truth from etcd's own history and compares it with what
 //! every client was told (`checker.rs` lists the checks).
 //!
@@ -20,6 +20,7 @@
 //! # Ok(()) }
 //! ```
 
+mod auth;
 mod checker;
 mod history;
 mod nemesis;
@@ -124,6 +125,9 @@ pub struct SoakReport {
     pub checked: BTreeMap<String, usize>,
     /// Every violation, with the history around it.
     pub violations: Vec<String>,
+    /// Seconds from the start to the earliest violation, as near as the checker can
+    /// date it (`None` without violations).
+    pub first_violation_seconds: Option<f64>,
     /// Every fault, in order, with its time from the start.
     pub fault_log: Vec<String>,
 }
@@ -189,7 +193,7 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
     }
     let cluster = builder.start().await?;
     let namespace = format!("soak-{}", config.seed);
-    let admin = cluster.client().await?;
+    let admin = auth::enable(&cluster, &namespace).await?;
     let names: Arc<Vec<String>> = Arc::new((0..config.names).map(|i| format!("n{i}")).collect());
     let seeds = Rng::new(config.seed);
 
@@ -234,7 +238,8 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
             .with_namespace(&namespace)
             .with_connect_timeout(Duration::from_secs(5))
             .with_request_timeout(Duration::from_secs(1))
-            .with_max_in_flight(in_flight);
+            .with_max_in_flight(in_flight)
+            .with_credentials(auth::USER, auth::PASSWORD);
         lockers.push(
             EtcdLocker::connect(config)
                 .await
@@ -254,13 +259,15 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
         for task in 0..config.tasks {
             let stream = (client * config.tasks + task) as u64 + 1;
             tasks.spawn(workload::task(
-                client,
-                locker.clone(),
+                workload::Client {
+                    client,
+                    locker: locker.clone(),
+                    journal: journal.clone(),
+                    tally: tally.clone(),
+                },
                 names.clone(),
                 seeds.fork(stream),
                 working.clone(),
-                journal.clone(),
-                tally.clone(),
             ));
         }
     }
@@ -349,9 +356,15 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
         &checker::Operator {
             revisions: faults.operator_revisions(),
             unanswered: faults.unanswered(),
+            revoked: faults.revoked(),
         },
     );
     violations.extend(verdict.violations);
+    // The harness's own findings date from the run's end.
+    let first_violation = verdict
+        .first_at
+        .or_else(|| (!violations.is_empty()).then_some(ended))
+        .map(|at| at.saturating_duration_since(started).as_secs_f64());
 
     let operations = [
         ("acquisitions", &tally.attempts),
@@ -391,6 +404,7 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
             .map(|(k, v)| (k.to_owned(), v))
             .collect(),
         violations,
+        first_violation_seconds: first_violation,
         fault_log: faults.log(started),
     };
     drop(lockers);

@@ -3,14 +3,16 @@
 //! broken, and the held requests delivered late (a request applied after its sender gave
 //! up and retried elsewhere); answers lost; a cut; a pause. Cluster-wide: a member killed
 //! and restarted, an operator's prefix delete of a lock or delete of one key, a
-//! compaction (never past what the recorder has seen), a lease revoked by an operator.
+//! compaction (never past what the recorder has seen), a lease revoked by an operator,
+//! the clients' role losing its write permission on the namespace for up to 2 s (so
+//! joins and releases are refused) and getting it back.
 //! At most three faults run at once, never two on one path.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use etcd_client::{Client, DeleteOptions, GetOptions};
+use etcd_client::{Client, DeleteOptions, GetOptions, Permission, RoleRevokePermissionOptions};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -27,6 +29,8 @@ pub(crate) struct Faults {
     operator: Mutex<std::collections::BTreeSet<i64>>,
     /// When operator requests that got no answer were in flight: they may have deleted.
     unanswered: Mutex<Vec<(Instant, Instant)>>,
+    /// When the clients' write permission may have been revoked.
+    revoked: Mutex<Vec<(Instant, Instant)>>,
 }
 
 impl Faults {
@@ -67,6 +71,11 @@ impl Faults {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// When the clients' write permission may have been revoked.
+    pub(crate) fn revoked(&self) -> Vec<(Instant, Instant)> {
+        lock(&self.revoked).clone()
     }
 
     /// The revisions of the operator's deletes and revokes.
@@ -113,6 +122,7 @@ pub(crate) async fn run(targets: Targets, mut rng: Rng, until: Instant, faults: 
     let targets = Arc::new(targets);
     let busy: Arc<Mutex<HashSet<(usize, usize)>>> = Arc::default();
     let member_down: Arc<Mutex<bool>> = Arc::default();
+    let revoked: Arc<Mutex<bool>> = Arc::default();
     let mut running = JoinSet::new();
     let mut stream = 0;
     while Instant::now() < until {
@@ -123,18 +133,19 @@ pub(crate) async fn run(targets: Targets, mut rng: Rng, until: Instant, faults: 
         }
         stream += 1;
         let mut fault_rng = rng.fork(stream);
-        let kind = rng.weighted(&[14, 24, 10, 10, 8, 8, 8, 8, 6, 4]);
+        let kind = rng.weighted(&[14, 24, 10, 10, 8, 8, 8, 8, 6, 4, 6]);
         let clients = targets.proxies.len();
         let members = targets.proxies.first().map_or(0, Vec::len);
         let path = (rng.index(clients), rng.index(members));
         if kind <= 4 && !lock(&busy).insert(path) {
             continue;
         }
-        let (targets, faults, busy, down) = (
+        let (targets, faults, busy, down, revoked) = (
             targets.clone(),
             faults.clone(),
             busy.clone(),
             member_down.clone(),
+            revoked.clone(),
         );
         running.spawn(async move {
             let (client, member) = path;
@@ -156,7 +167,10 @@ pub(crate) async fn run(targets: Targets, mut rng: Rng, until: Instant, faults: 
                     proxy.hold_requests();
                     tokio::time::sleep(fault_rng.millis(100, 800)).await;
                     proxy.sever();
-                    tokio::time::sleep(fault_rng.millis(0, 600)).await;
+                    // Delivered soon, or (a third of the time) long after the client
+                    // retried elsewhere and moved on.
+                    let late = if fault_rng.chance(33) { 2500 } else { 600 };
+                    tokio::time::sleep(fault_rng.millis(0, late)).await;
                     proxy.deliver_held();
                     proxy.heal();
                 }
@@ -220,6 +234,7 @@ pub(crate) async fn run(targets: Targets, mut rng: Rng, until: Instant, faults: 
                         faults.note("compaction", format!("compact at revision {at}"));
                     }
                 }
+                10 => revoke_write(&targets, &mut fault_rng, &faults, &revoked).await,
                 _ => {
                     if let Some((key, lease)) = pick_key(&targets, &mut fault_rng, false).await {
                         if lease != 0 {
@@ -272,6 +287,51 @@ async fn kill_member(targets: &Targets, rng: &mut Rng, faults: &Faults, down: &M
     *lock(down) = false;
 }
 
+/// The clients' role may read the namespace but not write it, for up to 2 s (the
+/// checker's bounds allow for no longer), then may write again.
+async fn revoke_write(targets: &Targets, rng: &mut Rng, faults: &Faults, revoked: &Mutex<bool>) {
+    {
+        let mut revoked = lock(revoked);
+        if *revoked {
+            return;
+        }
+        *revoked = true;
+    }
+    let mut admin = targets.admin.clone();
+    let prefix = format!("{}/", targets.namespace);
+    let from = Instant::now();
+    let taken = admin
+        .role_revoke_permission(
+            super::auth::ROLE,
+            prefix.as_str(),
+            Some(RoleRevokePermissionOptions::new().with_prefix()),
+        )
+        .await;
+    if taken.is_ok() {
+        let _ = admin
+            .role_grant_permission(
+                super::auth::ROLE,
+                Permission::read(prefix.as_str()).with_prefix(),
+            )
+            .await;
+        let hold = rng.millis(200, 2000);
+        faults.note(
+            "write revoked",
+            format!(
+                "operator: role {} may not write {prefix} for {hold:?}",
+                super::auth::ROLE
+            ),
+        );
+        tokio::time::sleep(hold).await;
+    }
+    // Restored whatever the revoke's answer (an unanswered one may have applied).
+    if let Err(err) = super::auth::restore_write(&mut admin, &targets.namespace).await {
+        tracing::warn!(%err, "soak: restoring the clients' write permission failed");
+    }
+    lock(&faults.revoked).push((from, Instant::now()));
+    *lock(revoked) = false;
+}
+
 /// A live key under the namespace, with its lease: any, or (`head`) the oldest key of a
 /// random lock, its holder.
 async fn pick_key(targets: &Targets, rng: &mut Rng, head: bool) -> Option<(String, i64)> {
@@ -308,6 +368,10 @@ pub(crate) async fn heal_all(targets: &Targets) {
             proxy.delay(Duration::ZERO);
             proxy.heal();
         }
+    }
+    let mut admin = targets.admin.clone();
+    if let Err(err) = super::auth::restore_write(&mut admin, &targets.namespace).await {
+        tracing::warn!(%err, "soak: restoring the clients' write permission failed");
     }
     let mut cluster = targets.cluster.lock().await;
     for member in 0..cluster.len() {

@@ -95,107 +95,177 @@ impl Held {
     }
 }
 
-/// One task of client `client`: acquisitions until `stop` turns true.
+/// What every acquisition of one client needs.
+#[derive(Clone)]
+pub(crate) struct Client {
+    pub(crate) client: usize,
+    pub(crate) locker: EtcdLocker,
+    pub(crate) journal: Arc<Journal>,
+    pub(crate) tally: Arc<Tally>,
+}
+
+/// How many acquisitions of one name a task makes at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Crowd {
+    /// One.
+    Alone,
+    /// A few, of any primitive: joins and releases of one name meet in one session's
+    /// batcher (two joins of one name must never share a transaction).
+    Few(usize),
+    /// A long queue of plain locks on one name, held briefly: many waiters, each
+    /// watching its predecessor, and handoffs in quick succession.
+    Queue(usize),
+}
+
+/// One task of client `client`: acquisitions until `stop` turns true; now and then
+/// several of one name at once on the client's one locker.
 pub(crate) async fn task(
-    client: usize,
-    locker: EtcdLocker,
+    client: Client,
     names: Arc<Vec<String>>,
     mut rng: Rng,
     stop: watch::Receiver<bool>,
-    journal: Arc<Journal>,
-    tally: Arc<Tally>,
 ) {
+    let mut round = 0;
+    let mut name = names[rng.index(names.len())].clone();
     while !*stop.borrow() {
-        let name = &names[rng.index(names.len())];
-        let primitive = [
+        // Half the time the same name again, as most clients take one lock over and
+        // over: a name the session freed is then soon asked for again (a freed name
+        // reused while a late request about it is still on its way shows).
+        if rng.chance(50) {
+            name = names[rng.index(names.len())].clone();
+        }
+        let crowd = match rng.weighted(&[78, 16, 6]) {
+            0 => Crowd::Alone,
+            1 => Crowd::Few(2 + rng.index(3)),
+            _ => Crowd::Queue(8 + rng.index(9)),
+        };
+        match crowd {
+            Crowd::Alone => one(&client, &name, &mut rng, false).await,
+            Crowd::Few(n) | Crowd::Queue(n) => {
+                round += 1;
+                let queue = matches!(crowd, Crowd::Queue(_));
+                let mut rngs: Vec<Rng> = (0..n as u64).map(|i| rng.fork(round * 64 + i)).collect();
+                futures_util::future::join_all(
+                    rngs.iter_mut().map(|r| one(&client, &name, r, queue)),
+                )
+                .await;
+            }
+        }
+    }
+}
+
+/// One acquisition of `name` (a plain, briefly held lock if `queue`), its hold and its
+/// release or drop, all journalled.
+async fn one(client: &Client, name: &str, rng: &mut Rng, queue: bool) {
+    let Client {
+        client,
+        locker,
+        journal,
+        tally,
+    } = client;
+    let client = *client;
+    let primitive = if queue {
+        Primitive::Lock
+    } else {
+        [
             Primitive::Lock,
             Primitive::Permit,
             Primitive::Read,
             Primitive::Write,
             Primitive::Leader,
-        ][rng.weighted(&[40, 15, 15, 15, 15])];
-        let ttl = Duration::from_secs(if rng.chance(60) { 2 } else { 3 });
-        let wait = [
+        ][rng.weighted(&[40, 15, 15, 15, 15])]
+    };
+    let ttl = Duration::from_secs(if rng.chance(60) { 2 } else { 3 });
+    let wait = if queue {
+        Duration::from_secs(8)
+    } else {
+        [
             Duration::from_millis(300),
             Duration::from_secs(1),
             Duration::from_secs(8),
-        ][rng.weighted(&[40, 40, 20])];
-        let options = LockOptions::new()
-            .with_ttl(ttl)
-            .with_wait_timeout(wait)
-            .with_renewal(!rng.chance(5));
-        let try_only = rng.chance(20);
-        Tally::add(&tally.attempts);
-        let acquired = acquire(
-            &locker, name, primitive, try_only, &options, client, &journal,
-        )
-        .await;
-        let held = match acquired {
-            Ok(Some(held)) => held,
-            Ok(None) => {
-                Tally::add(&tally.busy);
-                continue;
-            }
-            Err(err) if err.is_wait_timeout() => {
-                Tally::add(&tally.timeouts);
-                continue;
-            }
-            Err(err) => {
-                tracing::debug!(%err, "soak acquisition failed");
-                Tally::add(&tally.errors);
-                // A failing member or path: do not spin.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        Tally::add(&tally.grants);
-        let id = journal.id();
-        let guard = held.guard();
-        journal.push(Event::Grant(Grant {
-            id,
-            client,
-            key: guard.key().to_owned(),
-            token: guard.token().as_revision(),
-            admitted: guard.admitted_revision(),
-            ttl,
-            at: Instant::now(),
-        }));
-        let hold = match rng.weighted(&[70, 25, 5]) {
-            0 => rng.millis(0, 20),
-            1 => rng.millis(50, 500),
-            // Well past the lease: renewal must carry it (or a lock without renewal must
-            // learn its lease ran out), and a holder whose key is deleted meanwhile has
-            // time to show whether it noticed (the holding check's bound is a TTL).
-            _ => ttl.mul_f64(2.5) + rng.millis(0, 2000),
-        };
-        hold_for(id, guard, hold, &journal, &tally).await;
-        let started = Instant::now();
-        if rng.chance(85) {
-            let outcome = match held.release().await {
-                Ok(ReleaseOutcome::Released) => {
-                    Tally::add(&tally.released);
-                    Outcome::Released
-                }
-                Ok(_) => {
-                    Tally::add(&tally.not_held);
-                    Outcome::NotHeld
-                }
-                Err(_) => Outcome::Failed,
-            };
-            journal.push(Event::Released {
-                id,
-                started,
-                outcome,
-            });
-        } else {
-            Tally::add(&tally.dropped);
-            drop(held);
-            journal.push(Event::Released {
-                id,
-                started,
-                outcome: Outcome::Dropped,
-            });
+        ][rng.weighted(&[40, 40, 20])]
+    };
+    let options = LockOptions::new()
+        .with_ttl(ttl)
+        .with_wait_timeout(wait)
+        .with_renewal(!rng.chance(5));
+    let try_only = !queue && rng.chance(20);
+    Tally::add(&tally.attempts);
+    let acquired = acquire(locker, name, primitive, try_only, &options, client, journal).await;
+    let held = match acquired {
+        Ok(Some(held)) => held,
+        Ok(None) => {
+            Tally::add(&tally.busy);
+            return;
         }
+        Err(err) if err.is_wait_timeout() => {
+            Tally::add(&tally.timeouts);
+            return;
+        }
+        Err(err) => {
+            tracing::debug!(%err, "soak acquisition failed");
+            Tally::add(&tally.errors);
+            journal.push(Event::Failed {
+                client,
+                name: name.to_owned(),
+                at: Instant::now(),
+                error: err.to_string(),
+            });
+            // A failing member or path: do not spin.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            return;
+        }
+    };
+    Tally::add(&tally.grants);
+    let id = journal.id();
+    let guard = held.guard();
+    journal.push(Event::Grant(Grant {
+        id,
+        client,
+        key: guard.key().to_owned(),
+        token: guard.token().as_revision(),
+        admitted: guard.admitted_revision(),
+        ttl,
+        at: Instant::now(),
+    }));
+    let hold = match rng.weighted(&[70, 25, 5]) {
+        _ if queue => rng.millis(0, 20),
+        0 => rng.millis(0, 20),
+        1 => rng.millis(50, 500),
+        // Well past the lease: renewal must carry it (or a lock without renewal must
+        // learn its lease ran out), and a holder whose key is deleted meanwhile has
+        // time to show whether it noticed (the holding check's bound is a TTL).
+        _ => ttl.mul_f64(2.5) + rng.millis(0, 2000),
+    };
+    hold_for(id, guard, hold, journal, tally).await;
+    let started = Instant::now();
+    if rng.chance(85) {
+        let outcome = match held.release().await {
+            Ok(ReleaseOutcome::Released) => {
+                Tally::add(&tally.released);
+                Outcome::Released
+            }
+            Ok(_) => {
+                Tally::add(&tally.not_held);
+                Outcome::NotHeld
+            }
+            Err(_) => Outcome::Failed,
+        };
+        journal.push(Event::Released {
+            id,
+            started,
+            ended: Instant::now(),
+            outcome,
+        });
+    } else {
+        Tally::add(&tally.dropped);
+        drop(held);
+        journal.push(Event::Released {
+            id,
+            started,
+            ended: Instant::now(),
+            outcome: Outcome::Dropped,
+        });
     }
 }
 
@@ -238,11 +308,14 @@ async fn acquire(
     }
 }
 
-/// Holds for `hold`, sampling `is_held()` every 50 ms and listening to `lost()`.
+/// Holds for `hold`, sampling `is_held()` every 50 ms (so before and after every fault
+/// that lands meanwhile) until the guard is let go, and listening to `lost()`: a guard
+/// that heard of its loss is still sampled, since `is_held()` must say false from then on.
 async fn hold_for(id: u64, guard: &EtcdGuard, hold: Duration, journal: &Journal, tally: &Tally) {
     let until = Instant::now() + hold;
     let lost = guard.lost();
     tokio::pin!(lost);
+    let mut heard = false;
     loop {
         journal.push(Event::Held {
             id,
@@ -254,15 +327,17 @@ async fn hold_for(id: u64, guard: &EtcdGuard, hold: Duration, journal: &Journal,
             return;
         }
         let step = (until - now).min(Duration::from_millis(50));
+        if heard {
+            // Held on to (as a careless client would) until its time is up.
+            tokio::time::sleep(step).await;
+            continue;
+        }
         tokio::select! {
             () = tokio::time::sleep(step) => {}
             reason = &mut lost => {
+                heard = true;
                 Tally::add(&tally.losses);
                 journal.push(Event::Lost { id, at: Instant::now(), reason });
-                journal.push(Event::Held { id, at: Instant::now(), held: guard.is_held() });
-                // Held on to (as a careless client would) until its time is up.
-                tokio::time::sleep_until(until).await;
-                return;
             }
         }
     }
