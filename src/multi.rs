@@ -61,21 +61,26 @@ impl<G: LockGuard> MultiGuard<G> {
     ///
     /// Cancel safe: it only observes.
     pub async fn lost_which(&self) -> (String, LossReason) {
-        let mut watching: Vec<_> = self
-            .guards
-            .iter()
-            .map(|guard| Box::pin(async move { (guard.name().to_owned(), guard.lost().await) }))
-            .collect();
-        std::future::poll_fn(|cx| {
-            for loss in &mut watching {
-                if let Poll::Ready(found) = loss.as_mut().poll(cx) {
-                    return Poll::Ready(found);
-                }
-            }
-            Poll::Pending
-        })
-        .await
+        first_lost(&self.guards).await
     }
+}
+
+/// Resolves when any of `guards` may be lost: its name, and why (shared with
+/// ZooKeeper's one-transaction guard).
+pub(crate) async fn first_lost<G: LockGuard>(guards: &[G]) -> (String, LossReason) {
+    let mut watching: Vec<_> = guards
+        .iter()
+        .map(|guard| Box::pin(async move { (guard.name().to_owned(), guard.lost().await) }))
+        .collect();
+    std::future::poll_fn(|cx| {
+        for loss in &mut watching {
+            if let Poll::Ready(found) = loss.as_mut().poll(cx) {
+                return Poll::Ready(found);
+            }
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 impl<G: LockGuard> LockGuard for MultiGuard<G> {
@@ -113,8 +118,8 @@ impl<G: LockGuard> LockGuard for MultiGuard<G> {
 }
 
 /// Releases `guards` at once: the worst outcome (an error, then `NotHeld`, then
-/// `Unconfirmed`) stands for all.
-async fn release_all<G: LockGuard>(guards: Vec<G>) -> Result<ReleaseOutcome, LockError> {
+/// `Unconfirmed`) stands for all (shared with ZooKeeper's one-transaction guard).
+pub(crate) async fn release_all<G: LockGuard>(guards: Vec<G>) -> Result<ReleaseOutcome, LockError> {
     let mut releases = tokio::task::JoinSet::new();
     for guard in guards {
         releases.spawn(guard.release());

@@ -91,9 +91,9 @@ impl LockOptions {
 
     /// Whether the acquisition records who holds (the default): host name, pid, program,
     /// the time asked (by this machine's clock), the TTL and the label, where the backend
-    /// keeps them (the ZooKeeper node's data, the etcd key's value, the Redis key's
-    /// value). `false` records nothing, for services whose host or program names must
-    /// not reach the lock service.
+    /// keeps them (the ZooKeeper node's data, the etcd key's value; Redis keeps none yet:
+    /// its holders are named by their owner value). `false` records nothing, for
+    /// services whose host or program names must not reach the lock service.
     pub fn with_holder_info(mut self, record: bool) -> Self {
         self.holder_info = record;
         self

@@ -18,7 +18,6 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use zookeeper_client::{Acls, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult};
@@ -68,20 +67,7 @@ impl ZooKeeperMultiGuard {
     ///
     /// Cancel safe: it only observes.
     pub async fn lost_which(&self) -> (String, LossReason) {
-        let mut watching: Vec<_> = self
-            .guards
-            .iter()
-            .map(|guard| Box::pin(async move { (guard.name().to_owned(), guard.lost().await) }))
-            .collect();
-        std::future::poll_fn(|cx| {
-            for loss in &mut watching {
-                if let Poll::Ready(found) = loss.as_mut().poll(cx) {
-                    return Poll::Ready(found);
-                }
-            }
-            Poll::Pending
-        })
-        .await
+        crate::multi::first_lost(&self.guards).await
     }
 }
 
@@ -112,30 +98,7 @@ impl LockGuard for ZooKeeperMultiGuard {
     /// Releases every lock, each delete sent at once (one round trip for all); `Released`
     /// only if every one of them was still held.
     async fn release(self) -> Result<ReleaseOutcome, LockError> {
-        let mut releases = tokio::task::JoinSet::new();
-        for guard in self.guards {
-            releases.spawn(guard.release());
-        }
-        let mut outcome = Ok(ReleaseOutcome::Released);
-        while let Some(released) = releases.join_next().await {
-            match released {
-                Ok(Ok(ReleaseOutcome::Released)) => {}
-                Ok(Ok(ReleaseOutcome::NotHeld)) => {
-                    if outcome.is_ok() {
-                        outcome = Ok(ReleaseOutcome::NotHeld);
-                    }
-                }
-                Ok(Ok(ReleaseOutcome::Unconfirmed)) => {
-                    if matches!(outcome, Ok(ReleaseOutcome::Released)) {
-                        outcome = Ok(ReleaseOutcome::Unconfirmed);
-                    }
-                }
-                Ok(Err(err)) => outcome = Err(err),
-                // A release task that panicked: its guard's drop removes the node.
-                Err(_) => {}
-            }
-        }
-        outcome
+        crate::multi::release_all(self.guards).await
     }
 }
 

@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use etcd_client::Permission;
 use fencelock::etcd::EtcdLocker;
 use fencelock::testkit::EtcdCluster;
 use fencelock::{LockBackend, LockGuard, LockOptions, ReleaseOutcome};
@@ -16,34 +15,6 @@ use crate::support::{PrefixWatch, namespace, within};
 /// etcd's token TTL here (the flag takes whole seconds).
 const TOKEN_TTL: Duration = Duration::from_secs(2);
 
-/// Auth on, with a user `worker` that reads and writes `<ns>/`; a root client.
-async fn with_worker(cluster: &EtcdCluster, ns: &str) -> etcd_client::Client {
-    let mut admin = cluster.client().await.expect("client");
-    admin.user_add("root", "rootpw", None).await.expect("root");
-    admin
-        .user_grant_role("root", "root")
-        .await
-        .expect("root role");
-    admin.role_add("locker").await.expect("role");
-    admin
-        .role_grant_permission(
-            "locker",
-            Permission::read_write(format!("{ns}/")).with_prefix(),
-        )
-        .await
-        .expect("grant");
-    admin.user_add("worker", "pw", None).await.expect("user");
-    admin
-        .user_grant_role("worker", "locker")
-        .await
-        .expect("user role");
-    admin.auth_enable().await.expect("auth on");
-    cluster
-        .client_as("root", "rootpw")
-        .await
-        .expect("root client")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_quiet_past_the_token_ttl_releases_and_the_waiter_is_granted() {
     let cluster = EtcdCluster::builder()
@@ -52,7 +23,7 @@ async fn a_holder_quiet_past_the_token_ttl_releases_and_the_waiter_is_granted() 
         .await
         .expect("etcd");
     let ns = namespace("auth-token-expiry");
-    let mut admin = with_worker(&cluster, &ns).await;
+    let mut admin = crate::support::with_locker_user(&cluster, &ns, "worker").await;
     let worker = || async {
         EtcdLocker::connect(cluster.config(&ns).with_credentials("worker", "pw"))
             .await
@@ -112,7 +83,7 @@ async fn a_wait_after_the_token_expired_on_an_open_watch_stream_is_served() {
         .await
         .expect("etcd");
     let ns = namespace("auth-token-expiry-watch");
-    let mut admin = with_worker(&cluster, &ns).await;
+    let mut admin = crate::support::with_locker_user(&cluster, &ns, "worker").await;
     let worker = || async {
         EtcdLocker::connect(cluster.config(&ns).with_credentials("worker", "pw"))
             .await

@@ -7,38 +7,9 @@ use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, Permission, RoleRevokePermissionOptions};
 use fencelock::etcd::EtcdLocker;
-use fencelock::testkit::EtcdCluster;
 use fencelock::{LockBackend, LockGuard, LockOptions};
 
 use crate::support::{PrefixWatch, etcd, handled, namespace, within};
-
-/// Auth on; `worker` reads and writes `<ns>/`; returns a root client.
-async fn with_worker_role(cluster: &EtcdCluster, ns: &str) -> Client {
-    let mut admin = cluster.client().await.expect("client");
-    admin.user_add("root", "rootpw", None).await.expect("root");
-    admin
-        .user_grant_role("root", "root")
-        .await
-        .expect("root role");
-    admin.role_add("locker").await.expect("role");
-    admin
-        .role_grant_permission(
-            "locker",
-            Permission::read_write(format!("{ns}/")).with_prefix(),
-        )
-        .await
-        .expect("grant");
-    admin.user_add("worker", "pw", None).await.expect("user");
-    admin
-        .user_grant_role("worker", "locker")
-        .await
-        .expect("user role");
-    admin.auth_enable().await.expect("auth on");
-    cluster
-        .client_as("root", "rootpw")
-        .await
-        .expect("root client")
-}
 
 /// The role may read `<ns>/` but no longer write it.
 async fn revoke_write(admin: &mut Client, ns: &str) {
@@ -76,7 +47,7 @@ async fn create_revision(admin: &mut Client, key: &str) -> Option<i64> {
 async fn a_lock_taken_again_after_a_refused_release_gets_a_newer_token() {
     let cluster = etcd().await;
     let ns = namespace("refused-release");
-    let mut admin = with_worker_role(&cluster, &ns).await;
+    let mut admin = crate::support::with_locker_user(&cluster, &ns, "worker").await;
     let locks = EtcdLocker::connect(cluster.config(&ns).with_credentials("worker", "pw"))
         .await
         .expect("connect");

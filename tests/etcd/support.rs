@@ -221,3 +221,32 @@ pub async fn deliver_late(cluster: &EtcdCluster, proxy: &fencelock::testkit::Fau
     )
     .await;
 }
+
+/// Auth on: a root user, and `user` (password `pw`) whose role `locker` reads and writes
+/// `<namespace>/`. Returns a client authenticated as root.
+pub async fn with_locker_user(cluster: &EtcdCluster, namespace: &str, user: &str) -> Client {
+    let mut admin = cluster.client().await.expect("client");
+    admin.user_add("root", "rootpw", None).await.expect("root");
+    admin
+        .user_grant_role("root", "root")
+        .await
+        .expect("root role");
+    admin.role_add("locker").await.expect("role");
+    admin
+        .role_grant_permission(
+            "locker",
+            etcd_client::Permission::read_write(format!("{namespace}/")).with_prefix(),
+        )
+        .await
+        .expect("grant");
+    admin.user_add(user, "pw", None).await.expect("user");
+    admin
+        .user_grant_role(user, "locker")
+        .await
+        .expect("user role");
+    admin.auth_enable().await.expect("auth on");
+    cluster
+        .client_as("root", "rootpw")
+        .await
+        .expect("root client")
+}

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{Permission, RoleRevokePermissionOptions};
+use etcd_client::RoleRevokePermissionOptions;
 use fencelock::testkit::FaultProxy;
 use fencelock::{LockBackend, LockOptions};
 
@@ -15,30 +15,7 @@ use crate::support::{PrefixWatch, address, etcd, namespace, within};
 async fn a_waiter_whose_watch_is_refused_gets_permission_denied() {
     let cluster = etcd().await;
     let ns = namespace("watch-refused");
-    let mut admin = cluster.client().await.expect("client");
-    admin.user_add("root", "rootpw", None).await.expect("root");
-    admin
-        .user_grant_role("root", "root")
-        .await
-        .expect("root role");
-    admin.role_add("locker").await.expect("role");
-    admin
-        .role_grant_permission(
-            "locker",
-            Permission::read_write(format!("{ns}/")).with_prefix(),
-        )
-        .await
-        .expect("grant");
-    admin.user_add("waiter", "pw", None).await.expect("user");
-    admin
-        .user_grant_role("waiter", "locker")
-        .await
-        .expect("user role");
-    admin.auth_enable().await.expect("auth on");
-    let mut admin = cluster
-        .client_as("root", "rootpw")
-        .await
-        .expect("root client");
+    let mut admin = crate::support::with_locker_user(&cluster, &ns, "waiter").await;
 
     let holder = fencelock::etcd::EtcdLocker::connect(
         cluster.config(&ns).with_credentials("root", "rootpw"),
