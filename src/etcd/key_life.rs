@@ -58,6 +58,23 @@ use super::request::{Answer, Request};
 use super::session::{Session, SessionInner};
 use crate::{FencingToken, LockError};
 
+/// Deletes and joins of this process whose outcome was unknown (for the soak's report:
+/// how often the rules above were put to the test).
+#[cfg(feature = "testkit")]
+static UNANSWERED: (std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64) = (
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+);
+
+/// (deletes, joins) of this process so far whose outcome was unknown.
+#[cfg(feature = "testkit")]
+pub(crate) fn unanswered_so_far() -> (u64, u64) {
+    (
+        UNANSWERED.0.load(Ordering::Relaxed),
+        UNANSWERED.1.load(Ordering::Relaxed),
+    )
+}
+
 /// One acquisition's key: its name (a slot of its session), what it holds, and whether
 /// any request about it has an unknown outcome.
 #[derive(Debug)]
@@ -181,6 +198,8 @@ impl QueueKey {
                 key = &*self.key,
                 "join outcome unknown; retiring the session"
             );
+            #[cfg(feature = "testkit")]
+            UNANSWERED.1.fetch_add(1, Ordering::Relaxed);
             self.join_unknown = true;
             self.spend();
             self.inner().retire();
@@ -321,6 +340,8 @@ impl QueueKey {
         let ticket = Arc::new(Ticket::default());
         let Attempts { result, ambiguous } = inner.batch.send(request, ticket).await;
         if ambiguous {
+            #[cfg(feature = "testkit")]
+            UNANSWERED.0.fetch_add(1, Ordering::Relaxed);
             self.spend();
         }
         let (removed, revision) = match result? {

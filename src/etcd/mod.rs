@@ -23,6 +23,8 @@ mod answers;
 mod batch;
 #[cfg(feature = "testkit")]
 pub(crate) use batch::batched_so_far;
+#[cfg(feature = "testkit")]
+pub(crate) use key_life::unanswered_so_far;
 mod call;
 mod config;
 mod election;

@@ -68,10 +68,10 @@ struct HeldCount {
 
 impl HeldCount {
     fn add(&self, bytes: usize, requests: usize, withdrawn: usize) {
-        let bytes = self.bytes.fetch_add(bytes, Ordering::SeqCst) + bytes;
-        let requests = self.requests.fetch_add(requests, Ordering::SeqCst) + requests;
         self.standing.fetch_add(requests, Ordering::SeqCst);
         self.standing.fetch_sub(withdrawn, Ordering::SeqCst);
+        let bytes = self.bytes.fetch_add(bytes, Ordering::SeqCst) + bytes;
+        let requests = self.requests.fetch_add(requests, Ordering::SeqCst) + requests;
         self.changed.send_replace((bytes, requests));
     }
 }
@@ -300,6 +300,14 @@ impl FaultProxy {
     #[must_use]
     pub fn held_requests(&self) -> usize {
         self.held.standing.load(Ordering::SeqCst)
+    }
+
+    /// How many complete requests have been kept so far, over every connection since the
+    /// start (what [`requests_held`](Self::requests_held) counts): add one to wait for the
+    /// next.
+    #[must_use]
+    pub fn requests_held_so_far(&self) -> usize {
+        self.held.requests.load(Ordering::SeqCst)
     }
 
     /// How many bytes of requests [`hold_requests`](Self::hold_requests) has kept so far.

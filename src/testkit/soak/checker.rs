@@ -33,15 +33,20 @@ use crate::LossReason;
 /// that can keep a waiter from hearing (a cut path, 3 s) plus a margin.
 pub(crate) const STALL_BOUND: Duration = Duration::from_secs(6);
 
-/// How much longer a key may stay (unreleased, or not taken) when the clients' write
-/// permission was revoked meanwhile: the revocation (at most 2 s), then the sweep's
-/// backoff (at most 1 s) and its read and delete.
-pub(crate) const REVOKED_SLACK: Duration = Duration::from_secs(4);
+/// How much longer than the revocation itself a key may stay (unreleased, or not taken)
+/// when the clients' write permission was revoked meanwhile: the sweep's backoff (at most
+/// 1 s) and its read and delete.
+pub(crate) const REVOKED_SLACK: Duration = Duration::from_secs(2);
 
 /// How long after its release returned a key may stay beyond its lease's TTL (a delete
 /// that cannot get through leaves the key to its lease): retries through a cut path or a
-/// killed member. A revocation of the clients' write permission adds [`REVOKED_SLACK`].
+/// killed member. A revocation of the clients' write permission adds its own length and
+/// [`REVOKED_SLACK`].
 pub(crate) const RELEASE_SLACK: Duration = Duration::from_secs(5);
+
+/// The longest TTL the workload asks for (`workload::ttl`): what a key nobody removes
+/// may stay for, under a lease that ends.
+const LONGEST_TTL: Duration = Duration::from_secs(3);
 
 /// How long after its key is deleted a guard may still say it holds: one lease TTL (a
 /// holder cut off from every member learns by its lease deadline) plus a margin.
@@ -88,12 +93,21 @@ pub(crate) enum Event {
         at: Instant,
         reason: LossReason,
     },
-    /// An acquisition failed with `error`.
+    /// Acquisition `id` failed with `error`; `key_deleted`: it was told its key was
+    /// deleted while it waited.
     Failed {
+        id: u64,
         client: usize,
         name: String,
         at: Instant,
         error: String,
+        key_deleted: bool,
+    },
+    /// Acquisition `id` returned without the lock: a `try` that found it taken, or a
+    /// wait that timed out.
+    Missed {
+        id: u64,
+        at: Instant,
     },
     /// The grant's release, and what it reported.
     Released {
@@ -122,7 +136,11 @@ pub(crate) struct Grant {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
     Released,
+    /// `ReleaseOutcome::NotHeld`: the release knew the key gone, or found nothing to
+    /// delete although every attempt was answered.
     NotHeld,
+    /// `ReleaseOutcome::Unconfirmed`: nothing found after an attempt without an answer.
+    Unconfirmed,
     Failed,
     Dropped,
 }
@@ -211,14 +229,15 @@ pub(crate) struct Operator {
 }
 
 impl Operator {
-    /// Extra time a key may stay between `from` and `until`: [`REVOKED_SLACK`] if the
-    /// clients' write permission was revoked at some point in between.
+    /// Extra time a key may stay between `from` and `until`: the revocations of the
+    /// clients' write permission that overlap that time (the nemesis's own 0.2-2 s, or
+    /// longer while a restore could not get through), each with [`REVOKED_SLACK`].
     fn revoked_slack(&self, from: Instant, until: Instant) -> Duration {
-        if self.revoked.iter().any(|(a, b)| *a <= until && *b >= from) {
-            REVOKED_SLACK
-        } else {
-            Duration::ZERO
-        }
+        self.revoked
+            .iter()
+            .filter(|(a, b)| *a <= until && *b >= from)
+            .map(|(a, b)| b.duration_since(*a) + REVOKED_SLACK)
+            .sum()
     }
 
     /// Whether the operator may have made the deletion at `revision`, seen at `seen`.
@@ -370,6 +389,7 @@ pub(crate) fn check(
             name,
             at,
             error,
+            ..
         } = event
         else {
             continue;
@@ -588,6 +608,148 @@ pub(crate) fn check(
         }
     }
 
+    // Whose key is whose: every acquisition's id rides in its key's value (the holder
+    // record's label, an election's value). A grant's key names that grant's acquisition
+    // (never an earlier acquisition's key taken for its own); and a key an acquisition was
+    // told was deleted under it (while it waited, or held: `lost()`, or a release that
+    // found nothing to delete although every attempt was answered) went by the operator's
+    // hand or with its lease, never by a request of another acquisition (a late delete of
+    // an earlier key of the same name).
+    let accountable = |life: &Life, revision: i64, seen: Instant| {
+        operator.explains(revision, seen)
+            || last_put
+                .get(&life.lease)
+                .is_none_or(|last| *last < revision)
+    };
+    let of_acquisition: HashMap<u64, Vec<&Life>> =
+        lives
+            .iter()
+            .fold(HashMap::new(), |mut map: HashMap<u64, Vec<&Life>>, life| {
+                if let Some(id) = acquisition_of(&life.value) {
+                    map.entry(id).or_default().push(life);
+                }
+                map
+            });
+    for grant in grants.values() {
+        let Some(life) = life_of(grant) else { continue };
+        *counts.entry("ownership").or_default() += 1;
+        if let Some(other) = acquisition_of(&life.value).filter(|other| *other != grant.id) {
+            verdict.fail(
+                grant.at,
+                format!(
+                    "ownership: client {} was granted {} (token {}), a key acquisition {other} \
+                 made, not its own ({})\n{}",
+                    grant.client,
+                    grant.key,
+                    grant.token,
+                    grant.id,
+                    dump(&life.prefix, life.created)
+                ),
+            );
+        }
+    }
+    let mut deleted_under = Vec::new();
+    for event in events {
+        match event {
+            Event::Failed {
+                id,
+                at,
+                key_deleted: true,
+                ..
+            } => {
+                // Its latest key made before it was told.
+                let life = of_acquisition
+                    .get(id)
+                    .into_iter()
+                    .flatten()
+                    .filter(|life| life.created_seen <= *at + Duration::from_secs(5))
+                    .max_by_key(|life| life.created);
+                if let Some(life) = life {
+                    deleted_under.push((*at, *life, "while it waited"));
+                }
+            }
+            Event::Lost {
+                id,
+                at,
+                reason: LossReason::KeyDeleted,
+            } => {
+                if let Some(life) = grants.get(id).and_then(|g| life_of(g)) {
+                    deleted_under.push((*at, life, "while it held"));
+                }
+            }
+            Event::Released {
+                id,
+                started,
+                outcome: Outcome::NotHeld,
+                ..
+            } => {
+                if let Some(life) = grants.get(id).and_then(|g| life_of(g)) {
+                    deleted_under.push((*started, life, "before its release deleted it"));
+                }
+            }
+            _ => {}
+        }
+    }
+    for (at, life, when) in deleted_under {
+        let Some((revision, seen)) = life.deleted else {
+            continue;
+        };
+        *counts.entry("foreign delete").or_default() += 1;
+        if !accountable(life, revision, seen) {
+            verdict.fail(
+                seen.min(at),
+                format!(
+                    "foreign delete: key {} (created {}) was deleted at revision {revision} \
+                 {when}, by neither the operator nor its lease's end (another acquisition's \
+                 request)\n{}",
+                    String::from_utf8_lossy(&life.key),
+                    life.created,
+                    dump(&life.prefix, revision)
+                ),
+            );
+        }
+    }
+
+    // A key of an acquisition that returned without the lock (busy, timed out, failed)
+    // goes soon after the acquisition returned, or after it appeared (a join applied
+    // late, after the acquisition gave up and removed what was there): the acquisition's
+    // cleanup and the session's sweep remove it, or its lease takes it; never a key
+    // nobody owns left under a lease that is renewed.
+    let mut returned: HashMap<u64, Instant> = HashMap::new();
+    for event in events {
+        match event {
+            Event::Missed { id, at } | Event::Failed { id, at, .. } => {
+                returned.insert(*id, *at);
+            }
+            _ => {}
+        }
+    }
+    for (id, at) in &returned {
+        let Some(lives) = of_acquisition.get(id) else {
+            continue;
+        };
+        for life in lives {
+            *counts.entry("key left").or_default() += 1;
+            let from = (*at).max(life.created_seen);
+            let bound = LONGEST_TTL + RELEASE_SLACK;
+            let bound = bound + operator.revoked_slack(from, from + bound);
+            let gone = life.deleted.map_or(ended, |(_, seen)| seen);
+            if gone > from + bound {
+                verdict.fail(
+                    from + bound,
+                    format!(
+                        "key left: key {} (created {}) of acquisition {id}, which returned \
+                 without the lock, was still there {:?} after (bound {bound:?})\n{}",
+                        String::from_utf8_lossy(&life.key),
+                        life.created,
+                        gone.duration_since(from),
+                        dump(&life.prefix, life.created)
+                    ),
+                );
+            }
+        }
+    }
+
     // Progress: every key admitted by the history is granted, or gone, soon.
     let granted: HashMap<(&[u8], i64), &Grant> = grants
         .values()
@@ -641,6 +803,23 @@ pub(crate) fn check(
     checked.sort();
     verdict.checked = checked;
     verdict
+}
+
+/// The soak acquisition whose key holds `value` (`workload::label`: the end of its holder
+/// record, or an election's whole value).
+fn acquisition_of(value: &[u8]) -> Option<u64> {
+    const LABEL: &[u8] = b"soak-acquisition-";
+    let at = value
+        .windows(LABEL.len())
+        .rposition(|window| window == LABEL)?;
+    // Only where a label or a value starts: a record's `label=`, or the whole value.
+    if at != 0 && value[at - 1] != b'=' {
+        return None;
+    }
+    std::str::from_utf8(&value[at + LABEL.len()..])
+        .ok()?
+        .parse()
+        .ok()
 }
 
 /// Every key's life under `namespace`, from the history.
@@ -1055,6 +1234,104 @@ mod tests {
             ..Default::default()
         };
         let verdict = check(&s.history, &s.events, &[], s.at(9000), NS, &operator);
+        assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
+    }
+
+    fn record(id: u64) -> String {
+        format!(
+            "\nfencelock-holder/1 host=h pid=1 since=1 ttl=2000 label={}",
+            super::super::workload::label(id)
+        )
+    }
+
+    #[test]
+    fn an_acquisition_is_found_by_its_label() {
+        assert_eq!(acquisition_of(record(17).as_bytes()), Some(17));
+        assert_eq!(acquisition_of(b"soak-acquisition-4"), Some(4));
+        assert_eq!(acquisition_of(b"fencelock:read"), None);
+        // Only a label or a whole value counts.
+        assert_eq!(acquisition_of(b"xsoak-acquisition-4"), None);
+    }
+
+    #[test]
+    fn a_waiters_key_deleted_by_another_acquisitions_request_is_caught() {
+        let mut s = Story::new();
+        // Acquisition 1 holds; acquisition 2 of the same session (lease 1) waits behind
+        // it, and its key goes at revision 4 by nobody's account (the lease is used
+        // after, no operator): a late delete of an earlier key of that name.
+        s.put(2, "soak/x/a-0", &record(1), 0);
+        s.grant(1, "soak/x/a-0", 2, 2, 1);
+        s.put(3, "soak/x/a-1", &record(2), 2);
+        s.delete(4, "soak/x/a-1", 3);
+        s.put(5, "soak/y/a-0", &record(3), 4);
+        s.events.push(Event::Failed {
+            id: 2,
+            client: 0,
+            name: "x".into(),
+            at: s.at(5),
+            error: "lease lost on lock \"x\": key deleted".into(),
+            key_deleted: true,
+        });
+        s.delete(6, "soak/x/a-0", 6);
+        s.released(1, 6);
+        s.delete(7, "soak/y/a-0", 7);
+        let verdict = s.check(10);
+        assert_eq!(
+            kinds(&verdict),
+            ["foreign delete"],
+            "{:?}",
+            verdict.violations
+        );
+
+        // The same deletion by the operator's hand is no violation.
+        let operator = Operator {
+            revisions: [4].into_iter().collect(),
+            ..Default::default()
+        };
+        let verdict = check(&s.history, &s.events, &[], s.at(10), NS, &operator);
+        assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
+    }
+
+    #[test]
+    fn a_grant_of_another_acquisitions_key_is_caught() {
+        let mut s = Story::new();
+        s.put(2, "soak/x/a-0", &record(1), 0);
+        s.grant(2, "soak/x/a-0", 2, 2, 1);
+        s.delete(3, "soak/x/a-0", 3);
+        s.released(2, 3);
+        let verdict = s.check(10);
+        assert_eq!(kinds(&verdict), ["ownership"], "{:?}", verdict.violations);
+    }
+
+    #[test]
+    fn a_late_key_of_an_acquisition_that_gave_up_is_caught() {
+        let mut s = Story::new();
+        // Acquisition 5 timed out at 1 s; a join of it applied late made its key at 2 s,
+        // and nothing removed it until 20 s.
+        s.events.push(Event::Missed {
+            id: 5,
+            at: s.at(1000),
+        });
+        s.put(2, "soak/x/a-3", &record(5), 2000);
+        s.delete(3, "soak/x/a-3", 20_000);
+        let verdict = s.check(30_000);
+        // (At the head of its queue, it also stalled the lock.)
+        assert_eq!(
+            kinds(&verdict),
+            ["key left", "progress"],
+            "{:?}",
+            verdict.violations
+        );
+
+        // Swept a second after it appeared: fine.
+        let mut s = Story::new();
+        s.events.push(Event::Missed {
+            id: 5,
+            at: s.at(1000),
+        });
+        s.put(2, "soak/x/a-3", &record(5), 2000);
+        s.delete(3, "soak/x/a-3", 3000);
+        let verdict = s.check(30_000);
         assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
     }
 }

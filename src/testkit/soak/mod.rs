@@ -117,6 +117,9 @@ pub struct SoakReport {
     /// What the clients did: acquisitions attempted, granted, busy (a `try` that found the
     /// lock taken), timed out, failed; releases by outcome; losses heard.
     pub operations: BTreeMap<String, u64>,
+    /// Failed acquisitions by their error (lock names, numbers and durations left out),
+    /// the most frequent first (at most eight).
+    pub failures: Vec<(String, u64)>,
     /// Faults injected, by kind.
     pub faults: BTreeMap<String, u64>,
     /// Changes etcd recorded under the namespace (the checker's truth).
@@ -153,6 +156,14 @@ impl SoakReport {
                 .join(", ")
         };
         out.push_str(&format!("operations: {}\n", join(&self.operations)));
+        if !self.failures.is_empty() {
+            let failures: Vec<String> = self
+                .failures
+                .iter()
+                .map(|(error, n)| format!("{n} x {error}"))
+                .collect();
+            out.push_str(&format!("failures: {}\n", failures.join("; ")));
+        }
         out.push_str(&format!(
             "faults ({} in all): {}\n",
             self.faults.values().sum::<u64>(),
@@ -253,6 +264,7 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
     let journal = Arc::new(workload::Journal::default());
     let tally = Arc::new(workload::Tally::default());
     let batched_before = crate::etcd::batched_so_far();
+    let unanswered_before = crate::etcd::unanswered_so_far();
     let (stop_work, working) = watch::channel(false);
     let mut tasks = JoinSet::new();
     for (client, locker) in lockers.iter().enumerate() {
@@ -374,6 +386,7 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
         ("failed", &tally.errors),
         ("released", &tally.released),
         ("released, not held", &tally.not_held),
+        ("released, unconfirmed", &tally.unconfirmed),
         ("dropped", &tally.dropped),
         ("losses heard", &tally.losses),
     ]
@@ -382,13 +395,25 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
     .collect::<BTreeMap<String, u64>>();
     // Joins and releases of different names that rode together in one transaction.
     let batched_after = crate::etcd::batched_so_far();
+    let unanswered_after = crate::etcd::unanswered_so_far();
+    // Requests whose outcome the library could not know: what the rules about spent
+    // names and retired sessions were tested by.
     let mut operations = operations;
+    operations.insert(
+        "deletes unanswered".into(),
+        unanswered_after.0 - unanswered_before.0,
+    );
+    operations.insert(
+        "joins unanswered".into(),
+        unanswered_after.1 - unanswered_before.1,
+    );
     operations.insert("batches".into(), batched_after.0 - batched_before.0);
     operations.insert(
         "batched requests".into(),
         batched_after.1 - batched_before.1,
     );
     let report = SoakReport {
+        failures: failures_by_error(&events),
         seed: config.seed,
         seconds: ended.duration_since(started).as_secs_f64(),
         operations,
@@ -411,4 +436,24 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
     drop(proxies);
     drop(cluster);
     Ok(report)
+}
+
+/// Failed acquisitions by error, the lock's name and every number left out, so that one
+/// cause counts once: the most frequent eight.
+fn failures_by_error(events: &[checker::Event]) -> Vec<(String, u64)> {
+    let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+    for event in events {
+        if let checker::Event::Failed { name, error, .. } = event {
+            let general: String = error
+                .replace(&format!("{name:?}"), "NAME")
+                .chars()
+                .filter(|c| !c.is_ascii_digit())
+                .collect();
+            *counts.entry(general).or_default() += 1;
+        }
+    }
+    let mut counts: Vec<(String, u64)> = counts.into_iter().collect();
+    counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    counts.truncate(8);
+    counts
 }

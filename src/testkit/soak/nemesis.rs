@@ -1,8 +1,9 @@
 //! The soak's nemesis: faults on a random schedule drawn from the seed. Per client and
 //! member (the proxy on that path): added latency; requests held, the client's connection
 //! broken, and the held requests delivered late (a request applied after its sender gave
-//! up and retried elsewhere); answers lost; a cut; a pause. Cluster-wide: a member killed
-//! and restarted, an operator's prefix delete of a lock or delete of one key, a
+//! up and retried elsewhere), or just one request so; answers lost; a cut; a pause. Cluster-wide: a member killed
+//! and restarted, an operator's prefix delete of a lock, a delete of one key, or of a
+//! holder's that has held for a while (guarded by its create revision), a
 //! compaction (never past what the recorder has seen), a lease revoked by an operator,
 //! the clients' role losing its write permission on the namespace for up to 2 s (so
 //! joins and releases are refused) and getting it back.
@@ -12,7 +13,10 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use etcd_client::{Client, DeleteOptions, GetOptions, Permission, RoleRevokePermissionOptions};
+use etcd_client::{
+    Client, Compare, CompareOp, DeleteOptions, GetOptions, Permission, RoleRevokePermissionOptions,
+    Txn, TxnOp,
+};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -133,11 +137,11 @@ pub(crate) async fn run(targets: Targets, mut rng: Rng, until: Instant, faults: 
         }
         stream += 1;
         let mut fault_rng = rng.fork(stream);
-        let kind = rng.weighted(&[14, 24, 10, 10, 8, 8, 8, 8, 6, 4, 6]);
+        let kind = rng.weighted(&[14, 24, 20, 10, 8, 8, 8, 8, 6, 4, 6, 16, 16]);
         let clients = targets.proxies.len();
         let members = targets.proxies.first().map_or(0, Vec::len);
         let path = (rng.index(clients), rng.index(members));
-        if kind <= 4 && !lock(&busy).insert(path) {
+        if (kind <= 4 || kind == 12) && !lock(&busy).insert(path) {
             continue;
         }
         let (targets, faults, busy, down, revoked) = (
@@ -235,6 +239,29 @@ pub(crate) async fn run(targets: Targets, mut rng: Rng, until: Instant, faults: 
                     }
                 }
                 10 => revoke_write(&targets, &mut fault_rng, &faults, &revoked).await,
+                11 => delete_settled_holder(&targets, &mut fault_rng, &faults).await,
+                12 => {
+                    // Exactly one request late, the rest of the client's traffic through
+                    // its other paths: a late release that does not also retire the
+                    // session (as a late join would), so that its name is soon wanted
+                    // again by the same session.
+                    faults.note(
+                        "one late request",
+                        format!("{at}: next request held, delivered late"),
+                    );
+                    let next = proxy.requests_held_so_far() + 1;
+                    proxy.hold_one_request();
+                    let held = tokio::time::timeout(
+                        fault_rng.millis(500, 2000),
+                        proxy.requests_held(next),
+                    )
+                    .await;
+                    if held.is_ok() {
+                        tokio::time::sleep(fault_rng.millis(100, 1500)).await;
+                    }
+                    proxy.deliver_held();
+                    proxy.heal();
+                }
                 _ => {
                     if let Some((key, lease)) = pick_key(&targets, &mut fault_rng, false).await {
                         if lease != 0 {
@@ -324,12 +351,77 @@ async fn revoke_write(targets: &Targets, rng: &mut Rng, faults: &Faults, revoked
         );
         tokio::time::sleep(hold).await;
     }
-    // Restored whatever the revoke's answer (an unanswered one may have applied).
-    if let Err(err) = super::auth::restore_write(&mut admin, &targets.namespace).await {
-        tracing::warn!(%err, "soak: restoring the clients' write permission failed");
+    // Restored whatever the revoke's answer (an unanswered one may have applied), and
+    // retried until etcd confirms it (a member killed meanwhile): the revocation is
+    // recorded as lasting until then, and the checker allows for that long.
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while let Err(err) = super::auth::restore_write(&mut admin, &targets.namespace).await {
+        if Instant::now() >= give_up {
+            tracing::warn!(%err, "soak: restoring the clients' write permission failed");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     lock(&faults.revoked).push((from, Instant::now()));
     *lock(revoked) = false;
+}
+
+/// Deletes the holder of a random lock once it has held for a while (the same key, with
+/// the same create revision, at the head of its queue 60-300 ms apart), by a delete
+/// guarded by that create revision: most grants are let go within 20 ms, so a delete of
+/// whatever heads a queue mostly meets a key on its way out, and the holder never has
+/// time to show whether it noticed (`is_held()`, `lost()`). A holder that has held this
+/// long is sampled for a while after its key goes.
+async fn delete_settled_holder(targets: &Targets, rng: &mut Rng, faults: &Faults) {
+    let name = &targets.names[rng.index(targets.names.len())];
+    let prefix = format!("{}/{name}/", targets.namespace);
+    let mut admin = targets.admin.clone();
+    let Some(first) = head_of(&mut admin, &prefix).await else {
+        return;
+    };
+    tokio::time::sleep(rng.millis(60, 300)).await;
+    if head_of(&mut admin, &prefix).await.as_ref() != Some(&first) {
+        return;
+    }
+    let (key, created) = first;
+    let guarded = Txn::new()
+        .when([Compare::create_revision(
+            key.clone(),
+            CompareOp::Equal,
+            created,
+        )])
+        .and_then([TxnOp::delete(key.clone(), None)]);
+    let sent = Instant::now();
+    let answer = admin.txn(guarded).await;
+    let key = String::from_utf8_lossy(&key);
+    match &answer {
+        // Only a delete that happened explains a deletion: the header of a transaction
+        // that changed nothing names the revision of someone else's change.
+        Ok(txn) if txn.succeeded() => {
+            faults.operator_at(sent, txn.header());
+            faults.note(
+                "holder delete",
+                format!("operator: del {key} (held since revision {created})"),
+            );
+        }
+        Ok(_) => {}
+        Err(_) => faults.operator_at(sent, None),
+    }
+}
+
+/// The oldest key under `prefix` (a lock's holder) and its create revision.
+async fn head_of(admin: &mut Client, prefix: &str) -> Option<(Vec<u8>, i64)> {
+    let options = GetOptions::new()
+        .with_prefix()
+        .with_sort(
+            etcd_client::SortTarget::Create,
+            etcd_client::SortOrder::Ascend,
+        )
+        .with_limit(1);
+    let read = admin.get(prefix, Some(options)).await.ok()?;
+    read.kvs()
+        .first()
+        .map(|kv| (kv.key().to_vec(), kv.create_revision()))
 }
 
 /// A live key under the namespace, with its lease: any, or (`head`) the oldest key of a

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::checker::{Event, Grant, Outcome};
 use super::rng::Rng;
 use crate::etcd::{EtcdGuard, EtcdLocker, Leadership};
-use crate::{LockBackend, LockError, LockGuard, LockOptions, ReleaseOutcome};
+use crate::{LockBackend, LockError, LockGuard, LockOptions, LossReason, ReleaseOutcome};
 
 /// What the clients did, in counts.
 #[derive(Debug, Default)]
@@ -26,6 +26,7 @@ pub(crate) struct Tally {
     pub(crate) errors: AtomicU64,
     pub(crate) released: AtomicU64,
     pub(crate) not_held: AtomicU64,
+    pub(crate) unconfirmed: AtomicU64,
     pub(crate) dropped: AtomicU64,
     pub(crate) losses: AtomicU64,
 }
@@ -134,19 +135,23 @@ pub(crate) async fn task(
         if rng.chance(50) {
             name = names[rng.index(names.len())].clone();
         }
-        let crowd = match rng.weighted(&[78, 16, 6]) {
+        let crowd = match rng.weighted(&[70, 18, 12]) {
             0 => Crowd::Alone,
             1 => Crowd::Few(2 + rng.index(3)),
             _ => Crowd::Queue(8 + rng.index(9)),
         };
         match crowd {
-            Crowd::Alone => one(&client, &name, &mut rng, false).await,
+            Crowd::Alone => one(&client, &name, &mut rng, false, None).await,
             Crowd::Few(n) | Crowd::Queue(n) => {
                 round += 1;
                 let queue = matches!(crowd, Crowd::Queue(_));
+                // One TTL for the crowd: its acquisitions share one renewed session, so
+                // that their joins and releases of one name meet in one batcher.
+                let ttl = ttl(&mut rng);
                 let mut rngs: Vec<Rng> = (0..n as u64).map(|i| rng.fork(round * 64 + i)).collect();
                 futures_util::future::join_all(
-                    rngs.iter_mut().map(|r| one(&client, &name, r, queue)),
+                    rngs.iter_mut()
+                        .map(|r| one(&client, &name, r, queue, Some(ttl))),
                 )
                 .await;
             }
@@ -154,9 +159,9 @@ pub(crate) async fn task(
     }
 }
 
-/// One acquisition of `name` (a plain, briefly held lock if `queue`), its hold and its
-/// release or drop, all journalled.
-async fn one(client: &Client, name: &str, rng: &mut Rng, queue: bool) {
+/// One acquisition of `name` (a plain, briefly held lock if `queue`; of the crowd's TTL,
+/// renewed, if in a crowd), its hold and its release or drop, all journalled.
+async fn one(client: &Client, name: &str, rng: &mut Rng, queue: bool, crowd_ttl: Option<Duration>) {
     let Client {
         client,
         locker,
@@ -175,7 +180,7 @@ async fn one(client: &Client, name: &str, rng: &mut Rng, queue: bool) {
             Primitive::Leader,
         ][rng.weighted(&[40, 15, 15, 15, 15])]
     };
-    let ttl = Duration::from_secs(if rng.chance(60) { 2 } else { 3 });
+    let ttl = crowd_ttl.unwrap_or_else(|| ttl(rng));
     let wait = if queue {
         Duration::from_secs(8)
     } else {
@@ -185,31 +190,53 @@ async fn one(client: &Client, name: &str, rng: &mut Rng, queue: bool) {
             Duration::from_secs(8),
         ][rng.weighted(&[40, 40, 20])]
     };
+    // The acquisition's id rides in its key (the holder record's label, an election's
+    // value): the checker tells whose key each key in the history is, granted or not.
+    let id = journal.id();
     let options = LockOptions::new()
         .with_ttl(ttl)
         .with_wait_timeout(wait)
-        .with_renewal(!rng.chance(5));
+        // (A lock without renewal has a session of its own.)
+        .with_renewal(crowd_ttl.is_some() || !rng.chance(5))
+        .with_holder_label(label(id));
     let try_only = !queue && rng.chance(20);
     Tally::add(&tally.attempts);
-    let acquired = acquire(locker, name, primitive, try_only, &options, client, journal).await;
+    let acquired = acquire(locker, name, primitive, try_only, &options, id).await;
     let held = match acquired {
         Ok(Some(held)) => held,
         Ok(None) => {
             Tally::add(&tally.busy);
+            journal.push(Event::Missed {
+                id,
+                at: Instant::now(),
+            });
             return;
         }
         Err(err) if err.is_wait_timeout() => {
             Tally::add(&tally.timeouts);
+            journal.push(Event::Missed {
+                id,
+                at: Instant::now(),
+            });
             return;
         }
         Err(err) => {
             tracing::debug!(%err, "soak acquisition failed");
             Tally::add(&tally.errors);
+            let key_deleted = matches!(
+                err,
+                LockError::LeaseLost {
+                    reason: LossReason::KeyDeleted,
+                    ..
+                }
+            );
             journal.push(Event::Failed {
+                id,
                 client,
                 name: name.to_owned(),
                 at: Instant::now(),
                 error: err.to_string(),
+                key_deleted,
             });
             // A failing member or path: do not spin.
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -217,7 +244,6 @@ async fn one(client: &Client, name: &str, rng: &mut Rng, queue: bool) {
         }
     };
     Tally::add(&tally.grants);
-    let id = journal.id();
     let guard = held.guard();
     journal.push(Event::Grant(Grant {
         id,
@@ -244,6 +270,10 @@ async fn one(client: &Client, name: &str, rng: &mut Rng, queue: bool) {
             Ok(ReleaseOutcome::Released) => {
                 Tally::add(&tally.released);
                 Outcome::Released
+            }
+            Ok(ReleaseOutcome::Unconfirmed) => {
+                Tally::add(&tally.unconfirmed);
+                Outcome::Unconfirmed
             }
             Ok(_) => {
                 Tally::add(&tally.not_held);
@@ -275,8 +305,7 @@ async fn acquire(
     primitive: Primitive,
     try_only: bool,
     options: &LockOptions,
-    client: usize,
-    journal: &Journal,
+    id: u64,
 ) -> Result<Option<Held>, LockError> {
     let guard = |g: EtcdGuard| Held::Guard(g);
     match primitive {
@@ -302,10 +331,23 @@ async fn acquire(
         }
         Primitive::Leader => {
             let election = locker.election(name)?;
-            let value = format!("client-{client}-{}", journal.id());
-            Ok(Some(Held::Leader(election.campaign(value, options).await?)))
+            Ok(Some(Held::Leader(
+                election.campaign(label(id), options).await?,
+            )))
         }
     }
+}
+
+/// A lock's TTL: 2 s or 3 s, so that acquisitions of one client use two renewed
+/// sessions.
+fn ttl(rng: &mut Rng) -> Duration {
+    Duration::from_secs(if rng.chance(60) { 2 } else { 3 })
+}
+
+/// The label (and an election's value) of acquisition `id`: what the checker finds it
+/// by in a key's value.
+pub(crate) fn label(id: u64) -> String {
+    format!("soak-acquisition-{id}")
 }
 
 /// Holds for `hold`, sampling `is_held()` every 50 ms (so before and after every fault
