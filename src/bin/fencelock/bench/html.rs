@@ -127,7 +127,7 @@ pub fn page(outcome: &Outcome) -> String {
 /// The versions the servers reported, those used only.
 fn versions(outcome: &Outcome) -> String {
     let env = &outcome.environment;
-    let mut used: Vec<&str> = [
+    let mut used: Vec<String> = [
         &env.etcd,
         &env.redis,
         &env.postgres,
@@ -135,11 +135,11 @@ fn versions(outcome: &Outcome) -> String {
         &env.zookeeper,
     ]
     .into_iter()
-    .map(String::as_str)
     .filter(|v| *v != "not used")
+    .cloned()
     .collect();
     if env.go_peer != "not used" {
-        used.push(&env.go_peer);
+        used.push(format!("the Go peer: {}", env.go_peer));
     }
     used.join(", ")
 }
