@@ -40,8 +40,8 @@ const STORES: [&str; 1] = ["mariadb"];
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// Run every cell and bar (every backend, the ceilings, TLS and 3-member clusters,
-    /// every waiter count, 100,000 held locks: about 9 minutes on 2 cores) instead of the
-    /// headline rows (about 2 minutes).
+    /// every waiter count, 100,000 held locks: about 9.5 minutes on 2 cores) instead of
+    /// the headline rows (about 2 minutes).
     #[arg(long)]
     pub full: bool,
     /// How long each measured cell runs (e.g. 500ms, 3s, 1m30s: humantime's forms; a bare
