@@ -370,6 +370,15 @@ fn last_lines(stderr: &[u8]) -> String {
     lines[lines.len().saturating_sub(3)..].join(" / ")
 }
 
+/// Whether `go` is on `PATH` and etcd's Go sources are installed: what [`GoMutex::build`]
+/// needs (it may still fail), without running anything, for the run's time estimate.
+pub fn installed() -> bool {
+    let sources = Path::new(GOCODE).join("src/go.etcd.io/etcd/clientv3/concurrency");
+    let go_on_path = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("go").is_file()));
+    go_on_path && sources.is_dir()
+}
+
 /// Whether the Go peer can reach the etcd endpoints: plaintext, without credentials (it
 /// is given no TLS material nor user).
 pub fn reachable(endpoints: &[String], tls: &crate::security::BackendTls) -> bool {

@@ -1,10 +1,15 @@
 //! `fencelock bench`: every backend through the same lock trait, beside the ceilings
-//! measured in the same run, with ratios computed inside the run.
+//! measured in the same run, with ratios computed inside the run. By default the headline
+//! rows (about two minutes), `--full` every cell; a report with charts either way.
 
 mod driver;
 mod go_mutex;
+mod header;
+mod html;
 mod kazoo;
 mod mariadb;
+mod plan;
+mod ratio_chart;
 mod report;
 mod stats;
 mod targets;
@@ -20,6 +25,7 @@ use fencelock::redis::{RedisLocker, RedlockLocker};
 use fencelock::zookeeper::ZooKeeperLocker;
 use indicatif::{ProgressBar, ProgressStyle};
 
+use plan::Plan;
 use targets::Targets;
 use workloads::Runner;
 
@@ -29,9 +35,15 @@ const BACKENDS: [&str; 5] = ["etcd", "redis", "redlock", "postgres", "zookeeper"
 /// Storage without a lock of its own: only the fenced-write rows (locked by etcd and Redis).
 const STORES: [&str; 1] = ["mariadb"];
 
-/// Options of `fencelock bench`.
+/// Options of `fencelock bench`. Flags without a value given take the scope's default
+/// (quick or `--full`); a flag given is kept in either.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
+    /// Run every cell and bar (every backend, the ceilings, TLS and 3-member clusters,
+    /// every waiter count, 100,000 held locks: about 9.5 minutes on 2 cores) instead of
+    /// the headline rows (about 2 minutes).
+    #[arg(long)]
+    pub full: bool,
     /// How long each measured cell runs (e.g. 500ms, 3s, 1m30s: humantime's forms; a bare
     /// number is seconds).
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
@@ -42,27 +54,25 @@ pub struct BenchArgs {
     /// Concurrencies of the distinct-key workloads.
     #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
     pub concurrency: Vec<usize>,
-    /// Waiter counts of the one-key (contended) workload.
-    #[arg(long, value_delimiter = ',', default_value = "2,8,32")]
-    pub waiters: Vec<usize>,
-    /// Backends to run.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "etcd,redis,redlock,postgres,zookeeper,mariadb"
-    )]
-    pub backends: Vec<String>,
+    /// Waiter counts of the one-key (contended) workload [default: 8; --full: 2,8,32].
+    #[arg(long, value_delimiter = ',')]
+    pub waiters: Option<Vec<usize>>,
+    /// Backends to run [default: etcd,redis,zookeeper,postgres (PostgreSQL as the fenced
+    /// write's storage); --full: etcd,redis,redlock,postgres,zookeeper,mariadb].
+    #[arg(long, value_delimiter = ',')]
+    pub backends: Option<Vec<String>>,
     /// Locks held by one client in the renewal workload (0 skips it); it also measures the
-    /// resident memory each held lock costs.
-    #[arg(long, default_value_t = 100_000)]
-    pub renewal_locks: usize,
+    /// resident memory each held lock costs [default: 10000, etcd's; --full: 100000, each
+    /// backend's].
+    #[arg(long)]
+    pub renewal_locks: Option<usize>,
     /// Different locks one process takes at once, then releases, in the etcd waves
-    /// workload (0 skips it).
-    #[arg(long, default_value_t = 1000)]
-    pub wave_locks: usize,
-    /// How long the renewal workload holds them.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
-    pub renewal_duration: Duration,
+    /// workload (0 skips it) [default: 0; --full: 1000].
+    #[arg(long)]
+    pub wave_locks: Option<usize>,
+    /// How long the renewal workload holds them [default: 5s; --full: 30s].
+    #[arg(long, value_parser = parse_duration)]
+    pub renewal_duration: Option<Duration>,
     #[command(flatten)]
     pub endpoints: crate::endpoints::Endpoints,
     /// An existing MariaDB or MySQL instead of a local MariaDB, for the fenced-write rows
@@ -85,9 +95,14 @@ pub struct BenchArgs {
     /// Write every figure and the environment as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Write a Markdown report with SVG charts into this directory.
-    #[arg(long)]
+    /// Write the report (report.html and report.md with SVG charts) into this directory
+    /// [default: target/fencelock-bench, in the cargo target dir the binary runs from, else
+    /// under the current directory].
+    #[arg(long, value_name = "DIR")]
     pub report: Option<PathBuf>,
+    /// Write no report (the table, and `--json` if given, only).
+    #[arg(long, conflicts_with = "report")]
+    pub no_report: bool,
 }
 
 /// Parses the CLI's durations with `humantime`: `250ms`, `3s`, `1m30s`, `1.5m`, `2h`,
@@ -116,22 +131,41 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// Runs the benchmark and writes its outputs; `Ok(false)` when `--check` is on and a
 /// performance bar was missed.
 pub async fn run(args: BenchArgs) -> BoxResult<bool> {
-    for backend in &args.backends {
+    let started = std::time::Instant::now();
+    let plan = Plan::new(&args);
+    for backend in &plan.backends {
         if !BACKENDS.contains(&backend.as_str()) && !STORES.contains(&backend.as_str()) {
             let known = [BACKENDS.as_slice(), STORES.as_slice()].concat().join(",");
             return Err(format!("unknown backend {backend:?}: use {known}").into());
         }
     }
-    if args
+    if plan
         .concurrency
         .iter()
-        .chain(&args.waiters)
+        .chain(&plan.waiters)
         .any(|&c| c == 0)
     {
         return Err("concurrency and waiter counts must be at least 1".into());
     }
+    let report_dir = match (&args.report, args.no_report) {
+        (_, true) => None,
+        (Some(dir), false) => Some(dir.clone()),
+        (None, false) => Some(header::default_report_dir()),
+    };
+    let wants = |name: &str| plan.wants(name);
+    // What the run compares, where, and how long it will take: before anything starts.
+    let go_expected = wants("etcd")
+        && go_mutex::installed()
+        && args
+            .endpoints
+            .etcd
+            .as_ref()
+            .is_none_or(|given| go_mutex::reachable(given, &args.endpoints.tls));
+    print!(
+        "{}",
+        header::header(&args, &plan, go_expected, report_dir.as_deref())
+    );
     args.metrics.start()?;
-    let wants = |name: &str| args.backends.iter().any(|b| b == name);
     // The peer of the etcd rows, built before any server starts: its build is in no cell.
     let go_peer = match &args.endpoints.etcd {
         _ if !wants("etcd") => None,
@@ -144,10 +178,9 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         }
         _ => go_mutex::GoMutex::build().await,
     };
-    let targets = Targets::prepare(&args).await?;
+    let targets = Targets::prepare(&args, &plan).await?;
 
-    let cells = planned_cells(&args, go_peer.is_some());
-    let progress = ProgressBar::new(cells);
+    let progress = ProgressBar::new(plan.steps(go_peer.is_some()).progress());
     progress.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -155,6 +188,7 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
     let run = format!("{:x}", std::process::id());
     let mut runner = Runner {
         args: &args,
+        plan: &plan,
         progress,
         cells: Vec::new(),
         renewals: Vec::new(),
@@ -163,9 +197,7 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
     };
 
     let etcd = match targets.etcd_config("bench")? {
-        Some(config) if wants("etcd") || wants("postgres") || wants("mariadb") => {
-            Some(EtcdLocker::connect(config).await?)
-        }
+        Some(config) if plan.needs("etcd") => Some(EtcdLocker::connect(config).await?),
         _ => None,
     };
     let etcd_tls = match &targets.etcd_tls {
@@ -182,9 +214,7 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         .map(|locks| locks.client().clone())
         .collect();
     let redis = match targets.redis_config("bench") {
-        Some(config) if wants("redis") || wants("postgres") || wants("mariadb") => {
-            Some(RedisLocker::connect(config).await?)
-        }
+        Some(config) if plan.needs("redis") => Some(RedisLocker::connect(config).await?),
         _ => None,
     };
     let redlock = match targets.redlock_config("bench") {
@@ -192,8 +222,9 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         _ => None,
     };
     let postgres_tls = args.endpoints.tls.postgres();
+    // The advisory lock's rows are the full run's: the quick one uses PostgreSQL as storage.
     let postgres = match &targets.postgres {
-        Some(conn) if wants("postgres") => {
+        Some(conn) if wants("postgres") && plan.postgres_lock_rows => {
             let locks = match &postgres_tls {
                 Some(tls) => PgAdvisoryLocker::connect_with_tls(conn, tls).await?,
                 None => PgAdvisoryLocker::connect(conn).await?,
@@ -227,17 +258,24 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         versions.zookeeper = workloads::zookeeper_version(hosts).await;
     }
     runner.progress.suspend(|| eprintln!("{}", versions.line()));
-    let mut environment = report::environment(&args, &targets, versions);
+    let mut environment = report::environment(&args, &plan, &targets, versions);
     if let Some(peer) = &go_peer {
         environment.go_peer.clone_from(&peer.version);
     }
 
     // Each concurrency level runs every subject back to back, ceiling first, so that a
     // ratio compares cells measured minutes apart at most, on the same server state.
-    for &c in &args.concurrency {
+    for &c in &plan.concurrency {
         let c = [c];
         if let (true, Some(locks)) = (wants("etcd"), &etcd) {
-            runner.etcd_ceilings(locks.client().clone(), &c).await?;
+            if plan.etcd_bare_ceilings {
+                runner.etcd_ceilings(locks.client().clone(), &c).await?;
+            } else {
+                // The quick run's ceiling: etcd's Lock RPC alone.
+                runner
+                    .lock_rpc_on("etcd Lock RPC", locks.client().clone(), c[0])
+                    .await?;
+            }
             runner.distinct("etcd", locks.clone(), &c).await?;
             if let (Some(peer), Some(endpoints)) = (&go_peer, &targets.etcd) {
                 // The peer: Go's concurrency.Mutex, against the same etcd.
@@ -273,7 +311,7 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         if let Some(locks) = &postgres {
             runner.distinct("postgres", locks.clone(), &c).await?;
         }
-        if let Some(locks) = &zookeeper {
+        if let (Some(locks), true) = (&zookeeper, plan.zookeeper_concurrency.contains(&c[0])) {
             runner.distinct("zookeeper", locks.clone(), &c).await?;
             if let (1, Some(hosts)) = (c[0], &targets.zookeeper) {
                 // The peer: Python's kazoo lock, one cycle after another.
@@ -291,7 +329,7 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
     }
     if let (true, Some(locks)) = (wants("etcd"), &etcd) {
         // Each waiter count: the etcd lock, then Go's concurrency.Mutex.
-        for &w in &args.waiters {
+        for &w in &plan.waiters {
             runner.contended("etcd", locks.clone(), &[w]).await?;
             if let (Some(peer), Some(endpoints)) = (&go_peer, &targets.etcd) {
                 runner.go_contended(peer, endpoints, w).await?;
@@ -300,18 +338,18 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
     }
     if let Some(locks) = &etcd_three {
         runner
-            .contended("etcd 3 members", locks.clone(), &args.waiters)
+            .contended("etcd 3 members", locks.clone(), &plan.waiters)
             .await?;
     }
     let readable = targets
         .etcd_metrics
         .iter()
         .all(|e| e.starts_with("http://"));
-    if let (true, true, true, Some(locks)) = (wants("etcd"), readable, args.wave_locks > 0, &etcd) {
+    if let (true, true, true, Some(locks)) = (wants("etcd"), readable, plan.wave_locks > 0, &etcd) {
         let endpoints = targets.etcd_metrics.clone();
         let count = move || workloads::etcd_writes(endpoints.clone());
         runner
-            .waves("etcd", locks.clone(), args.wave_locks, count)
+            .waves("etcd", locks.clone(), plan.wave_locks, count)
             .await?;
     }
     if let (Some(plain), Some(tls)) = (targets.etcd_config("bench")?, &targets.etcd_tls) {
@@ -320,62 +358,68 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
             runner.connects("etcd TLS", tls.clone()).await?;
         }
     }
-    if let (true, Some(locks)) = (wants("redis"), &redis) {
+    // One name on the other backends: the full run's.
+    let contended_all = plan.contended_all;
+    if let (true, true, Some(locks)) = (contended_all, wants("redis"), &redis) {
         runner
-            .contended("redis", locks.clone(), &args.waiters)
+            .contended("redis", locks.clone(), &plan.waiters)
             .await?;
     }
-    if let Some(locks) = &redlock {
+    if let (true, Some(locks)) = (contended_all, &redlock) {
         runner
-            .contended("redlock", locks.clone(), &args.waiters)
+            .contended("redlock", locks.clone(), &plan.waiters)
             .await?;
     }
-    if let Some(locks) = &postgres {
+    if let (true, Some(locks)) = (contended_all, &postgres) {
         runner
-            .contended("postgres", locks.clone(), &args.waiters)
+            .contended("postgres", locks.clone(), &plan.waiters)
             .await?;
     }
-    if let Some(locks) = &zookeeper {
+    if let (true, Some(locks)) = (contended_all, &zookeeper) {
         runner
-            .contended("zookeeper", locks.clone(), &args.waiters)
+            .contended("zookeeper", locks.clone(), &plan.waiters)
             .await?;
     }
-    if let Some(locks) = &zookeeper_three {
+    if let (true, Some(locks)) = (contended_all, &zookeeper_three) {
         runner
-            .contended("zookeeper 3 members", locks.clone(), &args.waiters)
+            .contended("zookeeper 3 members", locks.clone(), &plan.waiters)
             .await?;
     }
     if let Some(conn) = targets.postgres.as_deref().filter(|_| wants("postgres")) {
         let tls = postgres_tls.as_ref();
-        if let Some(locks) = &etcd {
+        let fenced = |lock: &str| plan.fenced_locks.contains(&lock);
+        if let (true, Some(locks)) = (fenced("etcd"), &etcd) {
             runner
                 .fenced_write("etcd", locks.clone(), conn, tls)
                 .await?;
         }
-        if let Some(locks) = &redis {
+        if let (true, Some(locks)) = (fenced("redis"), &redis) {
             runner
                 .fenced_write("redis", locks.clone(), conn, tls)
                 .await?;
         }
-        if let Some(locks) = &zookeeper {
+        if let (true, Some(locks)) = (fenced("zookeeper"), &zookeeper) {
             runner
                 .fenced_write("zookeeper", locks.clone(), conn, tls)
                 .await?;
         }
     }
     if let Some(url) = targets.mariadb.as_deref().filter(|_| wants("mariadb")) {
-        if let Some(locks) = &etcd {
+        let fenced = |lock: &str| plan.mariadb_locks.contains(&lock);
+        if let (true, Some(locks)) = (fenced("etcd"), &etcd) {
             runner
                 .fenced_write_mariadb("etcd", locks.clone(), url)
                 .await?;
         }
-        if let Some(locks) = &redis {
+        if let (true, Some(locks)) = (fenced("redis"), &redis) {
             runner
                 .fenced_write_mariadb("redis", locks.clone(), url)
                 .await?;
         }
     }
-    if args.renewal_locks > 0 {
+    if plan.renewal_locks > 0 {
+        // The backends whose renewal rows this run has (the quick run: etcd's).
+        let wants = |name: &str| wants(name) && plan.renewal_backends.contains(&name);
         let readable = targets
             .etcd_metrics
             .iter()
@@ -410,7 +454,9 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
                 )
                 .await?;
         }
-        if let (Some(locks), Some(hosts)) = (&zookeeper, targets.zookeeper.clone()) {
+        if let (true, Some(locks), Some(hosts)) =
+            (wants("zookeeper"), &zookeeper, targets.zookeeper.clone())
+        {
             let count = move || workloads::zookeeper_packets(hosts.clone());
             runner
                 .renewal(
@@ -421,7 +467,7 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
                 )
                 .await?;
         }
-        if let Some(locks) = &redlock {
+        if let (true, Some(locks)) = (wants("redlock"), &redlock) {
             let connections = locks.connections();
             let count = move || workloads::redis_evalsha(connections.clone());
             runner
@@ -445,79 +491,34 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         std::fs::write(path, serde_json::to_string_pretty(&outcome)?)?;
         eprintln!("figures written to {}", path.display());
     }
-    if let Some(dir) = &args.report {
+    if let Some(dir) = &report_dir {
         outcome.write_report(dir)?;
-        eprintln!("report written to {}", dir.join("report.md").display());
     }
     if let Some(locks) = &etcd {
         locks.close().await?;
     }
     let missed = outcome.bars.iter().filter(|b| !b.holds).count();
+    println!(
+        "\n{} run took {}",
+        match plan.scope {
+            plan::Scope::Quick => "the quick",
+            plan::Scope::Full => "the full",
+        },
+        plan::minutes(started.elapsed())
+    );
+    if let Some(dir) = &report_dir {
+        // Last, where a reader looks when the run ends.
+        println!(
+            "report: {} (charts: {}/*.svg; Markdown: report.md)",
+            dir.join("report.html").display(),
+            dir.display()
+        );
+    }
     if args.check && missed > 0 {
         eprintln!("--check: {missed} performance bar(s) missed");
         return Ok(false);
     }
     Ok(true)
-}
-
-/// How many progress steps the run will take (`go_peer`: the Go concurrency.Mutex peer
-/// was built, and runs beside the etcd lock at every concurrency and waiter count).
-fn planned_cells(args: &BenchArgs, go_peer: bool) -> u64 {
-    let wants = |name: &str| args.backends.iter().any(|b| b == name);
-    let c = args.concurrency.len();
-    let w = args.waiters.len();
-    let mut cells = 0;
-    if wants("etcd") {
-        // Ceilings, and the TLS rows when etcd is local: a lock cycle per concurrency,
-        // and a connect each way.
-        cells += 5 * c;
-        if args.endpoints.etcd.is_none() {
-            cells += c + 2;
-            if !args.cluster {
-                // The 3-member rows: lock cycles and etcd's Lock RPC at every
-                // concurrency above 1, handoffs.
-                cells += 2 * args.concurrency.iter().filter(|c| **c > 1).count() + w;
-            }
-        }
-    }
-    if wants("etcd") && go_peer {
-        cells += c + w;
-        if args.endpoints.etcd.is_none() && !args.cluster {
-            // The peer on the 3-member cluster too, at every concurrency above 1.
-            cells += args.concurrency.iter().filter(|c| **c > 1).count();
-        }
-    }
-    if wants("redis") {
-        cells += c;
-    }
-    if wants("etcd") && args.wave_locks > 0 {
-        cells += 1;
-    }
-    for backend in BACKENDS {
-        if wants(backend) {
-            cells += c + w;
-        }
-    }
-    if wants("postgres") {
-        cells += 4;
-        if wants("zookeeper") {
-            cells += 2;
-        }
-    }
-    if wants("zookeeper") && args.endpoints.zookeeper.is_none() {
-        // The 3-member rows: lock cycles at every concurrency above 1, handoffs.
-        cells += args.concurrency.iter().filter(|c| **c > 1).count() + w;
-    }
-    if wants("mariadb") {
-        cells += 4;
-    }
-    if args.renewal_locks > 0 {
-        cells += ["etcd", "redis", "redlock", "zookeeper"]
-            .iter()
-            .filter(|b| wants(b))
-            .count();
-    }
-    u64::try_from(cells).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

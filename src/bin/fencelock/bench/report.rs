@@ -1,4 +1,5 @@
-//! The outputs of a run: a terminal table, JSON, and a Markdown report with SVG charts.
+//! The outputs of a run: a terminal table, JSON, and a report (HTML and Markdown) with SVG
+//! charts.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -15,6 +16,8 @@ use super::{BenchArgs, BoxResult};
 /// Where and how the run was made.
 #[derive(Debug, Serialize)]
 pub struct Environment {
+    /// `quick` (the headline rows, the default) or `full` (`--full`).
+    pub scope: super::plan::Scope,
     pub cpus: usize,
     pub os: String,
     pub servers: String,
@@ -30,8 +33,14 @@ pub struct Environment {
     pub fencelock: String,
 }
 
-pub fn environment(args: &BenchArgs, targets: &Targets, versions: ServerVersions) -> Environment {
+pub fn environment(
+    args: &BenchArgs,
+    plan: &super::plan::Plan,
+    targets: &Targets,
+    versions: ServerVersions,
+) -> Environment {
     Environment {
+        scope: plan.scope,
         cpus: std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
         os: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
         servers: if targets.embedded {
@@ -573,7 +582,7 @@ impl Outcome {
         out
     }
 
-    /// `report.md` and its SVG charts in `dir`.
+    /// `report.html`, `report.md` and their SVG charts in `dir`.
     pub fn write_report(&self, dir: &Path) -> BoxResult<()> {
         std::fs::create_dir_all(dir)?;
         let series = |metric: fn(&Cell) -> f64,
@@ -633,11 +642,20 @@ impl Outcome {
             &series(p50, &["handoff"]),
             true,
         )?;
+        super::ratio_chart::draw(&dir.join("ratios.svg"), &self.peer_ratios())?;
+        std::fs::write(dir.join("report.html"), super::html::page(self))?;
         let mut md = String::new();
         let _ = writeln!(md, "# fencelock bench report\n");
+        let scope = match self.environment.scope {
+            super::plan::Scope::Quick => {
+                "the headline rows (the default; `--full` runs every cell)"
+            }
+            super::plan::Scope::Full => "every cell and bar (`--full`)",
+        };
         let _ = writeln!(
             md,
-            "Every backend runs through the same lock trait; ceilings are measured in the same run.\n"
+            "This run: {scope}. Every backend runs through the same lock trait; ceilings are \
+             measured in the same run. `report.html` shows the same with the charts.\n"
         );
         let _ = writeln!(
             md,
@@ -659,7 +677,7 @@ impl Outcome {
         }
         let _ = writeln!(
             md,
-            "\n## Charts\n\n![throughput](throughput.svg)\n\n![p50](latency-p50.svg)\n\n![p99](latency-p99.svg)\n\n![handoff](handoff.svg)\n"
+            "\n## Charts\n\n![lock / peer ratios](ratios.svg)\n\n![throughput](throughput.svg)\n\n![p50](latency-p50.svg)\n\n![p99](latency-p99.svg)\n\n![handoff](handoff.svg)\n"
         );
         let _ = writeln!(md, "## Ratios (same run)\n\n| ratio | value |\n|---|---|");
         for r in &self.ratios {
@@ -701,12 +719,24 @@ impl Outcome {
     }
 }
 
+impl Outcome {
+    /// The ratios of a lock to its peer or ceiling on cycles per second (higher is
+    /// better: 1.0 is parity), for the ratio chart.
+    pub fn peer_ratios(&self) -> Vec<(String, f64)> {
+        self.ratios
+            .iter()
+            .filter(|r| r.what.contains(" lock / ") && r.what.contains("cycles/s"))
+            .map(|r| (r.what.replace(" cycles/s", ""), r.value))
+            .collect()
+    }
+}
+
 fn ratio(what: String, value: f64) -> Ratio {
     Ratio { what, value }
 }
 
 /// Distinct colours, one per series (a chart has at most a dozen or so).
-const COLORS: [RGBColor; 14] = [
+pub(super) const COLORS: [RGBColor; 14] = [
     RGBColor(31, 119, 180),
     RGBColor(214, 39, 40),
     RGBColor(44, 160, 44),

@@ -10,6 +10,7 @@ use fencelock::testkit::{
 };
 use fencelock::zookeeper::ZooKeeperConfig;
 
+use super::plan::Plan;
 use super::{BenchArgs, BoxResult};
 
 /// The servers to benchmark, and the local ones kept alive (and stopped) with it.
@@ -51,8 +52,8 @@ pub struct Targets {
 
 impl Targets {
     /// Starts a local server for every selected backend that was given no endpoint.
-    pub async fn prepare(args: &BenchArgs) -> BoxResult<Self> {
-        let wants = |name: &str| args.backends.iter().any(|b| b == name);
+    pub async fn prepare(args: &BenchArgs, plan: &Plan) -> BoxResult<Self> {
+        let wants = |name: &str| plan.wants(name);
         let mut targets = Self {
             etcd: args.endpoints.etcd.clone(),
             etcd_metrics: args.endpoints.etcd.clone().unwrap_or_default(),
@@ -77,8 +78,7 @@ impl Targets {
             _zookeeper: Vec::new(),
         };
         // etcd (and Redis) are also the locks of the fenced-write workloads.
-        let fenced_writes = wants("postgres") || wants("mariadb");
-        if targets.etcd.is_none() && (wants("etcd") || fenced_writes) {
+        if targets.etcd.is_none() && plan.needs("etcd") {
             let members = if args.cluster { 3 } else { 1 };
             eprintln!(
                 "starting a local {members}-member etcd (fsync {})",
@@ -96,7 +96,7 @@ impl Targets {
             targets._etcd = Some(cluster);
             targets.embedded = true;
             targets.embedded_etcd = true;
-            if wants("etcd") {
+            if wants("etcd") && plan.side_clusters {
                 eprintln!("starting a local etcd with mutual TLS, for the TLS rows");
                 let pki = TestPki::generate()?;
                 let client = pki.client_tls("bench")?;
@@ -129,7 +129,7 @@ impl Targets {
                 }
             }
         }
-        if targets.redis.is_none() && (wants("redis") || fenced_writes) {
+        if targets.redis.is_none() && plan.needs("redis") {
             eprintln!("starting a local redis-server");
             let server = RedisServer::start().await?;
             targets.redis = Some(server.url());
@@ -148,12 +148,21 @@ impl Targets {
             targets.embedded = true;
         }
         if targets.zookeeper.is_none() && wants("zookeeper") {
-            eprintln!("starting a local ZooKeeper, and a 3-member ensemble for the cluster rows");
-            let single = ZooKeeperCluster::single().await?;
-            let three = ZooKeeperCluster::start(3).await?;
+            let single = if plan.side_clusters {
+                eprintln!(
+                    "starting a local ZooKeeper, and a 3-member ensemble for the cluster rows"
+                );
+                let single = ZooKeeperCluster::single().await?;
+                let three = ZooKeeperCluster::start(3).await?;
+                targets.zookeeper_three = Some(zookeeper_config(&three.connect_string()));
+                targets._zookeeper.push(three);
+                single
+            } else {
+                eprintln!("starting a local ZooKeeper");
+                ZooKeeperCluster::single().await?
+            };
             targets.zookeeper = Some(single.connect_string());
-            targets.zookeeper_three = Some(zookeeper_config(&three.connect_string()));
-            targets._zookeeper = vec![single, three];
+            targets._zookeeper.push(single);
             targets.embedded = true;
         }
         if targets.postgres.is_none() && wants("postgres") {

@@ -17,6 +17,8 @@ use super::{BenchArgs, BoxResult};
 /// Collects the cells of one run.
 pub struct Runner<'a> {
     pub args: &'a BenchArgs,
+    /// The cells chosen (quick or full), with the renewal workload's size.
+    pub plan: &'a super::plan::Plan,
     pub progress: ProgressBar,
     pub cells: Vec<Cell>,
     pub renewals: Vec<Renewal>,
@@ -480,7 +482,7 @@ impl Runner<'_> {
         C: Fn() -> CF,
         CF: std::future::Future<Output = BoxResult<f64>>,
     {
-        let n = self.args.renewal_locks;
+        let n = self.plan.renewal_locks;
         self.step(&format!("{subject}: taking {n} locks"));
         let resident_before = resident_bytes();
         let options = LockOptions::new().with_ttl(Duration::from_secs(10));
@@ -504,11 +506,11 @@ impl Runner<'_> {
         let resident_held = resident_bytes();
         self.step(&format!(
             "{subject}: holding {n} locks for {:?}",
-            self.args.renewal_duration
+            self.plan.renewal_duration
         ));
         let before = count_requests().await?;
         let started = Instant::now();
-        tokio::time::sleep(self.args.renewal_duration).await;
+        tokio::time::sleep(self.plan.renewal_duration).await;
         let requests = count_requests().await? - before;
         let seconds = started.elapsed().as_secs_f64();
         let held = guards.iter().filter(|g| g.is_held()).count();
