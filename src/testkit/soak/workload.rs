@@ -148,6 +148,15 @@ pub(crate) async fn task(
                 // One TTL for the crowd: its acquisitions share one renewed session, so
                 // that their joins and releases of one name meet in one batcher.
                 let ttl = ttl(&mut rng);
+                // Half the queues on a name nobody used before: no watch of it lingers,
+                // so the first waiter opens it while the others' joins are still on their
+                // way, and handoffs are dispatched before some of them subscribe (a
+                // subscriber must then read its place again, never trust its join's read).
+                let name = if queue && rng.chance(50) {
+                    format!("{name}-q{:x}", rng.next_u64())
+                } else {
+                    name.clone()
+                };
                 let mut rngs: Vec<Rng> = (0..n as u64).map(|i| rng.fork(round * 64 + i)).collect();
                 futures_util::future::join_all(
                     rngs.iter_mut()
