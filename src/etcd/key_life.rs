@@ -58,20 +58,28 @@ use super::request::{Answer, Request};
 use super::session::{Session, SessionInner};
 use crate::{FencingToken, LockError};
 
-/// Deletes and joins of this process whose outcome was unknown (for the soak's report:
-/// how often the rules above were put to the test).
+/// Deletes and joins of this process whose outcome was unknown, and joins that found
+/// their own earlier attempt's key (for the soak's report: how often the rules above were
+/// put to the test).
 #[cfg(feature = "testkit")]
-static UNANSWERED: (std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64) = (
+static UNANSWERED: (
+    std::sync::atomic::AtomicU64,
+    std::sync::atomic::AtomicU64,
+    std::sync::atomic::AtomicU64,
+) = (
+    std::sync::atomic::AtomicU64::new(0),
     std::sync::atomic::AtomicU64::new(0),
     std::sync::atomic::AtomicU64::new(0),
 );
 
-/// (deletes, joins) of this process so far whose outcome was unknown.
+/// (deletes, joins) of this process so far whose outcome was unknown, and joins that
+/// adopted the key an earlier attempt of theirs had made.
 #[cfg(feature = "testkit")]
-pub(crate) fn unanswered_so_far() -> (u64, u64) {
+pub(crate) fn unanswered_so_far() -> (u64, u64, u64) {
     (
         UNANSWERED.0.load(Ordering::Relaxed),
         UNANSWERED.1.load(Ordering::Relaxed),
+        UNANSWERED.2.load(Ordering::Relaxed),
     )
 }
 
@@ -317,6 +325,8 @@ impl QueueKey {
             }
             let token = FencingToken::from_revision(existing.create_revision())
                 .ok_or_else(|| malformed("acquire", name, "existing key without revision"))?;
+            #[cfg(feature = "testkit")]
+            UNANSWERED.2.fetch_add(1, Ordering::Relaxed);
             return Ok(Joined::Earlier(token));
         }
         let token = header

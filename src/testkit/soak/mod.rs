@@ -407,6 +407,10 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
         "joins unanswered".into(),
         unanswered_after.1 - unanswered_before.1,
     );
+    operations.insert(
+        "joins adopted".into(),
+        unanswered_after.2 - unanswered_before.2,
+    );
     operations.insert("batches".into(), batched_after.0 - batched_before.0);
     operations.insert(
         "batched requests".into(),
