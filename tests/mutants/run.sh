@@ -39,7 +39,9 @@ for patch in "${patches[@]}"; do
   # Not `git apply`: the scratch dir lies inside the repository (under target/), where
   # git apply skips, silently, every path outside the current directory, so nothing would
   # be patched. And the patch must have changed the tree.
-  if ! (cd "$scratch" && patch -p1 --forward --quiet --no-backup-if-mismatch <"$patch"); then
+  # As strict as .ci/run's check (patch alone would apply a stale patch with an offset).
+  if ! (cd "$repo" && git apply --check "$patch") ||
+    ! (cd "$scratch" && patch -p1 --forward --quiet --no-backup-if-mismatch <"$patch"); then
     rows+=("$name | patch does not apply | -")
     continue
   fi
