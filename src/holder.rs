@@ -86,25 +86,37 @@ impl HolderInfo {
         label: Option<&str>,
         program: Option<&str>,
     ) -> Vec<u8> {
-        static FACTS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        // The pid encoded with the facts, and the facts again if this process is no
+        // longer that one (a child after fork: the cache is inherited, the pid is not).
+        static FACTS: std::sync::Mutex<Option<(u32, String)>> = std::sync::Mutex::new(None);
         let (host, started_as) = process_facts();
+        let pid = std::process::id();
         let mut line = String::with_capacity(128);
         match program {
             Some(program) => {
                 line.push_str(MAGIC);
                 field(&mut line, "host", host);
-                let _ = write!(line, " pid={}", std::process::id());
+                let _ = write!(line, " pid={pid}");
                 field(&mut line, "program", program);
             }
-            None => line.push_str(FACTS.get_or_init(|| {
-                let mut facts = String::from(MAGIC);
-                field(&mut facts, "host", host);
-                let _ = write!(facts, " pid={}", std::process::id());
-                if let Some(program) = started_as {
-                    field(&mut facts, "program", program);
+            None => {
+                let mut facts = FACTS
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                match &*facts {
+                    Some((cached, encoded)) if *cached == pid => line.push_str(encoded),
+                    _ => {
+                        let mut encoded = String::from(MAGIC);
+                        field(&mut encoded, "host", host);
+                        let _ = write!(encoded, " pid={pid}");
+                        if let Some(program) = started_as {
+                            field(&mut encoded, "program", program);
+                        }
+                        line.push_str(&encoded);
+                        *facts = Some((pid, encoded));
+                    }
                 }
-                facts
-            })),
+            }
         }
         let since = SystemTime::now()
             .duration_since(UNIX_EPOCH)

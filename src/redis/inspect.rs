@@ -24,6 +24,9 @@ pub struct RedisHolder {
     pub holder: Option<HolderInfo>,
     /// What is left of its `PX`; `None` for a key without expiry.
     pub remaining: Option<Duration>,
+    /// The key's whole value as read: what `break` compares before it deletes (a value
+    /// it does not recognise as fencelock's is broken too, exactly as it was read).
+    pub(crate) value: Vec<u8>,
 }
 
 /// What Redis knows of one lock or semaphore.
@@ -218,6 +221,7 @@ pub(super) async fn state(
             owner,
             holder,
             remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+            value: stored,
         });
     }
     let last_token = replies.last().and_then(|v| {

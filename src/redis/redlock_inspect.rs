@@ -22,10 +22,17 @@ pub struct RedlockHolder {
     pub holder: Option<HolderInfo>,
     /// The addresses of the masters whose key holds this owner value.
     pub masters: Vec<String>,
-    /// The least of those keys' remaining `PX`; `None` if none of them expires.
+    /// How long a majority of the masters keeps holding it: the remaining `PX` of the
+    /// copy whose expiry leaves fewer than a quorum (the quorum-th longest); `None` if
+    /// that many copies never expire, or fewer than a quorum were found.
     pub remaining: Option<Duration>,
     /// Whether a majority of the masters hold it: only then is the lock held.
     pub quorum: bool,
+    /// Not held by a majority of the masters read, but it might be: the masters that
+    /// could not be read would make a majority with those that hold it.
+    pub undecided: bool,
+    /// Each copy's remaining `PX` (`None`: no expiry), for `remaining`.
+    copies: Vec<Option<Duration>>,
 }
 
 /// What the masters that answered know of one Redlock lock.
@@ -86,8 +93,11 @@ impl RedlockLocker {
                 return Err(err);
             }
         }
+        let unreachable = found.unreachable.len();
         for holder in &mut found.holders {
             holder.quorum = holder.masters.len() >= core.quorum;
+            holder.undecided = !holder.quorum && holder.masters.len() + unreachable >= core.quorum;
+            holder.remaining = majority_remaining(&holder.copies, core.quorum);
         }
         found
             .holders
@@ -150,10 +160,7 @@ fn merge(found: &mut RedlockLockState, address: &str, read: RedisLockState) {
         match found.holders.iter_mut().find(|h| h.owner == held.owner) {
             Some(holder) => {
                 holder.masters.push(address.to_owned());
-                holder.remaining = match (holder.remaining, remaining) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
+                holder.copies.push(remaining);
                 if holder.holder.is_none() {
                     holder.holder = held.holder;
                 }
@@ -162,9 +169,47 @@ fn merge(found: &mut RedlockLockState, address: &str, read: RedisLockState) {
                 owner: held.owner,
                 holder: held.holder,
                 masters: vec![address.to_owned()],
-                remaining,
+                remaining: None,
                 quorum: false,
+                undecided: false,
+                copies: vec![remaining],
             }),
         }
+    }
+}
+
+/// How long at least `quorum` of `copies` (each a remaining `PX`, `None`: no expiry) stay:
+/// the quorum-th longest; `None` if that many never expire or there are fewer copies.
+fn majority_remaining(copies: &[Option<Duration>], quorum: usize) -> Option<Duration> {
+    if quorum == 0 || copies.len() < quorum {
+        return None;
+    }
+    let mut left: Vec<Option<Duration>> = copies.to_vec();
+    // Longest first, a copy without expiry longest of all.
+    left.sort_by(|a, b| match (a, b) {
+        (None, None) => std::cmp::Ordering::Equal,
+        (None, Some(_)) => std::cmp::Ordering::Less,
+        (Some(_), None) => std::cmp::Ordering::Greater,
+        (Some(a), Some(b)) => b.cmp(a),
+    });
+    left[quorum - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_majority_stays_as_long_as_its_quorum_th_longest_copy() {
+        let s = |ms| Some(Duration::from_millis(ms));
+        // Five masters, quorum 3: one copy whose renewal failed does not end the lock.
+        assert_eq!(
+            majority_remaining(&[s(1000), s(9000), s(9100), s(8900), s(9050)], 3),
+            s(9000)
+        );
+        assert_eq!(majority_remaining(&[s(1000), s(9000)], 2), s(1000));
+        assert_eq!(majority_remaining(&[None, None, s(500)], 2), None);
+        assert_eq!(majority_remaining(&[None, s(700), s(500)], 2), s(700));
+        assert_eq!(majority_remaining(&[s(700)], 2), None);
     }
 }

@@ -97,7 +97,25 @@ return redis.call('INCR', KEYS[1])
     )
 });
 
+/// `KEYS[1]` lock; `ARGV[1]` the key's whole value as an operator read it, `ARGV[2]` the
+/// release channel. Deletes the key only if it still holds exactly that value, then wakes
+/// the waiters: `fencelock break` ends the holder it showed and never one granted since,
+/// whatever the value holds (a value of another client's, which `owns` would not
+/// recognise, is broken too). Returns 1 if it deleted.
+pub(crate) static BREAK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], 'released')
+  return 1
+end
+return 0
+",
+    )
+});
+
 /// All scripts, for loading them once at connect.
-pub(crate) fn all() -> [&'static Script; 4] {
-    [&ACQUIRE, &RELEASE, &RENEW, &ADVANCE]
+pub(crate) fn all() -> [&'static Script; 5] {
+    [&ACQUIRE, &RELEASE, &RENEW, &ADVANCE, &BREAK]
 }

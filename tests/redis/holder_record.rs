@@ -162,3 +162,57 @@ async fn a_value_that_only_starts_with_the_owner_is_not_renewed() {
         assert!(!guard.is_held());
     }
 }
+
+/// `break` ends a holder whatever its key holds: a value another client wrote (no record
+/// fencelock can parse, a line break after something that is no owner) is compared and
+/// deleted whole, as `locks` showed it; before, the owner parsed out of it could never
+/// match (the review of ad237fb), and the key stayed, without expiry.
+#[tokio::test]
+async fn break_ends_a_holder_whose_value_fencelock_does_not_recognise() {
+    let server = redis().await;
+    let prefix = prefix("record-foreign");
+    let locks = locker(&server, &prefix).await;
+    let options = LockOptions::new().with_ttl(Duration::from_secs(5));
+    let key = {
+        let guard = locks.lock("job", &options).await.expect("lock");
+        let key = guard.key().to_owned();
+        released(guard.release().await);
+        key
+    };
+    let mut connection = server.connection().await.expect("connection");
+    for foreign in [
+        "worker-7\nhost=x".to_owned(),
+        format!("{}0\nfencelock-holder/1 host=h", "0".repeat(32)),
+    ] {
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg(&foreign)
+            .query_async(&mut connection)
+            .await
+            .expect("SET");
+        assert_eq!(
+            locks.break_all("job").await.expect("break --all"),
+            1,
+            "{foreign:?}"
+        );
+        assert_eq!(
+            server.get(&key).await.expect("get"),
+            None,
+            "{foreign:?} broken"
+        );
+    }
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg("worker-7\nhost=x")
+        .query_async(&mut connection)
+        .await
+        .expect("SET");
+    assert!(
+        locks
+            .break_holder("job", "worker-7")
+            .await
+            .expect("break --owner"),
+        "the owner locks showed breaks it"
+    );
+    assert_eq!(server.get(&key).await.expect("get"), None);
+}

@@ -426,7 +426,7 @@ async fn redlock_report(args: &LocksArgs) -> Result<Found, LockError> {
 
 /// `{"backend": "redlock", "prefix": ..., "quorum": 2, "locks": [{"name": ...,
 /// "holders": [{"owner": ..., "masters": [ADDRESS, ...], "quorum": true,
-/// "remaining_ms": ..., "holder": HOLDER | null}], "last_token": ..., "unreachable":
+/// "undecided": false, "remaining_ms": ..., "holder": HOLDER | null}], "last_token": ..., "unreachable":
 /// [ADDRESS, ...], "waiters": null}], "waiters_visible": false}`.
 fn redlock_json(prefix: &str, quorum: usize, states: &[RedlockLockState]) -> String {
     let locks: Vec<Value> = states
@@ -440,6 +440,7 @@ fn redlock_json(prefix: &str, quorum: usize, states: &[RedlockLockState]) -> Str
                         "owner": h.owner,
                         "masters": h.masters,
                         "quorum": h.quorum,
+                        "undecided": h.undecided,
                         "remaining_ms": h.remaining.map(millis),
                         "holder": h.holder.as_ref().map(holder_json),
                     })
@@ -484,7 +485,13 @@ fn redlock_table(states: &[RedlockLockState]) -> String {
                     out,
                     "{:<24} {:<9} {:>10} {:>9}  {:<34} {}",
                     state.name,
-                    if holder.quorum { "holds" } else { "partial" },
+                    if holder.quorum {
+                        "holds"
+                    } else if holder.undecided {
+                        "unknown"
+                    } else {
+                        "partial"
+                    },
                     state
                         .last_token
                         .map_or_else(|| "-".to_owned(), |t| t.to_string()),
@@ -509,8 +516,9 @@ fn redlock_table(states: &[RedlockLockState]) -> String {
         }
     }
     out.push_str(
-        "(partial: held on fewer masters than a majority, so not held. Redlock keeps no \
-         queue: waiters are not visible.)\n",
+        "(partial: held on fewer masters than a majority, so not held; unknown: the \
+         masters that could not be read would make it a majority. ttl left: while a \
+         majority still holds it. Redlock keeps no queue: waiters are not visible.)\n",
     );
     out
 }
