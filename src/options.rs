@@ -91,9 +91,9 @@ impl LockOptions {
 
     /// Whether the acquisition records who holds (the default): host name, pid, program,
     /// the time asked (by this machine's clock), the TTL and the label, where the backend
-    /// keeps them (the ZooKeeper node's data, the etcd key's value; Redis keeps none yet:
-    /// its holders are named by their owner value). `false` records nothing, for
-    /// services whose host or program names must not reach the lock service.
+    /// keeps them (the ZooKeeper node's data, the etcd key's value, the Redis and Redlock
+    /// key's value after the owner value). `false` records nothing, for services whose
+    /// host or program names must not reach the lock service.
     pub fn with_holder_info(mut self, record: bool) -> Self {
         self.holder_info = record;
         self
@@ -115,15 +115,17 @@ impl LockOptions {
     /// The holder record an acquisition with these options leaves, made now; `None`
     /// when [`with_holder_info`](Self::with_holder_info) is off. (PostgreSQL advisory
     /// locks keep no record: the server shows their sessions itself.)
-    #[cfg_attr(not(any(feature = "zookeeper", feature = "etcd")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "zookeeper", feature = "etcd", feature = "redis")),
+        allow(dead_code)
+    )]
     pub(crate) fn holder_record(&self) -> Option<Vec<u8>> {
         self.holder_info.then(|| {
-            crate::HolderInfo::this_process(
+            crate::HolderInfo::encode_this_process(
                 self.ttl,
                 self.holder_label.as_deref(),
                 self.holder_program.as_deref(),
             )
-            .encode()
         })
     }
 

@@ -17,6 +17,7 @@ use super::keys::LockKeys;
 use super::node::Attempt;
 use super::owner::{jittered, owner_value};
 use super::subscriber::{Interest, Subscriber};
+use super::value::{lock_value, set_owner};
 use crate::lease_clock::{Clock, ClockInstant};
 use crate::retry::backoff;
 use crate::{Backend, FencingToken, LockError, LockOptions};
@@ -65,12 +66,15 @@ async fn acquire_uncounted(
     options: &LockOptions,
     wait: bool,
 ) -> Result<Option<RedisGuard>, LockError> {
+    let owner = owner_value();
+    let value = lock_value(&owner, options.holder_record().as_deref());
     let mut acquisition = Acquisition {
         keys,
         core,
         subscriber,
         name: Arc::from(name),
-        owner: owner_value(),
+        owner,
+        value,
         options: options.clone(),
         started: Instant::now(),
         armed: true,
@@ -121,6 +125,9 @@ struct Acquisition {
     name: Arc<str>,
     keys: LockKeys,
     owner: Arc<str>,
+    /// What the key gets: the owner value, then the holder record if any (`value.rs`).
+    /// Dropped with the acquisition: the guard keeps only the owner.
+    value: Vec<u8>,
     options: LockOptions,
     started: Instant,
     /// Whether dropping this must clean up after a possibly applied attempt.
@@ -182,7 +189,7 @@ impl Acquisition {
                         // our next SET (a reconnect, a NOSCRIPT reload): with the same
                         // owner value it would delete our fresh key. A new value per
                         // attempt after an undo makes a late undo harmless.
-                        self.owner = owner_value();
+                        self.new_owner();
                     }
                     Err(err) => {
                         self.retry_after(err, deadline).await?;
@@ -299,17 +306,18 @@ impl Acquisition {
         let ttl = self.options.ttl();
         let nodes = &self.core.nodes;
         if let [node] = &nodes[..] {
-            return node.acquire(&self.keys, &self.owner, ttl, &self.name).await;
+            return node.acquire(&self.keys, &self.value, ttl, &self.name).await;
         }
         let backend = self.core.backend;
         let quorum = self.core.quorum;
         let per_master = per_master_timeout(self.core.config.request_timeout, ttl);
         let sent = Instant::now();
         let this: &Self = self;
+        let value = &this.value;
         let mut pending: FuturesUnordered<_> = nodes
             .iter()
             .map(|node| {
-                let attempt = node.acquire(&this.keys, &this.owner, ttl, &this.name);
+                let attempt = node.acquire(&this.keys, value, ttl, &this.name);
                 async move {
                     tokio::time::timeout(per_master, attempt)
                         .await
@@ -371,7 +379,7 @@ impl Acquisition {
             });
             // That undo may run after our next attempt's SET on some master (nothing
             // orders it before): the next attempt uses an owner value of its own.
-            self.owner = owner_value();
+            self.new_owner();
         }
         let remaining = refused
             .iter()
@@ -385,6 +393,12 @@ impl Acquisition {
             }
         }
         Ok(Attempt::Held { remaining })
+    }
+
+    /// A fresh owner value for the next attempts, in the value written too.
+    fn new_owner(&mut self) {
+        self.owner = owner_value();
+        set_owner(&mut self.value, &self.owner);
     }
 
     fn guard(&self, token: FencingToken, slot: usize, sent: ClockInstant) -> RedisGuard {

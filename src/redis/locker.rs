@@ -161,6 +161,10 @@ impl RedlockLocker {
             .map(|node| node.connection())
             .collect()
     }
+
+    pub(crate) fn core(&self) -> &Core {
+        &self.core
+    }
 }
 
 impl LockBackend for RedlockLocker {

@@ -22,13 +22,16 @@ mod locker;
 mod node;
 mod operate;
 mod owner;
+mod redlock_inspect;
 mod renewer;
 mod scripts;
 mod semaphore;
 mod subscriber;
+mod value;
 
 pub use config::RedisConfig;
 pub use guard::RedisGuard;
 pub use inspect::{RedisHolder, RedisLockState};
 pub use locker::{MIN_TTL, RedisLocker, RedlockLocker};
+pub use redlock_inspect::{RedlockHolder, RedlockLockState};
 pub use semaphore::RedisSemaphore;

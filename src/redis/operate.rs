@@ -27,22 +27,23 @@ impl RedisLocker {
     #[tracing::instrument(skip(self), fields(backend = "redis"))]
     pub async fn break_holder(&self, name: &str, owner: &str) -> Result<bool, LockError> {
         validate_name(name)?;
-        let Some(key) = self
+        let Some(holder) = self
             .inspect(name)
             .await?
             .into_iter()
             .flat_map(|state| state.holders)
             .find(|holder| holder.owner == owner)
-            .map(|holder| holder.key)
         else {
             return Ok(false);
         };
-        self.compare_and_delete(name, &key, owner).await
+        self.compare_and_delete(name, &holder.key, &holder.value)
+            .await
     }
 
     /// Ends every holder of lock `name` and of the semaphore `name` (waiters leave no
     /// trace on Redis: they are woken, and wait on): each is compare-and-deleted on the
-    /// owner value it was read with. Returns how many it deleted.
+    /// value it was read with (the whole value: one `fencelock` does not recognise is
+    /// broken too). Returns how many it deleted.
     ///
     /// # Cancel safety
     ///
@@ -58,7 +59,7 @@ impl RedisLocker {
             .flat_map(|state| state.holders)
         {
             if self
-                .compare_and_delete(name, &holder.key, &holder.owner)
+                .compare_and_delete(name, &holder.key, &holder.value)
                 .await?
             {
                 deleted += 1;
@@ -71,13 +72,15 @@ impl RedisLocker {
         &self,
         name: &str,
         key: &str,
-        owner: &str,
+        value: &[u8],
     ) -> Result<bool, LockError> {
         let keys = LockKeys::new(self.prefix(), name);
         let node = &self.core().nodes[0];
         let mut conn = node.connection();
-        let mut invocation = scripts::RELEASE.prepare_invoke();
-        invocation.key(key).arg(owner).arg(keys.channel());
+        // The whole value as it was read, not the owner parsed out of it: exactly the
+        // holder shown is ended, whatever its value holds.
+        let mut invocation = scripts::BREAK.prepare_invoke();
+        invocation.key(key).arg(value).arg(keys.channel());
         let deleted: i64 = node
             .call("break", Some(name), invocation.invoke_async(&mut conn))
             .await?;

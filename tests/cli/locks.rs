@@ -137,7 +137,14 @@ async fn locks_on_redis_shows_the_holder_and_says_waiters_are_not_visible() {
         .await
         .expect("connect");
     let held = locks
-        .lock("payments", &LockOptions::new())
+        .lock(
+            "payments",
+            &LockOptions::new().with_holder_label("nightly 2026-12-03"),
+        )
+        .await
+        .expect("lock");
+    let unrecorded = locks
+        .lock("refunds", &LockOptions::new().with_holder_info(false))
         .await
         .expect("lock");
     let run = |json: bool| {
@@ -158,10 +165,138 @@ async fn locks_on_redis_shows_the_holder_and_says_waiters_are_not_visible() {
     assert_eq!(holder["owner"], held.owner());
     assert_eq!(holder["key"], held.key());
     assert!(report["locks"][0]["last_token"].as_u64() >= Some(held.token().get()));
+    // Who holds, as the holder recorded itself after its owner value.
+    assert_recorded(&holder["holder"], 10_000, &report);
+    assert_eq!(report["locks"][1]["name"], "refunds");
+    let bare = &report["locks"][1]["holders"][0];
+    assert_eq!(bare["owner"], unrecorded.owner());
+    assert!(bare["holder"].is_null(), "{report}");
 
     let output = run(false).await.expect("fencelock locks");
     let table = String::from_utf8_lossy(&output.stdout);
     assert!(table.contains(held.owner()), "{table}");
     assert!(table.contains("waiters are not visible"), "{table}");
-    drop(held);
+    assert_eq!(
+        table
+            .matches(&format!("pid {}", std::process::id()))
+            .count(),
+        1,
+        "the recorded holder only: {table}"
+    );
+    assert!(table.contains("label nightly 2026-12-03"), "{table}");
+    drop((held, unrecorded));
+}
+
+/// `who` is the test process's holder record: its pid, host, program, the label
+/// `nightly 2026-12-03`, `ttl_ms` and a `since` by this clock.
+fn assert_recorded(who: &serde_json::Value, ttl_ms: u64, report: &serde_json::Value) {
+    assert_eq!(who["pid"], std::process::id(), "{report}");
+    assert_eq!(who["label"], "nightly 2026-12-03", "{report}");
+    assert_eq!(who["ttl_ms"], ttl_ms, "{report}");
+    assert!(
+        who["host"].as_str().is_some_and(|h| !h.is_empty()),
+        "{report}"
+    );
+    let program = std::env::args_os()
+        .next()
+        .and_then(|arg0| {
+            std::path::Path::new(&arg0)
+                .file_name()
+                .map(|name| name.to_string_lossy().into_owned())
+        })
+        .expect("this test's program");
+    assert_eq!(who["program"], program.as_str(), "{report}");
+    let since = who["since_unix_ms"].as_u64().expect("since_unix_ms");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis();
+    assert!(
+        u128::from(since) <= now && now - u128::from(since) < 60_000,
+        "{report}"
+    );
+    assert!(
+        who["since"].as_str().is_some_and(|s| s.ends_with('Z')),
+        "{report}"
+    );
+}
+
+#[tokio::test]
+async fn locks_on_redlock_shows_each_holder_with_its_masters() {
+    let mut masters = Vec::new();
+    for _ in 0..3 {
+        masters.push(
+            fencelock::testkit::RedisServer::start()
+                .await
+                .expect("redis-server"),
+        );
+    }
+    let urls: Vec<String> = masters.iter().map(|m| m.url()).collect();
+    let config = fencelock::redis::RedisConfig::masters(urls.clone()).with_prefix("cli-redlock");
+    let locks = fencelock::redis::RedlockLocker::connect(config)
+        .await
+        .expect("connect");
+    let options = LockOptions::new().with_ttl(Duration::from_secs(20));
+    let held = locks
+        .lock(
+            "payments",
+            &options.clone().with_holder_label("nightly 2026-12-03"),
+        )
+        .await
+        .expect("lock");
+    let unrecorded = locks
+        .lock("refunds", &options.with_holder_info(false))
+        .await
+        .expect("lock");
+    let run = |extra: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_fencelock"));
+        command.args([
+            "locks",
+            "--backend",
+            "redlock",
+            "--redlock",
+            &urls.join(","),
+        ]);
+        command.args(["--namespace", "cli-redlock"]);
+        command.args(extra);
+        command.output()
+    };
+    let output = run(&["--json"]).await.expect("fencelock locks");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(report["backend"], "redlock");
+    assert_eq!(report["quorum"], 2);
+    assert_eq!(report["locks"][0]["name"], "payments", "{report}");
+    let holder = &report["locks"][0]["holders"][0];
+    assert_eq!(holder["owner"], held.owner());
+    assert_eq!(holder["quorum"], true);
+    assert_eq!(
+        holder["masters"].as_array().map(Vec::len),
+        Some(3),
+        "{report}"
+    );
+    assert_recorded(&holder["holder"], 20_000, &report);
+    assert_eq!(report["locks"][1]["name"], "refunds", "{report}");
+    let bare = &report["locks"][1]["holders"][0];
+    assert_eq!(bare["owner"], unrecorded.owner());
+    assert!(bare["holder"].is_null(), "{report}");
+
+    let output = run(&["--lock", "payments"]).await.expect("fencelock locks");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let table = String::from_utf8_lossy(&output.stdout);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("payments"))
+        .expect("a row");
+    assert!(
+        row.contains("holds") && row.contains(held.owner()),
+        "{table}"
+    );
+    assert!(
+        table.contains(&format!("pid {}", std::process::id()))
+            && table.contains("label nightly 2026-12-03"),
+        "{table}"
+    );
+    assert!(!table.contains("refunds"), "{table}");
+    drop((held, unrecorded));
 }

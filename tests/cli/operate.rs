@@ -250,6 +250,9 @@ async fn on_redis_a_job_broken_by_owner_exits_76_and_its_waiter_is_granted() {
         out.contains("holds: owner ") && out.contains("not confirmed"),
         "{out}"
     );
+    // The holder described by the record after its owner value: `fencelock run`'s
+    // command and label.
+    assert!(out.contains(" sh label nightly-2026-12-02 key "), "{out}");
     let owner = out
         .split("holds: owner ")
         .nth(1)
@@ -283,6 +286,16 @@ async fn on_redis_a_job_broken_by_owner_exits_76_and_its_waiter_is_granted() {
     assert!(granted.is_held());
     let (code, out) = fencelock("check", &service, &["--lock", "job", "--owner", &owner], "").await;
     assert_eq!(code, Some(1), "{out}");
+    // The new holder's value carries its record too: its owner alone is current.
+    let (code, out) = fencelock(
+        "check",
+        &service,
+        &["--lock", "job", "--owner", granted.owner()],
+        "",
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("current"), "{out}");
     let (code, out) = fencelock("check", &service, &["--lock", "job", "--token", "3"], "").await;
     assert_eq!(code, Some(2), "Redis names holders by owner: {out}");
     let _ = granted.release().await;

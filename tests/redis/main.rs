@@ -7,6 +7,7 @@ mod bounded_wait;
 mod cancel_safety;
 mod conformance;
 mod failover;
+mod holder_record;
 mod inspect;
 mod invalid_input;
 mod late_answer;

@@ -58,3 +58,9 @@ pub async fn within<T>(limit: Duration, what: &str, future: impl Future<Output =
 pub fn released(outcome: Result<ReleaseOutcome, LockError>) {
     assert_eq!(outcome.expect("release"), ReleaseOutcome::Released);
 }
+
+/// The owner value at the start of a lock key's stored value (before the line break
+/// and the holder record that follow it, if any).
+pub fn owner_part(stored: Option<&str>) -> Option<&str> {
+    stored.map(|value| value.split('\n').next().unwrap_or(value))
+}

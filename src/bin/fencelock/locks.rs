@@ -1,7 +1,8 @@
 //! `fencelock locks`: who holds which etcd lock, with which token and lease, and who waits
 //! behind them, in queue order (a table, or JSON with `--json`); on Redis, as far as Redis
-//! can tell: the holder's owner value and remaining `PX`, and the last token handed out
-//! (waiters leave no trace there); on ZooKeeper, every contender's node in queue order,
+//! can tell: the holder's owner value, its record and remaining `PX`, and the last token
+//! handed out (waiters leave no trace there); on Redlock, the same put together from the
+//! masters (which hold each owner value, and whether a majority does); on ZooKeeper, every contender's node in queue order,
 //! with its czxid token and session.
 //!
 //! JSON schema (`--json`, etcd):
@@ -28,7 +29,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use fencelock::LockError;
 use fencelock::etcd::{EtcdLocker, LockState, QueueEntry, Role};
-use fencelock::redis::{RedisLockState, RedisLocker};
+use fencelock::redis::{RedisLockState, RedisLocker, RedlockLockState, RedlockLocker};
 use fencelock::zookeeper::{ZooKeeperEntry, ZooKeeperLockState, ZooKeeperLocker};
 use serde_json::{Value, json};
 
@@ -39,6 +40,8 @@ enum LocksBackend {
     Etcd,
     /// A single Redis server: holders only.
     Redis,
+    /// Redlock's masters (--redlock): holders only, with the masters holding each.
+    Redlock,
     /// A ZooKeeper ensemble: holders and waiters, in queue order.
     Zookeeper,
 }
@@ -54,6 +57,9 @@ pub struct LocksArgs {
     backend: LocksBackend,
     #[command(flatten)]
     service: crate::service::ServiceArgs,
+    /// The independent Redis masters, for --backend redlock (comma-separated).
+    #[arg(long, value_delimiter = ',', env = "FENCELOCK_REDLOCK")]
+    redlock: Vec<String>,
     /// Print JSON instead of a table (schema in docs/operating.md).
     #[arg(long)]
     json: bool,
@@ -110,6 +116,23 @@ async fn report(args: &LocksArgs) -> Result<Found, (u8, String)> {
             ));
         }
         return redis_report(args).await.map_err(failed);
+    }
+    if args.backend == LocksBackend::Redlock {
+        if args.newest_token.is_some() {
+            return Err((
+                2,
+                "--newest-token: Redlock's token is not a fencing token (the largest of the \
+                 masters' counters); there is no history to check"
+                    .into(),
+            ));
+        }
+        if args.redlock.is_empty() {
+            return Err((
+                2,
+                "--backend redlock needs its masters: --redlock URL,URL,URL".into(),
+            ));
+        }
+        return redlock_report(args).await.map_err(failed);
     }
     if args.backend == LocksBackend::Zookeeper {
         return zookeeper_report(args).await.map_err(failed);
@@ -306,7 +329,8 @@ fn redis_json(prefix: &str, states: &[RedisLockState]) -> String {
                     json!({
                         "key": h.key,
                         "owner": h.owner,
-                        "remaining_ms": h.remaining.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                        "remaining_ms": h.remaining.map(millis),
+                        "holder": h.holder.as_ref().map(holder_json),
                     })
                 })
                 .collect();
@@ -358,12 +382,143 @@ fn redis_table(states: &[RedisLockState]) -> String {
                     holder.owner,
                     holder.key
                 );
+                if let Some(who) = who(holder.holder.as_ref(), None) {
+                    let _ = writeln!(out, "{:<24} `- {who}", "");
+                }
             }
         }
     }
     out.push_str(
         "(Redis keeps no queue: waiters are not visible. last token: the last one the lock's \
          counter handed out, at least the holder's.)\n",
+    );
+    out
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+async fn redlock_report(args: &LocksArgs) -> Result<Found, LockError> {
+    let config = args.service.redis_config(args.redlock.clone());
+    let locks = RedlockLocker::connect(config).await?;
+    let states = match &args.lock {
+        Some(name) => {
+            let state = locks.inspect(name).await?;
+            if state.holders.is_empty() && state.unreachable.is_empty() {
+                Vec::new()
+            } else {
+                vec![state]
+            }
+        }
+        None => locks.inspect_all().await?,
+    };
+    let report = if args.json {
+        redlock_json(&args.service.namespace, locks.quorum(), &states)
+    } else {
+        redlock_table(&states)
+    };
+    Ok(Found {
+        report,
+        behind: None,
+    })
+}
+
+/// `{"backend": "redlock", "prefix": ..., "quorum": 2, "locks": [{"name": ...,
+/// "holders": [{"owner": ..., "masters": [ADDRESS, ...], "quorum": true,
+/// "undecided": false, "remaining_ms": ..., "holder": HOLDER | null}], "last_token": ..., "unreachable":
+/// [ADDRESS, ...], "waiters": null}], "waiters_visible": false}`.
+fn redlock_json(prefix: &str, quorum: usize, states: &[RedlockLockState]) -> String {
+    let locks: Vec<Value> = states
+        .iter()
+        .map(|state| {
+            let holders: Vec<Value> = state
+                .holders
+                .iter()
+                .map(|h| {
+                    json!({
+                        "owner": h.owner,
+                        "masters": h.masters,
+                        "quorum": h.quorum,
+                        "undecided": h.undecided,
+                        "remaining_ms": h.remaining.map(millis),
+                        "holder": h.holder.as_ref().map(holder_json),
+                    })
+                })
+                .collect();
+            json!({
+                "name": state.name,
+                "holders": holders,
+                "last_token": state.last_token,
+                "unreachable": state.unreachable,
+                "waiters": Value::Null,
+            })
+        })
+        .collect();
+    let report = json!({
+        "backend": "redlock",
+        "prefix": prefix,
+        "quorum": quorum,
+        "locks": locks,
+        "waiters_visible": false,
+    });
+    format!(
+        "{}\n",
+        serde_json::to_string_pretty(&report).unwrap_or_default()
+    )
+}
+
+fn redlock_table(states: &[RedlockLockState]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    if states.iter().all(|s| s.holders.is_empty()) {
+        out.push_str("no lock is held\n");
+    } else {
+        let _ = writeln!(
+            out,
+            "{:<24} {:<9} {:>10} {:>9}  {:<34} masters",
+            "lock", "state", "last token", "ttl left", "owner"
+        );
+        for state in states {
+            for holder in &state.holders {
+                let _ = writeln!(
+                    out,
+                    "{:<24} {:<9} {:>10} {:>9}  {:<34} {}",
+                    state.name,
+                    if holder.quorum {
+                        "holds"
+                    } else if holder.undecided {
+                        "unknown"
+                    } else {
+                        "partial"
+                    },
+                    state
+                        .last_token
+                        .map_or_else(|| "-".to_owned(), |t| t.to_string()),
+                    holder
+                        .remaining
+                        .map_or_else(|| "-".to_owned(), |d| format!("{}ms", d.as_millis())),
+                    holder.owner,
+                    holder.masters.join(",")
+                );
+                if let Some(who) = who(holder.holder.as_ref(), None) {
+                    let _ = writeln!(out, "{:<24} `- {who}", "");
+                }
+            }
+            if !state.unreachable.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "{:<24} unreachable: {}",
+                    state.name,
+                    state.unreachable.join(",")
+                );
+            }
+        }
+    }
+    out.push_str(
+        "(partial: held on fewer masters than a majority, so not held; unknown: the \
+         masters that could not be read would make it a majority. ttl left: while a \
+         majority still holds it. Redlock keeps no queue: waiters are not visible.)\n",
     );
     out
 }

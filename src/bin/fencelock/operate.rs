@@ -142,7 +142,12 @@ impl Service {
                 .into_iter()
                 .flat_map(|state| state.holders)
                 .map(|h| {
-                    let line = format!("owner {} key {}", h.owner, h.key);
+                    let line = format!(
+                        "owner {} {} key {}",
+                        h.owner,
+                        describe(h.holder.as_ref()),
+                        h.key
+                    );
                     (Named::Owner(h.owner), line)
                 })
                 .collect(),
