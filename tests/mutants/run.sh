@@ -14,8 +14,8 @@ repo=$(cd "$(dirname "$0")/../.." && pwd)
 scratch=${MUTANT_SCRATCH:-$repo/target/mutants/tree}
 export CARGO_TARGET_DIR=${MUTANT_TARGET:-$repo/target/mutants/target}
 # Incremental release builds: between two mutants only what a patch touches (and what
-# depends on it) is compiled again, minutes saved per mutant on two cores. The release
-# profile otherwise, so that the soak's timing is the CI soak's.
+# depends on it) is compiled again, minutes saved per mutant on two cores. (Incremental
+# code generation differs a little from CI's release build; the soak's bounds are wide.)
 export CARGO_INCREMENTAL=1
 test_target=${MUTANT_TEST_TARGET:-$repo/target/mutants/target-test}
 seeds=${SEEDS:-"1 2 3"}
@@ -28,6 +28,8 @@ if [ $# -gt 0 ]; then patches=("$@"); else patches=("$repo"/tests/mutants/*.patc
 
 rows=()
 for patch in "${patches[@]}"; do
+  # Absolute: the patch is read from inside the scratch dir.
+  patch=$(realpath "$patch")
   name=$(basename "$patch" .patch)
   scenario=$(sed -n 's/^# scenario: *//p' "$patch" | head -1)
   # A fresh copy of the tree (the dependencies' builds are shared: only fencelock
@@ -93,6 +95,10 @@ if v:
     if (cd "$scratch" && CARGO_TARGET_DIR="$test_target" timeout 900 cargo test --test etcd "$scenario") \
         >"$logs/$name.test" 2>&1; then
       tested="survived $scenario"
+    elif grep -q "could not compile" "$logs/$name.test"; then
+      tested="does not build (see $logs/$name.test)"
+    elif ! grep -q "test result: FAILED" "$logs/$name.test"; then
+      tested="no test result (timed out? see $logs/$name.test)"
     else
       tested="killed by $scenario"
     fi

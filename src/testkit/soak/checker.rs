@@ -141,6 +141,9 @@ pub(crate) enum Outcome {
     NotHeld,
     /// `ReleaseOutcome::Unconfirmed`: nothing found after an attempt without an answer.
     Unconfirmed,
+    /// `ReleaseOutcome::NotHeld` from a guard that knew itself lost before (`is_held()`
+    /// false): its own delete may have removed the key.
+    KnownLost,
     Failed,
     Dropped,
 }
@@ -657,13 +660,15 @@ pub(crate) fn check(
                 key_deleted: true,
                 ..
             } => {
-                // Its latest key made before it was told.
+                // Its key (made before it was told).
                 let life = of_acquisition
                     .get(id)
                     .into_iter()
                     .flatten()
                     .filter(|life| life.created_seen <= *at + Duration::from_secs(5))
-                    .max_by_key(|life| life.created);
+                    // Its first: any later one is a late join of it, made after the
+                    // first was gone.
+                    .min_by_key(|life| life.created);
                 if let Some(life) = life {
                     deleted_under.push((*at, *life, "while it waited"));
                 }

@@ -275,6 +275,10 @@ async fn one(client: &Client, name: &str, rng: &mut Rng, queue: bool, crowd_ttl:
     hold_for(id, guard, hold, journal, tally).await;
     let started = Instant::now();
     if rng.chance(85) {
+        // What the guard believed just before: a guard that knew itself lost (its key
+        // gone, or its lease run out by the local clock) says NotHeld whatever its delete
+        // then finds, and that delete may be the one that removes the key.
+        let believed_held = held.guard().is_held();
         let outcome = match held.release().await {
             Ok(ReleaseOutcome::Released) => {
                 Tally::add(&tally.released);
@@ -286,7 +290,11 @@ async fn one(client: &Client, name: &str, rng: &mut Rng, queue: bool, crowd_ttl:
             }
             Ok(_) => {
                 Tally::add(&tally.not_held);
-                Outcome::NotHeld
+                if believed_held {
+                    Outcome::NotHeld
+                } else {
+                    Outcome::KnownLost
+                }
             }
             Err(_) => Outcome::Failed,
         };
