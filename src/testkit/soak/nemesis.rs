@@ -1,12 +1,12 @@
 //! The soak's nemesis: faults on a random schedule drawn from the seed. Per client and
 //! member (the proxy on that path): added latency; requests held, the client's connection
 //! broken, and the held requests delivered late (a request applied after its sender gave
-//! up and retried elsewhere), or just one request so; answers lost; a cut; a pause. Cluster-wide: a member killed
-//! and restarted, an operator's prefix delete of a lock, a delete of one key, or of a
-//! holder's that has held for a while (guarded by its create revision), a
-//! compaction (never past what the recorder has seen), a lease revoked by an operator,
-//! the clients' role losing its write permission on the namespace for up to 2 s (so
-//! joins and releases are refused) and getting it back.
+//! up and retried elsewhere), or just one request so; answers lost; a cut; a pause.
+//! Cluster-wide: a member killed and restarted, an operator's prefix delete of a lock, a
+//! delete of one key, or of a holder's that has held for a while (guarded by its create
+//! revision), a compaction (never past what the recorder has seen), a lease revoked by an
+//! operator, the clients' role losing its write permission on the namespace for up to 2 s
+//! (so joins and releases are refused) and getting it back.
 //! At most three faults run at once, never two on one path.
 
 use std::collections::{BTreeMap, HashSet};
