@@ -86,37 +86,28 @@ impl HolderInfo {
         label: Option<&str>,
         program: Option<&str>,
     ) -> Vec<u8> {
-        // The pid encoded with the facts, and the facts again if this process is no
-        // longer that one (a child after fork: the cache is inherited, the pid is not).
-        static FACTS: std::sync::Mutex<Option<(u32, String)>> = std::sync::Mutex::new(None);
+        // Encoded once, with the pid it was encoded for: a child after fork inherits the
+        // cache but not the pid, and encodes its own facts each time (no lock on the
+        // acquisition's path).
+        static FACTS: std::sync::OnceLock<(u32, String)> = std::sync::OnceLock::new();
         let (host, started_as) = process_facts();
         let pid = std::process::id();
+        let encode = |program: Option<&str>| {
+            let mut facts = String::from(MAGIC);
+            field(&mut facts, "host", host);
+            let _ = write!(facts, " pid={pid}");
+            if let Some(program) = program {
+                field(&mut facts, "program", program);
+            }
+            facts
+        };
         let mut line = String::with_capacity(128);
         match program {
-            Some(program) => {
-                line.push_str(MAGIC);
-                field(&mut line, "host", host);
-                let _ = write!(line, " pid={pid}");
-                field(&mut line, "program", program);
-            }
-            None => {
-                let mut facts = FACTS
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                match &*facts {
-                    Some((cached, encoded)) if *cached == pid => line.push_str(encoded),
-                    _ => {
-                        let mut encoded = String::from(MAGIC);
-                        field(&mut encoded, "host", host);
-                        let _ = write!(encoded, " pid={pid}");
-                        if let Some(program) = started_as {
-                            field(&mut encoded, "program", program);
-                        }
-                        line.push_str(&encoded);
-                        *facts = Some((pid, encoded));
-                    }
-                }
-            }
+            Some(program) => line.push_str(&encode(Some(program))),
+            None => match FACTS.get_or_init(|| (pid, encode(started_as.as_deref()))) {
+                (cached, facts) if *cached == pid => line.push_str(facts),
+                _ => line.push_str(&encode(started_as.as_deref())),
+            },
         }
         let since = SystemTime::now()
             .duration_since(UNIX_EPOCH)

@@ -58,28 +58,31 @@ use super::request::{Answer, Request};
 use super::session::{Session, SessionInner};
 use crate::{FencingToken, LockError};
 
-/// Deletes and joins of this process whose outcome was unknown, and joins that found
-/// their own earlier attempt's key (for the soak's report: how often the rules above were
-/// put to the test).
+/// This process's requests whose outcome was unknown, and joins that found their own
+/// earlier attempt's key (for the soak's report: how often the rules above were put to
+/// the test).
 #[cfg(feature = "testkit")]
-static UNANSWERED: (
-    std::sync::atomic::AtomicU64,
-    std::sync::atomic::AtomicU64,
-    std::sync::atomic::AtomicU64,
-) = (
-    std::sync::atomic::AtomicU64::new(0),
-    std::sync::atomic::AtomicU64::new(0),
-    std::sync::atomic::AtomicU64::new(0),
-);
+struct Unanswered {
+    deletes: std::sync::atomic::AtomicU64,
+    joins: std::sync::atomic::AtomicU64,
+    adopted: std::sync::atomic::AtomicU64,
+}
+
+#[cfg(feature = "testkit")]
+static UNANSWERED: Unanswered = Unanswered {
+    deletes: std::sync::atomic::AtomicU64::new(0),
+    joins: std::sync::atomic::AtomicU64::new(0),
+    adopted: std::sync::atomic::AtomicU64::new(0),
+};
 
 /// (deletes, joins) of this process so far whose outcome was unknown, and joins that
 /// adopted the key an earlier attempt of theirs had made.
 #[cfg(feature = "testkit")]
 pub(crate) fn unanswered_so_far() -> (u64, u64, u64) {
     (
-        UNANSWERED.0.load(Ordering::Relaxed),
-        UNANSWERED.1.load(Ordering::Relaxed),
-        UNANSWERED.2.load(Ordering::Relaxed),
+        UNANSWERED.deletes.load(Ordering::Relaxed),
+        UNANSWERED.joins.load(Ordering::Relaxed),
+        UNANSWERED.adopted.load(Ordering::Relaxed),
     )
 }
 
@@ -207,7 +210,7 @@ impl QueueKey {
                 "join outcome unknown; retiring the session"
             );
             #[cfg(feature = "testkit")]
-            UNANSWERED.1.fetch_add(1, Ordering::Relaxed);
+            UNANSWERED.joins.fetch_add(1, Ordering::Relaxed);
             self.join_unknown = true;
             self.spend();
             self.inner().retire();
@@ -326,7 +329,7 @@ impl QueueKey {
             let token = FencingToken::from_revision(existing.create_revision())
                 .ok_or_else(|| malformed("acquire", name, "existing key without revision"))?;
             #[cfg(feature = "testkit")]
-            UNANSWERED.2.fetch_add(1, Ordering::Relaxed);
+            UNANSWERED.adopted.fetch_add(1, Ordering::Relaxed);
             return Ok(Joined::Earlier(token));
         }
         let token = header
@@ -351,7 +354,7 @@ impl QueueKey {
         let Attempts { result, ambiguous } = inner.batch.send(request, ticket).await;
         if ambiguous {
             #[cfg(feature = "testkit")]
-            UNANSWERED.0.fetch_add(1, Ordering::Relaxed);
+            UNANSWERED.deletes.fetch_add(1, Ordering::Relaxed);
             self.spend();
         }
         let (removed, revision) = match result? {

@@ -857,4 +857,32 @@ mod tests {
         upstream.read_exact(&mut got).await.expect("read");
         assert_eq!(&got, b"AB", "round {round}");
     }
+
+    /// Two requests kept by one hold stand as two, and the total counts on across holds
+    /// (before the fix `held_requests` said 3 here: each add counted the running total).
+    #[tokio::test]
+    async fn kept_requests_are_counted_once_each() {
+        use tokio::io::AsyncWriteExt;
+        let server = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let proxy = FaultProxy::start(server.local_addr().expect("address"))
+            .await
+            .expect("proxy");
+        let mut client = tokio::net::TcpStream::connect(proxy.address())
+            .await
+            .expect("connect");
+        let _upstream = server.accept().await.expect("accept");
+        proxy.hold_requests();
+        client
+            .write_all(b"*1\r\n$4\r\nPING\r\n")
+            .await
+            .expect("write");
+        proxy.requests_held(1).await;
+        client
+            .write_all(b"*1\r\n$4\r\nPING\r\n")
+            .await
+            .expect("write");
+        proxy.requests_held(2).await;
+        assert_eq!(proxy.held_requests(), 2, "standing");
+        assert_eq!(proxy.requests_held_so_far(), 2, "so far");
+    }
 }

@@ -225,10 +225,7 @@ fn json_report(namespace: &str, states: &[LockState]) -> String {
         })
         .collect();
     let report = json!({ "namespace": namespace, "revision": revision, "locks": locks });
-    format!(
-        "{}\n",
-        serde_json::to_string_pretty(&report).unwrap_or_default()
-    )
+    pretty(&report)
 }
 
 fn seconds(d: Option<Duration>) -> String {
@@ -349,10 +346,7 @@ fn redis_json(prefix: &str, states: &[RedisLockState]) -> String {
         "locks": locks,
         "waiters_visible": false,
     });
-    format!(
-        "{}\n",
-        serde_json::to_string_pretty(&report).unwrap_or_default()
-    )
+    pretty(&report)
 }
 
 fn redis_table(states: &[RedisLockState]) -> String {
@@ -373,12 +367,8 @@ fn redis_table(states: &[RedisLockState]) -> String {
                     "{:<24} {:<7} {:>10} {:>9}  {:<40} {}",
                     state.name,
                     if state.semaphore { "permit" } else { "lock" },
-                    state
-                        .last_token
-                        .map_or_else(|| "-".to_owned(), |t| t.to_string()),
-                    holder
-                        .remaining
-                        .map_or_else(|| "-".to_owned(), |d| format!("{}ms", d.as_millis())),
+                    token_cell(state.last_token),
+                    millis_cell(holder.remaining),
                     holder.owner,
                     holder.key
                 );
@@ -393,6 +383,24 @@ fn redis_table(states: &[RedisLockState]) -> String {
          counter handed out, at least the holder's.)\n",
     );
     out
+}
+
+/// A `--json` report: pretty-printed, one line break after.
+fn pretty(report: &Value) -> String {
+    format!(
+        "{}\n",
+        serde_json::to_string_pretty(report).unwrap_or_default()
+    )
+}
+
+/// A table cell: a token, or `-`.
+fn token_cell(token: Option<u64>) -> String {
+    token.map_or_else(|| "-".to_owned(), |t| t.to_string())
+}
+
+/// A table cell: milliseconds left, or `-`.
+fn millis_cell(left: Option<Duration>) -> String {
+    left.map_or_else(|| "-".to_owned(), |d| format!("{}ms", d.as_millis()))
 }
 
 fn millis(d: Duration) -> u64 {
@@ -462,10 +470,7 @@ fn redlock_json(prefix: &str, quorum: usize, states: &[RedlockLockState]) -> Str
         "locks": locks,
         "waiters_visible": false,
     });
-    format!(
-        "{}\n",
-        serde_json::to_string_pretty(&report).unwrap_or_default()
-    )
+    pretty(&report)
 }
 
 fn redlock_table(states: &[RedlockLockState]) -> String {
@@ -492,12 +497,8 @@ fn redlock_table(states: &[RedlockLockState]) -> String {
                     } else {
                         "partial"
                     },
-                    state
-                        .last_token
-                        .map_or_else(|| "-".to_owned(), |t| t.to_string()),
-                    holder
-                        .remaining
-                        .map_or_else(|| "-".to_owned(), |d| format!("{}ms", d.as_millis())),
+                    token_cell(state.last_token),
+                    millis_cell(holder.remaining),
                     holder.owner,
                     holder.masters.join(",")
                 );
@@ -584,10 +585,7 @@ fn zookeeper_json(namespace: &str, states: &[ZooKeeperLockState]) -> String {
         })
         .collect();
     let report = json!({ "backend": "zookeeper", "namespace": namespace, "locks": locks });
-    format!(
-        "{}\n",
-        serde_json::to_string_pretty(&report).unwrap_or_default()
-    )
+    pretty(&report)
 }
 
 /// `{"host": ..., "pid": ..., "program": ..., "since": "2026-12-02T14:02:11Z" (the

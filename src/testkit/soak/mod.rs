@@ -393,7 +393,6 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
     .into_iter()
     .map(|(name, counter)| (name.to_owned(), counter.load(Ordering::Relaxed)))
     .collect::<BTreeMap<String, u64>>();
-    // Joins and releases of different names that rode together in one transaction.
     let batched_after = crate::etcd::batched_so_far();
     let unanswered_after = crate::etcd::unanswered_so_far();
     // Requests whose outcome the library could not know: what the rules about spent
@@ -411,6 +410,7 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
         "joins adopted".into(),
         unanswered_after.2 - unanswered_before.2,
     );
+    // Joins and releases of different names that rode together in one transaction.
     operations.insert("batches".into(), batched_after.0 - batched_before.0);
     operations.insert(
         "batched requests".into(),
