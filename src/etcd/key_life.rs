@@ -54,37 +54,11 @@ use tokio::time::Duration;
 use super::batch::Ticket;
 use super::call::{Attempts, malformed};
 use super::keys::{self, LockPath};
+#[cfg(feature = "testkit")]
+use super::observed::{self, UNANSWERED};
 use super::request::{Answer, Request};
 use super::session::{Session, SessionInner};
 use crate::{FencingToken, LockError};
-
-/// This process's requests whose outcome was unknown, and joins that found their own
-/// earlier attempt's key (for the soak's report: how often the rules above were put to
-/// the test).
-#[cfg(feature = "testkit")]
-struct Unanswered {
-    deletes: std::sync::atomic::AtomicU64,
-    joins: std::sync::atomic::AtomicU64,
-    adopted: std::sync::atomic::AtomicU64,
-}
-
-#[cfg(feature = "testkit")]
-static UNANSWERED: Unanswered = Unanswered {
-    deletes: std::sync::atomic::AtomicU64::new(0),
-    joins: std::sync::atomic::AtomicU64::new(0),
-    adopted: std::sync::atomic::AtomicU64::new(0),
-};
-
-/// (deletes, joins) of this process so far whose outcome was unknown, and joins that
-/// adopted the key an earlier attempt of theirs had made.
-#[cfg(feature = "testkit")]
-pub(crate) fn unanswered_so_far() -> (u64, u64, u64) {
-    (
-        UNANSWERED.deletes.load(Ordering::Relaxed),
-        UNANSWERED.joins.load(Ordering::Relaxed),
-        UNANSWERED.adopted.load(Ordering::Relaxed),
-    )
-}
 
 /// One acquisition's key: its name (a slot of its session), what it holds, and whether
 /// any request about it has an unknown outcome.
@@ -367,6 +341,10 @@ impl QueueKey {
                 ));
             }
         };
+        #[cfg(feature = "testkit")]
+        if removed {
+            observed::deleted(self.key.as_bytes(), revision);
+        }
         Ok(Deleted {
             removed,
             ambiguous,

@@ -86,7 +86,12 @@ async fn sweeper(session: Weak<SessionInner>) {
                     async move { client.delete(key, None).await }
                 })
                 .await;
-                if deleted.is_ok_and(|deleted| deleted.deleted() > 0) {
+                if let Some(deleted) = deleted.ok().filter(|deleted| deleted.deleted() > 0) {
+                    #[cfg(feature = "testkit")]
+                    super::observed::deleted(
+                        key.as_bytes(),
+                        deleted.header().map(|h| h.revision()),
+                    );
                     tracing::warn!(key, "deleted a key a late join created");
                 }
             }

@@ -24,7 +24,9 @@ mod batch;
 #[cfg(feature = "testkit")]
 pub(crate) use batch::batched_so_far;
 #[cfg(feature = "testkit")]
-pub(crate) use key_life::unanswered_so_far;
+mod observed;
+#[cfg(feature = "testkit")]
+pub(crate) use observed::{own_deletes_recorded, record_own_deletes, unanswered_so_far};
 mod call;
 mod config;
 mod election;

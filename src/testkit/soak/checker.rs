@@ -15,13 +15,19 @@
 //! - **release**: a release reported `Released` left no key behind;
 //! - **deletion**: a held key deleted before its release began was deleted by the
 //!   operator (the nemesis) or with its lease (no put used the lease afterwards), never
-//!   by a request nobody accounts for (a late delete of another acquisition);
+//!   by a request nobody accounts for (a late delete of another acquisition), and never
+//!   by a request the clients' answers say was theirs (`etcd::observed`);
+//! - **ownership**, **foreign delete**, **key left**: whose key is whose (each key's
+//!   value names its acquisition): a grant's key is its own; a key its acquisition was
+//!   told was deleted went by the operator's hand or with its lease, not by any request
+//!   of the clients (its own cleanup included: then it was not gone when it was told);
+//!   a key of an acquisition that returned without the lock goes soon;
 //! - **progress**: a key admitted by the history is granted (or gone) within
 //!   [`STALL_BOUND`]: a waiter that stays in line although the keys ahead left is a lost
 //!   wakeup, and a key nobody holds or waits on (a late join) blocks the lock;
 //! - **leftovers**: after the run and a settling period no key is left.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -158,6 +164,9 @@ struct Life {
     value: Vec<u8>,
     lease: i64,
     deleted: Option<(i64, Instant)>,
+    /// The deletion was a request of this process's clients (`etcd::observed`): not the
+    /// operator's, not its lease's end.
+    deleted_by_client: bool,
 }
 
 impl Life {
@@ -254,7 +263,8 @@ impl Operator {
 }
 
 /// Checks `events` against `history`; `left` are the keys found after the run settled,
-/// `ended` when the workload stopped, `operator` what the nemesis deleted.
+/// `ended` when the workload stopped, `operator` what the nemesis deleted, `by_clients`
+/// the (key, revision) of every deletion the clients' own answered requests made.
 pub(crate) fn check(
     history: &[Observed],
     events: &[Event],
@@ -262,8 +272,9 @@ pub(crate) fn check(
     ended: Instant,
     namespace: &str,
     operator: &Operator,
+    by_clients: &HashSet<(Vec<u8>, i64)>,
 ) -> Verdict {
-    let lives = lives(history, namespace);
+    let lives = lives(history, namespace, by_clients);
     let by_key: HashMap<&[u8], Vec<usize>> = lives.iter().enumerate().fold(
         HashMap::new(),
         |mut map: HashMap<&[u8], Vec<usize>>, (i, life)| {
@@ -589,7 +600,26 @@ pub(crate) fn check(
         };
         *counts.entry("deletion").or_default() += 1;
         // Seen before the release began: certainly not the release's own delete.
-        if seen >= *started || operator.explains(revision, seen) {
+        if seen >= *started {
+            continue;
+        }
+        if life.deleted_by_client {
+            verdict.fail(
+                seen,
+                format!(
+                    "deletion: client {}'s key {} (token {}) was deleted at revision {revision}, \
+                 {:?} before its release began, by a request of the clients (a sweep, or \
+                 another acquisition's delete)\n{}",
+                    grant.client,
+                    grant.key,
+                    grant.token,
+                    started.duration_since(seen),
+                    dump(&life.prefix, revision)
+                ),
+            );
+            continue;
+        }
+        if operator.explains(revision, seen) {
             continue;
         }
         let lease_ended = last_put
@@ -619,10 +649,11 @@ pub(crate) fn check(
     // hand or with its lease, never by a request of another acquisition (a late delete of
     // an earlier key of the same name).
     let accountable = |life: &Life, revision: i64, seen: Instant| {
-        operator.explains(revision, seen)
-            || last_put
-                .get(&life.lease)
-                .is_none_or(|last| *last < revision)
+        !life.deleted_by_client
+            && (operator.explains(revision, seen)
+                || last_put
+                    .get(&life.lease)
+                    .is_none_or(|last| *last < revision))
     };
     let of_acquisition: HashMap<u64, Vec<&Life>> =
         lives
@@ -701,12 +732,17 @@ pub(crate) fn check(
         };
         *counts.entry("foreign delete").or_default() += 1;
         if !accountable(life, revision, seen) {
+            let by = if life.deleted_by_client {
+                "by a request of the clients (its own cleanup or release, a sweep, another \
+                 acquisition's delete), after it was told it was gone"
+            } else {
+                "by neither the operator nor its lease's end (another acquisition's request)"
+            };
             verdict.fail(
                 seen.min(at),
                 format!(
                     "foreign delete: key {} (created {}) was deleted at revision {revision} \
-                 {when}, by neither the operator nor its lease's end (another acquisition's \
-                 request)\n{}",
+                 {when}, {by}\n{}",
                     String::from_utf8_lossy(&life.key),
                     life.created,
                     dump(&life.prefix, revision)
@@ -827,8 +863,9 @@ fn acquisition_of(value: &[u8]) -> Option<u64> {
         .ok()
 }
 
-/// Every key's life under `namespace`, from the history.
-fn lives(history: &[Observed], namespace: &str) -> Vec<Life> {
+/// Every key's life under `namespace`, from the history; `by_clients` are the deletions
+/// the clients made.
+fn lives(history: &[Observed], namespace: &str, by_clients: &HashSet<(Vec<u8>, i64)>) -> Vec<Life> {
     let mut lives: Vec<Life> = Vec::new();
     let mut open: HashMap<Vec<u8>, usize> = HashMap::new();
     for event in history {
@@ -853,11 +890,14 @@ fn lives(history: &[Observed], namespace: &str) -> Vec<Life> {
                     value: put.value.clone(),
                     lease: put.lease,
                     deleted: None,
+                    deleted_by_client: false,
                 });
             }
             None => {
                 if let Some(i) = open.remove(&event.key) {
                     lives[i].deleted = Some((event.revision, event.seen));
+                    lives[i].deleted_by_client =
+                        by_clients.contains(&(event.key.clone(), event.revision));
                 }
             }
         }
@@ -951,6 +991,8 @@ mod tests {
         start: Instant,
         history: Vec<Observed>,
         events: Vec<Event>,
+        /// Deletions the clients' own requests made.
+        by_clients: HashSet<(Vec<u8>, i64)>,
     }
 
     impl Story {
@@ -959,6 +1001,7 @@ mod tests {
                 start: Instant::now(),
                 history: Vec::new(),
                 events: Vec::new(),
+                by_clients: HashSet::new(),
             }
         }
 
@@ -977,6 +1020,12 @@ mod tests {
                 }),
                 seen: self.at(ms),
             });
+        }
+
+        /// A deletion by a request of the clients.
+        fn client_delete(&mut self, revision: i64, key: &str, ms: u64) {
+            self.delete(revision, key, ms);
+            self.by_clients.insert((key.as_bytes().to_vec(), revision));
         }
 
         fn delete(&mut self, revision: i64, key: &str, ms: u64) {
@@ -1008,6 +1057,7 @@ mod tests {
                 self.at(ended_ms),
                 NS,
                 &Default::default(),
+                &self.by_clients,
             )
         }
 
@@ -1140,6 +1190,7 @@ mod tests {
             s.at(0),
             NS,
             &Default::default(),
+            &s.by_clients,
         );
         assert_eq!(kinds(&verdict), ["leftovers"]);
     }
@@ -1166,7 +1217,15 @@ mod tests {
             unanswered: Vec::new(),
             revoked: Vec::new(),
         };
-        let verdict = check(&s.history, &s.events, &[], s.at(1000), NS, &operator);
+        let verdict = check(
+            &s.history,
+            &s.events,
+            &[],
+            s.at(1000),
+            NS,
+            &operator,
+            &s.by_clients,
+        );
         assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
     }
 
@@ -1238,7 +1297,15 @@ mod tests {
             revoked: vec![(s.at(0), s.at(2000))],
             ..Default::default()
         };
-        let verdict = check(&s.history, &s.events, &[], s.at(9000), NS, &operator);
+        let verdict = check(
+            &s.history,
+            &s.events,
+            &[],
+            s.at(9000),
+            NS,
+            &operator,
+            &s.by_clients,
+        );
         assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
     }
 
@@ -1293,7 +1360,15 @@ mod tests {
             revisions: [4].into_iter().collect(),
             ..Default::default()
         };
-        let verdict = check(&s.history, &s.events, &[], s.at(10), NS, &operator);
+        let verdict = check(
+            &s.history,
+            &s.events,
+            &[],
+            s.at(10),
+            NS,
+            &operator,
+            &s.by_clients,
+        );
         assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
     }
 
@@ -1337,6 +1412,75 @@ mod tests {
         s.put(2, "soak/x/a-3", &record(5), 2000);
         s.delete(3, "soak/x/a-3", 3000);
         let verdict = s.check(30_000);
+        assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
+    }
+
+    #[test]
+    fn a_waiters_key_its_own_client_deleted_after_it_was_told_is_caught() {
+        // Acquisition 2 waits behind 1 and is told its key was deleted; the key was still
+        // there, and its own cleanup deleted it after. Its session is retired (no put
+        // uses lease 1 afterwards), which would pass the deletion off as the lease's end.
+        let mut s = Story::new();
+        s.put(2, "soak/x/a-0", &record(1), 0);
+        s.grant(1, "soak/x/a-0", 2, 2, 1);
+        s.put(3, "soak/x/a-1", &record(2), 2);
+        s.events.push(Event::Failed {
+            id: 2,
+            client: 0,
+            name: "x".into(),
+            at: s.at(5),
+            error: "lease lost on lock \"x\": key deleted".into(),
+            key_deleted: true,
+        });
+        s.client_delete(4, "soak/x/a-1", 5);
+        s.client_delete(5, "soak/x/a-0", 6);
+        s.released(1, 6);
+        let verdict = s.check(10);
+        assert_eq!(
+            kinds(&verdict),
+            ["foreign delete"],
+            "{:?}",
+            verdict.violations
+        );
+        assert!(verdict.violations[0].contains("by a request of the clients"));
+
+        // Deleted with its lease (no request of the clients): no violation.
+        s.by_clients.remove(&(b"soak/x/a-1".to_vec(), 4));
+        let verdict = s.check(10);
+        assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
+    }
+
+    #[test]
+    fn a_held_key_deleted_by_a_clients_request_before_its_release_is_caught() {
+        // Even while the operator's delete of some key was unanswered (which excuses
+        // deletions seen meanwhile), a deletion the clients' own request made is theirs.
+        let mut s = Story::new();
+        s.put(2, "soak/x/a-0", &record(1), 0);
+        s.grant(1, "soak/x/a-0", 2, 2, 1);
+        s.client_delete(3, "soak/x/a-0", 100);
+        s.released(1, 200);
+        let operator = Operator {
+            unanswered: vec![(s.at(50), s.at(150))],
+            ..Default::default()
+        };
+        let verdict = check(
+            &s.history,
+            &s.events,
+            &[],
+            s.at(1000),
+            NS,
+            &operator,
+            &s.by_clients,
+        );
+        assert_eq!(kinds(&verdict), ["deletion"], "{:?}", verdict.violations);
+
+        // The release's own delete (seen after the release began) is fine.
+        let mut s = Story::new();
+        s.put(2, "soak/x/a-0", &record(1), 0);
+        s.grant(1, "soak/x/a-0", 2, 2, 1);
+        s.released(1, 100);
+        s.client_delete(3, "soak/x/a-0", 110);
+        let verdict = s.check(1000);
         assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
     }
 }

@@ -265,6 +265,8 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
     let tally = Arc::new(workload::Tally::default());
     let batched_before = crate::etcd::batched_so_far();
     let unanswered_before = crate::etcd::unanswered_so_far();
+    // Which deletions in the history the clients made themselves (one soak per process).
+    crate::etcd::record_own_deletes();
     let (stop_work, working) = watch::channel(false);
     let mut tasks = JoinSet::new();
     for (client, locker) in lockers.iter().enumerate() {
@@ -359,6 +361,7 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
 
     let history = record.snapshot();
     let events = journal.snapshot();
+    let by_clients = crate::etcd::own_deletes_recorded();
     let verdict = checker::check(
         &history,
         &events,
@@ -370,6 +373,7 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
             unanswered: faults.unanswered(),
             revoked: faults.revoked(),
         },
+        &by_clients,
     );
     violations.extend(verdict.violations);
     // The harness's own findings date from the run's end.
