@@ -233,8 +233,8 @@ impl Verdict {
 pub(crate) struct Operator {
     /// The revisions of its deletes and revokes.
     pub(crate) revisions: std::collections::BTreeSet<i64>,
-    /// When its requests that got no answer were in flight.
-    pub(crate) unanswered: Vec<(Instant, Instant)>,
+    /// When its requests that got no answer were in flight, and what each could delete.
+    pub(crate) unanswered: Vec<(Instant, Instant, Target)>,
     /// When the clients' write permission was revoked: a key whose delete was refused
     /// meanwhile stays until the sweep gets through after it is restored.
     pub(crate) revoked: Vec<(Instant, Instant)>,
@@ -252,13 +252,35 @@ impl Operator {
             .sum()
     }
 
-    /// Whether the operator may have made the deletion at `revision`, seen at `seen`.
-    fn explains(&self, revision: i64, seen: Instant) -> bool {
+    /// Whether the operator may have made the deletion of `life`'s key at `revision`,
+    /// seen at `seen`: one of its deletes or revokes was applied at that revision, or one
+    /// that could delete that very key got no answer and was in flight around then.
+    fn explains(&self, life: &Life, revision: i64, seen: Instant) -> bool {
         self.revisions.contains(&revision)
-            || self
-                .unanswered
-                .iter()
-                .any(|(sent, ended)| seen >= *sent && seen <= *ended + Duration::from_secs(5))
+            || self.unanswered.iter().any(|(sent, ended, target)| {
+                seen >= *sent && seen <= *ended + Duration::from_secs(5) && target.covers(life)
+            })
+    }
+}
+
+/// What an operator request could delete.
+#[derive(Clone, Debug)]
+pub(crate) enum Target {
+    /// Every key under a prefix.
+    Prefix(Vec<u8>),
+    /// One key.
+    Key(Vec<u8>),
+    /// Every key of a lease.
+    Lease(i64),
+}
+
+impl Target {
+    fn covers(&self, life: &Life) -> bool {
+        match self {
+            Self::Prefix(prefix) => life.key.starts_with(prefix),
+            Self::Key(key) => life.key == *key,
+            Self::Lease(lease) => life.lease == *lease,
+        }
     }
 }
 
@@ -619,7 +641,7 @@ pub(crate) fn check(
             );
             continue;
         }
-        if operator.explains(revision, seen) {
+        if operator.explains(life, revision, seen) {
             continue;
         }
         let lease_ended = last_put
@@ -650,7 +672,7 @@ pub(crate) fn check(
     // an earlier key of the same name).
     let accountable = |life: &Life, revision: i64, seen: Instant| {
         !life.deleted_by_client
-            && (operator.explains(revision, seen)
+            && (operator.explains(life, revision, seen)
                 || last_put
                     .get(&life.lease)
                     .is_none_or(|last| *last < revision))
@@ -1227,6 +1249,33 @@ mod tests {
             &s.by_clients,
         );
         assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
+        // An operator request without an answer, in flight when the key went, explains
+        // it only if it could delete that key.
+        let in_flight = |target| Operator {
+            unanswered: vec![(s.at(5), s.at(8), target)],
+            ..Default::default()
+        };
+        for (target, explained) in [
+            (Target::Key(b"soak/x/b-0".to_vec()), false),
+            (Target::Prefix(b"soak/y/".to_vec()), false),
+            (Target::Lease(2), false),
+            (Target::Key(b"soak/x/a-0".to_vec()), true),
+            (Target::Prefix(b"soak/x/".to_vec()), true),
+            (Target::Lease(1), true),
+        ] {
+            let what = format!("{target:?}");
+            let verdict = check(
+                &s.history,
+                &s.events,
+                &[],
+                s.at(1000),
+                NS,
+                &in_flight(target),
+                &s.by_clients,
+            );
+            let expected: &[&str] = if explained { &[] } else { &["deletion"] };
+            assert_eq!(kinds(&verdict), expected, "{what}");
+        }
     }
 
     #[test]
@@ -1460,7 +1509,7 @@ mod tests {
         s.client_delete(3, "soak/x/a-0", 100);
         s.released(1, 200);
         let operator = Operator {
-            unanswered: vec![(s.at(50), s.at(150))],
+            unanswered: vec![(s.at(50), s.at(150), Target::Key(b"soak/x/a-0".to_vec()))],
             ..Default::default()
         };
         let verdict = check(

@@ -21,6 +21,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::checker::Target;
 use super::rng::Rng;
 use crate::testkit::{EtcdCluster, FaultProxy};
 
@@ -31,8 +32,9 @@ pub(crate) struct Faults {
     log: Mutex<Vec<(Instant, String)>>,
     /// The revisions of the operator's deletes and revokes: the deletions they explain.
     operator: Mutex<std::collections::BTreeSet<i64>>,
-    /// When operator requests that got no answer were in flight: they may have deleted.
-    unanswered: Mutex<Vec<(Instant, Instant)>>,
+    /// When operator requests that got no answer were in flight (they may have deleted),
+    /// and what each could delete.
+    unanswered: Mutex<Vec<(Instant, Instant, Target)>>,
     /// When the clients' write permission may have been revoked.
     revoked: Mutex<Vec<(Instant, Instant)>>,
 }
@@ -51,9 +53,14 @@ impl Faults {
             .push((Instant::now(), what));
     }
 
-    /// Records an operator request sent at `sent`: its revision, or, without an answer,
-    /// the time it may have been applied in.
-    fn operator_at(&self, sent: Instant, header: Option<&etcd_client::ResponseHeader>) {
+    /// Records an operator request sent at `sent` that could delete `target`: its
+    /// revision, or, without an answer, the time it may have been applied in.
+    fn operator_at(
+        &self,
+        sent: Instant,
+        header: Option<&etcd_client::ResponseHeader>,
+        target: Target,
+    ) {
         match header {
             Some(header) => {
                 self.operator
@@ -65,12 +72,12 @@ impl Faults {
                 .unanswered
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .push((sent, Instant::now())),
+                .push((sent, Instant::now(), target)),
         }
     }
 
     /// When operator requests without an answer were in flight.
-    pub(crate) fn unanswered(&self) -> Vec<(Instant, Instant)> {
+    pub(crate) fn unanswered(&self) -> Vec<(Instant, Instant, Target)> {
         self.unanswered
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -206,7 +213,11 @@ pub(crate) async fn run(targets: Targets, mut rng: Rng, until: Instant, faults: 
                     let answer = admin
                         .delete(prefix.as_str(), Some(DeleteOptions::new().with_prefix()))
                         .await;
-                    faults.operator_at(sent, answer.as_ref().ok().and_then(|r| r.header()));
+                    faults.operator_at(
+                        sent,
+                        answer.as_ref().ok().and_then(|r| r.header()),
+                        Target::Prefix(prefix.clone().into_bytes()),
+                    );
                     let deleted = answer.map_or(0, |r| r.deleted());
                     faults.note(
                         "prefix delete",
@@ -220,7 +231,11 @@ pub(crate) async fn run(targets: Targets, mut rng: Rng, until: Instant, faults: 
                         let mut admin = targets.admin.clone();
                         let sent = Instant::now();
                         let answer = admin.delete(key.as_str(), None).await;
-                        faults.operator_at(sent, answer.as_ref().ok().and_then(|r| r.header()));
+                        faults.operator_at(
+                            sent,
+                            answer.as_ref().ok().and_then(|r| r.header()),
+                            Target::Key(key.clone().into_bytes()),
+                        );
                         faults.note("key delete", format!("operator: del {key}"));
                     }
                 }
@@ -268,7 +283,11 @@ pub(crate) async fn run(targets: Targets, mut rng: Rng, until: Instant, faults: 
                             let mut admin = targets.admin.clone();
                             let sent = Instant::now();
                             let answer = admin.lease_revoke(lease).await;
-                            faults.operator_at(sent, answer.as_ref().ok().and_then(|r| r.header()));
+                            faults.operator_at(
+                                sent,
+                                answer.as_ref().ok().and_then(|r| r.header()),
+                                Target::Lease(lease),
+                            );
                             faults.note(
                                 "lease revoke",
                                 format!("operator: revoke lease {lease:x} (of {key})"),
@@ -393,19 +412,19 @@ async fn delete_settled_holder(targets: &Targets, rng: &mut Rng, faults: &Faults
         .and_then([TxnOp::delete(key.clone(), None)]);
     let sent = Instant::now();
     let answer = admin.txn(guarded).await;
-    let key = String::from_utf8_lossy(&key);
+    let shown = String::from_utf8_lossy(&key);
     match &answer {
         // Only a delete that happened explains a deletion: the header of a transaction
         // that changed nothing names the revision of someone else's change.
         Ok(txn) if txn.succeeded() => {
-            faults.operator_at(sent, txn.header());
+            faults.operator_at(sent, txn.header(), Target::Key(key.clone()));
             faults.note(
                 "holder delete",
-                format!("operator: del {key} (held since revision {created})"),
+                format!("operator: del {shown} (held since revision {created})"),
             );
         }
         Ok(_) => {}
-        Err(_) => faults.operator_at(sent, None),
+        Err(_) => faults.operator_at(sent, None, Target::Key(key.clone())),
     }
 }
 
