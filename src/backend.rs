@@ -147,7 +147,10 @@ pub trait LockGuard: Send + Sync + 'static {
 pub enum ReleaseOutcome {
     /// We still owned the lock, and now it is free.
     Released,
-    /// The lock was no longer ours (lease expired or revoked); nothing was deleted.
+    /// The lock was no longer ours (lease expired or revoked, or its key deleted): the
+    /// guard knew it lost before the release, or the release found nothing to delete. (A
+    /// guard that knew its lease ran out by the local clock still tries to delete its key,
+    /// which the server's lease may not have taken yet; that delete may remove it.)
     NotHeld,
     /// Our key is gone, but who removed it is not known: an attempt of the release got no
     /// answer and the retry found nothing to delete, so either that attempt deleted the

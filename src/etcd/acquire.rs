@@ -105,14 +105,18 @@ pub(crate) async fn acquire(
     match (place, mode) {
         (Place::Gone, _) => {
             let lost = match cleanup.key() {
-                Some(key) => acquisition.key_gone_checked(key).await,
+                Some(key) => {
+                    acquisition
+                        .key_gone_checked(key, Some((token, revision)))
+                        .await
+                }
                 None => acquisition.key_gone(None),
             };
             acquisition.leave(cleanup, Err(lost)).await
         }
         _ if gone => {
             let lost = match cleanup.key() {
-                Some(key) => acquisition.key_gone_checked(key).await,
+                Some(key) => acquisition.key_gone_checked(key, None).await,
                 None => acquisition.key_gone(None),
             };
             acquisition.leave(cleanup, Err(lost)).await
@@ -332,10 +336,21 @@ impl Acquisition {
         .await
     }
 
-    /// The error for an acquisition whose key went: the lease's loss if it is lost (asking
-    /// etcd first: a revoked lease's keys may be seen gone before the keep-alive hears of
-    /// it), else the key was deleted under a live lease.
-    pub(super) async fn key_gone_checked(&self, key: &QueueKey) -> LockError {
+    /// The error for an acquisition whose key went (`at`, if known: the key's token and
+    /// the revision it was seen gone at): the lease's loss if it is lost (asking etcd
+    /// first: a revoked lease's keys may be seen gone before the keep-alive hears of it),
+    /// else the key was deleted under a live lease.
+    pub(super) async fn key_gone_checked(
+        &self,
+        key: &QueueKey,
+        at: Option<(FencingToken, i64)>,
+    ) -> LockError {
+        #[cfg(feature = "testkit")]
+        if let Some((token, revision)) = at {
+            super::observed::concluded_gone(key.key.as_bytes(), token.as_revision(), revision);
+        }
+        #[cfg(not(feature = "testkit"))]
+        let _ = at;
         key.inner().lease_gone().await;
         self.key_gone(Some(key))
     }

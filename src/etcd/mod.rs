@@ -26,7 +26,7 @@ pub(crate) use batch::batched_so_far;
 #[cfg(feature = "testkit")]
 mod observed;
 #[cfg(feature = "testkit")]
-pub(crate) use observed::{own_deletes_recorded, record_own_deletes, unanswered_so_far};
+pub(crate) use observed::{Recorded, Recording, unanswered_so_far};
 mod call;
 mod config;
 mod election;

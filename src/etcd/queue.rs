@@ -128,7 +128,9 @@ impl Acquisition {
                 Some((ahead, revision)) if coverage <= revision => (ahead, revision),
                 _ => match self.read_place(key, token).await {
                     Ok((Place::Head, revision)) => return Ok(revision),
-                    Ok((Place::Gone, _)) => return Err(self.key_gone_checked(key).await),
+                    Ok((Place::Gone, revision)) => {
+                        return Err(self.key_gone_checked(key, Some((token, revision))).await);
+                    }
                     Ok((Place::Behind(ahead), revision)) => {
                         backoff.reset();
                         (ahead, revision)
@@ -152,7 +154,7 @@ impl Acquisition {
                             continue;
                         }
                         if deleted.iter().any(|gone| gone == key.key.as_bytes()) {
-                            return Err(self.key_gone_checked(key).await);
+                            return Err(self.key_gone_checked(key, Some((token, revision))).await);
                         }
                         let mut left = false;
                         for gone in &deleted {
@@ -209,7 +211,9 @@ impl Acquisition {
                 backoff.wait().await;
                 match self.read_place(key, token).await {
                     Ok((Place::Head, revision)) => Ok(Some(revision)),
-                    Ok((Place::Gone, _)) => Err(self.key_gone_checked(key).await),
+                    Ok((Place::Gone, revision)) => {
+                        Err(self.key_gone_checked(key, Some((token, revision))).await)
+                    }
                     Ok((Place::Behind(_), _)) => Ok(None),
                     Err(err) if err.is_unavailable() => Ok(None),
                     Err(err) => Err(err),

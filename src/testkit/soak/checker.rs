@@ -34,6 +34,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::LossReason;
+use crate::etcd::Recorded;
 
 /// How long a key may stay admitted without being granted or removed: the longest fault
 /// that can keep a waiter from hearing (a cut path, 3 s) plus a margin.
@@ -231,8 +232,10 @@ impl Verdict {
 /// What the operator (the nemesis) did that may delete keys.
 #[derive(Debug, Default)]
 pub(crate) struct Operator {
-    /// The revisions of its deletes and revokes.
-    pub(crate) revisions: std::collections::BTreeSet<i64>,
+    /// The revisions of its deletes and revokes that deleted something, and what each
+    /// could delete (an answer's revision is the whole store's: a delete that removed
+    /// nothing, or a revoke of a lease without keys, names someone else's change).
+    pub(crate) revisions: Vec<(i64, Target)>,
     /// When its requests that got no answer were in flight, and what each could delete.
     pub(crate) unanswered: Vec<(Instant, Instant, Target)>,
     /// When the clients' write permission was revoked: a key whose delete was refused
@@ -256,7 +259,9 @@ impl Operator {
     /// seen at `seen`: one of its deletes or revokes was applied at that revision, or one
     /// that could delete that very key got no answer and was in flight around then.
     fn explains(&self, life: &Life, revision: i64, seen: Instant) -> bool {
-        self.revisions.contains(&revision)
+        self.revisions
+            .iter()
+            .any(|(at, target)| *at == revision && target.covers(life))
             || self.unanswered.iter().any(|(sent, ended, target)| {
                 seen >= *sent && seen <= *ended + Duration::from_secs(5) && target.covers(life)
             })
@@ -285,8 +290,9 @@ impl Target {
 }
 
 /// Checks `events` against `history`; `left` are the keys found after the run settled,
-/// `ended` when the workload stopped, `operator` what the nemesis deleted, `by_clients`
-/// the (key, revision) of every deletion the clients' own answered requests made.
+/// `ended` when the workload stopped, `operator` what the nemesis deleted, `clients` what
+/// the clients recorded themselves: every deletion their own answered requests made, and
+/// when their waits saw their keys gone.
 pub(crate) fn check(
     history: &[Observed],
     events: &[Event],
@@ -294,9 +300,9 @@ pub(crate) fn check(
     ended: Instant,
     namespace: &str,
     operator: &Operator,
-    by_clients: &HashSet<(Vec<u8>, i64)>,
+    clients: &Recorded,
 ) -> Verdict {
-    let lives = lives(history, namespace, by_clients);
+    let lives = lives(history, namespace, &clients.own_deletes);
     let by_key: HashMap<&[u8], Vec<usize>> = lives.iter().enumerate().fold(
         HashMap::new(),
         |mut map: HashMap<&[u8], Vec<usize>>, (i, life)| {
@@ -742,7 +748,7 @@ pub(crate) fn check(
                 ..
             } => {
                 if let Some(life) = grants.get(id).and_then(|g| life_of(g)) {
-                    deleted_under.push((*started, life, "before its release deleted it"));
+                    deleted_under.push((*started, life, RELEASE_SAID_NOT_HELD));
                 }
             }
             _ => {}
@@ -752,6 +758,12 @@ pub(crate) fn check(
         let Some((revision, seen)) = life.deleted else {
             continue;
         };
+        // A guard that found itself lost only once its release began (its lease's local
+        // deadline passed between the workload's `is_held()` and the release's own look)
+        // answers NotHeld although its delete removed the key.
+        if when == RELEASE_SAID_NOT_HELD && life.deleted_by_client && seen >= at {
+            continue;
+        }
         *counts.entry("foreign delete").or_default() += 1;
         if !accountable(life, revision, seen) {
             let by = if life.deleted_by_client {
@@ -771,6 +783,40 @@ pub(crate) fn check(
                 ),
             );
         }
+    }
+
+    // A wait that concluded its key was gone (from a read, or a watch event, at some
+    // revision) was right: the key created at its token existed, and was deleted at or
+    // before that revision. (Whoever deleted it afterwards, answered or not: a wait that
+    // looked for the wrong key, or misread its queue, shows here.)
+    for (key, token, revision) in &clients.seen_gone {
+        if !key.starts_with(format!("{namespace}/").as_bytes()) {
+            continue;
+        }
+        *counts.entry("seen gone").or_default() += 1;
+        let life = by_key
+            .get(key.as_slice())
+            .into_iter()
+            .flatten()
+            .map(|i| &lives[*i])
+            .find(|life| life.created == *token);
+        let shown = String::from_utf8_lossy(key);
+        let wrong = match life {
+            None => format!("no key of that name was created at revision {token}"),
+            Some(life) if life.alive_at(*revision) => {
+                format!("the key created at {token} was alive at that revision")
+            }
+            Some(_) => continue,
+        };
+        let seen = life.map(|life| life.created_seen).unwrap_or(ended);
+        verdict.fail(
+            seen,
+            format!(
+                "seen gone: a wait concluded at revision {revision} that its key {shown} (token \
+                 {token}) was gone, but {wrong}\n{}",
+                dump(&prefix_of(key, namespace), *revision)
+            ),
+        );
     }
 
     // A key of an acquisition that returned without the lock (busy, timed out, failed)
@@ -884,6 +930,10 @@ fn acquisition_of(value: &[u8]) -> Option<u64> {
         .parse()
         .ok()
 }
+
+/// How a release that answered NotHeld (believing itself held) is named among the keys
+/// deleted under their acquisitions.
+const RELEASE_SAID_NOT_HELD: &str = "before its release deleted it";
 
 /// Every key's life under `namespace`, from the history; `by_clients` are the deletions
 /// the clients made.
@@ -1014,7 +1064,7 @@ mod tests {
         history: Vec<Observed>,
         events: Vec<Event>,
         /// Deletions the clients' own requests made.
-        by_clients: HashSet<(Vec<u8>, i64)>,
+        clients: Recorded,
     }
 
     impl Story {
@@ -1023,7 +1073,7 @@ mod tests {
                 start: Instant::now(),
                 history: Vec::new(),
                 events: Vec::new(),
-                by_clients: HashSet::new(),
+                clients: Recorded::default(),
             }
         }
 
@@ -1047,7 +1097,9 @@ mod tests {
         /// A deletion by a request of the clients.
         fn client_delete(&mut self, revision: i64, key: &str, ms: u64) {
             self.delete(revision, key, ms);
-            self.by_clients.insert((key.as_bytes().to_vec(), revision));
+            self.clients
+                .own_deletes
+                .insert((key.as_bytes().to_vec(), revision));
         }
 
         fn delete(&mut self, revision: i64, key: &str, ms: u64) {
@@ -1079,7 +1131,7 @@ mod tests {
                 self.at(ended_ms),
                 NS,
                 &Default::default(),
-                &self.by_clients,
+                &self.clients,
             )
         }
 
@@ -1212,7 +1264,7 @@ mod tests {
             s.at(0),
             NS,
             &Default::default(),
-            &s.by_clients,
+            &s.clients,
         );
         assert_eq!(kinds(&verdict), ["leftovers"]);
     }
@@ -1235,7 +1287,7 @@ mod tests {
         assert_eq!(kinds(&s.check(1000)), ["deletion"]);
         // By the operator's hand: no violation.
         let operator = Operator {
-            revisions: [5].into_iter().collect(),
+            revisions: vec![(5, Target::Key(b"soak/x/a-0".to_vec()))],
             unanswered: Vec::new(),
             revoked: Vec::new(),
         };
@@ -1246,7 +1298,7 @@ mod tests {
             s.at(1000),
             NS,
             &operator,
-            &s.by_clients,
+            &s.clients,
         );
         assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
         // An operator request without an answer, in flight when the key went, explains
@@ -1271,7 +1323,7 @@ mod tests {
                 s.at(1000),
                 NS,
                 &in_flight(target),
-                &s.by_clients,
+                &s.clients,
             );
             let expected: &[&str] = if explained { &[] } else { &["deletion"] };
             assert_eq!(kinds(&verdict), expected, "{what}");
@@ -1353,7 +1405,7 @@ mod tests {
             s.at(9000),
             NS,
             &operator,
-            &s.by_clients,
+            &s.clients,
         );
         assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
     }
@@ -1406,7 +1458,7 @@ mod tests {
 
         // The same deletion by the operator's hand is no violation.
         let operator = Operator {
-            revisions: [4].into_iter().collect(),
+            revisions: vec![(4, Target::Prefix(b"soak/x/".to_vec()))],
             ..Default::default()
         };
         let verdict = check(
@@ -1416,7 +1468,7 @@ mod tests {
             s.at(10),
             NS,
             &operator,
-            &s.by_clients,
+            &s.clients,
         );
         assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
     }
@@ -1494,7 +1546,7 @@ mod tests {
         assert!(verdict.violations[0].contains("by a request of the clients"));
 
         // Deleted with its lease (no request of the clients): no violation.
-        s.by_clients.remove(&(b"soak/x/a-1".to_vec(), 4));
+        s.clients.own_deletes.remove(&(b"soak/x/a-1".to_vec(), 4));
         let verdict = s.check(10);
         assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
     }
@@ -1519,7 +1571,7 @@ mod tests {
             s.at(1000),
             NS,
             &operator,
-            &s.by_clients,
+            &s.clients,
         );
         assert_eq!(kinds(&verdict), ["deletion"], "{:?}", verdict.violations);
 
@@ -1531,5 +1583,87 @@ mod tests {
         s.client_delete(3, "soak/x/a-0", 110);
         let verdict = s.check(1000);
         assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
+    }
+
+    #[test]
+    fn a_wait_that_saw_a_live_key_gone_is_caught() {
+        // Acquisition 2's key (created at 3) is alive when its wait concludes, at
+        // revision 4, that it is gone; or the wait looked for a key created at 4, which
+        // its name never had (a token that is not its key's create revision).
+        for (token, at) in [(3, 4), (4, 4)] {
+            let mut s = Story::new();
+            s.put(2, "soak/x/a-0", &record(1), 0);
+            s.grant(1, "soak/x/a-0", 2, 2, 1);
+            s.put(3, "soak/x/a-1", &record(2), 2);
+            s.put(4, "soak/y/a-0", &record(3), 3);
+            s.clients
+                .seen_gone
+                .push((b"soak/x/a-1".to_vec(), token, at));
+            s.delete(5, "soak/x/a-1", 5);
+            s.delete(6, "soak/x/a-0", 6);
+            s.released(1, 6);
+            s.delete(7, "soak/y/a-0", 7);
+            let verdict = s.check(10);
+            assert_eq!(
+                kinds(&verdict),
+                ["seen gone"],
+                "token {token}: {:?}",
+                verdict.violations
+            );
+        }
+        // Deleted at 4 and seen gone at 4 (or later): right.
+        let mut s = Story::new();
+        s.put(3, "soak/x/a-1", &record(2), 2);
+        s.delete(4, "soak/x/a-1", 3);
+        s.clients.seen_gone.push((b"soak/x/a-1".to_vec(), 3, 4));
+        s.clients.seen_gone.push((b"soak/x/a-1".to_vec(), 3, 9));
+        let verdict = s.check(10);
+        assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
+    }
+
+    #[test]
+    fn a_release_that_found_itself_lost_may_delete_its_key() {
+        // The release began believing itself held, found its lease's local deadline
+        // passed, answered NotHeld, and its own delete removed the key: no violation.
+        let mut s = Story::new();
+        s.put(2, "soak/x/a-0", &record(1), 0);
+        s.grant(1, "soak/x/a-0", 2, 2, 1);
+        s.events.push(Event::Released {
+            id: 1,
+            started: s.at(100),
+            ended: s.at(120),
+            outcome: Outcome::NotHeld,
+        });
+        s.client_delete(3, "soak/x/a-0", 110);
+        let verdict = s.check(1000);
+        assert!(verdict.violations.is_empty(), "{:?}", verdict.violations);
+    }
+
+    #[test]
+    fn an_operator_delete_explains_only_the_keys_it_could_delete() {
+        // The operator's delete of b-0 was applied at revision 5, and a-0 went at 5 too,
+        // by a request nobody accounts for: b-0's delete does not explain it.
+        let mut s = Story::new();
+        s.put(2, "soak/x/a-0", "", 0);
+        s.grant(1, "soak/x/a-0", 2, 2, 1);
+        s.put(3, "soak/z/b-0", "", 2);
+        s.delete(5, "soak/x/a-0", 10);
+        s.delete(5, "soak/z/b-0", 10);
+        s.put(6, "soak/y/a-1", "", 20);
+        s.released(1, 300);
+        let operator = Operator {
+            revisions: vec![(5, Target::Key(b"soak/z/b-0".to_vec()))],
+            ..Default::default()
+        };
+        let verdict = check(
+            &s.history,
+            &s.events,
+            &[],
+            s.at(1000),
+            NS,
+            &operator,
+            &s.clients,
+        );
+        assert_eq!(kinds(&verdict), ["deletion"], "{:?}", verdict.violations);
     }
 }

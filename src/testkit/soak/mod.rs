@@ -265,8 +265,9 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
     let tally = Arc::new(workload::Tally::default());
     let batched_before = crate::etcd::batched_so_far();
     let unanswered_before = crate::etcd::unanswered_so_far();
-    // Which deletions in the history the clients made themselves (one soak per process).
-    crate::etcd::record_own_deletes();
+    // Which deletions in the history the clients made themselves, and when waits saw
+    // their keys gone (one soak per process).
+    let recording = crate::etcd::Recording::start();
     let (stop_work, working) = watch::channel(false);
     let mut tasks = JoinSet::new();
     for (client, locker) in lockers.iter().enumerate() {
@@ -361,7 +362,7 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
 
     let history = record.snapshot();
     let events = journal.snapshot();
-    let by_clients = crate::etcd::own_deletes_recorded();
+    let by_clients = recording.finish();
     let verdict = checker::check(
         &history,
         &events,

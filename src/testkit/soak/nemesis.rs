@@ -30,8 +30,9 @@ use crate::testkit::{EtcdCluster, FaultProxy};
 pub(crate) struct Faults {
     counts: Mutex<BTreeMap<&'static str, u64>>,
     log: Mutex<Vec<(Instant, String)>>,
-    /// The revisions of the operator's deletes and revokes: the deletions they explain.
-    operator: Mutex<std::collections::BTreeSet<i64>>,
+    /// The revisions of the operator's deletes and revokes that may have deleted, and
+    /// what each could delete: the deletions they explain.
+    operator: Mutex<Vec<(i64, Target)>>,
     /// When operator requests that got no answer were in flight (they may have deleted),
     /// and what each could delete.
     unanswered: Mutex<Vec<(Instant, Instant, Target)>>,
@@ -54,7 +55,9 @@ impl Faults {
     }
 
     /// Records an operator request sent at `sent` that could delete `target`: its
-    /// revision, or, without an answer, the time it may have been applied in.
+    /// revision, or, without an answer, the time it may have been applied in. (Give no
+    /// header for an answer that says nothing was deleted: its revision is the store's,
+    /// someone else's change.)
     fn operator_at(
         &self,
         sent: Instant,
@@ -66,13 +69,28 @@ impl Faults {
                 self.operator
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .insert(header.revision());
+                    .push((header.revision(), target));
             }
             None => self
                 .unanswered
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .push((sent, Instant::now(), target)),
+        }
+    }
+
+    /// Records an operator delete sent at `sent` that could delete `target`, by its
+    /// answer: one that deleted nothing explains nothing.
+    fn deleted_by_operator(
+        &self,
+        sent: Instant,
+        answer: &Result<etcd_client::DeleteResponse, etcd_client::Error>,
+        target: Target,
+    ) {
+        match answer {
+            Ok(answer) if answer.deleted() == 0 => {}
+            Ok(answer) => self.operator_at(sent, answer.header(), target),
+            Err(_) => self.operator_at(sent, None, target),
         }
     }
 
@@ -89,8 +107,8 @@ impl Faults {
         lock(&self.revoked).clone()
     }
 
-    /// The revisions of the operator's deletes and revokes.
-    pub(crate) fn operator_revisions(&self) -> std::collections::BTreeSet<i64> {
+    /// The revisions of the operator's deletes and revokes, and what each could delete.
+    pub(crate) fn operator_revisions(&self) -> Vec<(i64, Target)> {
         self.operator
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -213,9 +231,9 @@ pub(crate) async fn run(targets: Targets, mut rng: Rng, until: Instant, faults: 
                     let answer = admin
                         .delete(prefix.as_str(), Some(DeleteOptions::new().with_prefix()))
                         .await;
-                    faults.operator_at(
+                    faults.deleted_by_operator(
                         sent,
-                        answer.as_ref().ok().and_then(|r| r.header()),
+                        &answer,
                         Target::Prefix(prefix.clone().into_bytes()),
                     );
                     let deleted = answer.map_or(0, |r| r.deleted());
@@ -231,9 +249,9 @@ pub(crate) async fn run(targets: Targets, mut rng: Rng, until: Instant, faults: 
                         let mut admin = targets.admin.clone();
                         let sent = Instant::now();
                         let answer = admin.delete(key.as_str(), None).await;
-                        faults.operator_at(
+                        faults.deleted_by_operator(
                             sent,
-                            answer.as_ref().ok().and_then(|r| r.header()),
+                            &answer,
                             Target::Key(key.clone().into_bytes()),
                         );
                         faults.note("key delete", format!("operator: del {key}"));
