@@ -8,6 +8,7 @@
 #   tests/mutants/run.sh                      # every mutant
 #   SEEDS="1 2" SOAK=20s tests/mutants/run.sh tests/mutants/e-*.patch
 #   SCENARIOS=0 tests/mutants/run.sh          # the soak only (SOAKS=0: the tests only)
+#   BASELINE=1 tests/mutants/run.sh           # the unmutated tree first: it must survive
 set -uo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -25,13 +26,22 @@ logs=$repo/target/mutants/logs
 mkdir -p "$scratch" "$logs"
 
 if [ $# -gt 0 ]; then patches=("$@"); else patches=("$repo"/tests/mutants/*.patch); fi
+# BASELINE=1: soak the unmutated tree first, with the same seeds. A violation there is the
+# checker's (or the library's) fault, not a kill: the table is worth nothing until the
+# unmutated row survives.
+if [ "${BASELINE:-0}" = 1 ]; then patches=(unmutated "${patches[@]}"); fi
 
 rows=()
 for patch in "${patches[@]}"; do
-  # Absolute: the patch is read from inside the scratch dir.
-  patch=$(realpath "$patch")
-  name=$(basename "$patch" .patch)
-  scenario=$(sed -n 's/^# scenario: *//p' "$patch" | head -1)
+  if [ "$patch" = unmutated ]; then
+    name=unmutated
+    scenario=
+  else
+    # Absolute: the patch is read from inside the scratch dir.
+    patch=$(realpath "$patch")
+    name=$(basename "$patch" .patch)
+    scenario=$(sed -n 's/^# scenario: *//p' "$patch" | head -1)
+  fi
   # A fresh copy of the tree (the dependencies' builds are shared: only fencelock
   # rebuilds).
   rsync -a --delete --exclude /target --exclude /.git "$repo"/ "$scratch"/
@@ -42,12 +52,13 @@ for patch in "${patches[@]}"; do
   # git apply skips, silently, every path outside the current directory, so nothing would
   # be patched. And the patch must have changed the tree.
   # As strict as .ci/run's check (patch alone would apply a stale patch with an offset).
-  if ! (cd "$repo" && git apply --check "$patch") ||
+  if [ "$name" = unmutated ]; then
+    :
+  elif ! (cd "$repo" && git apply --check "$patch") ||
     ! (cd "$scratch" && patch -p1 --forward --quiet --no-backup-if-mismatch <"$patch"); then
     rows+=("$name | patch does not apply | -")
     continue
-  fi
-  if diff -rq "$repo/src" "$scratch/src" >/dev/null; then
+  elif diff -rq "$repo/src" "$scratch/src" >/dev/null; then
     rows+=("$name | patch changed nothing | -")
     continue
   fi
