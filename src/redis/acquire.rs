@@ -18,6 +18,7 @@ use super::node::Attempt;
 use super::owner::{jittered, owner_value};
 use super::subscriber::{Interest, Subscriber};
 use super::value::{lock_value, set_owner};
+use super::waiter::{Registration, waiter};
 use crate::lease_clock::{Clock, ClockInstant};
 use crate::retry::backoff;
 use crate::{Backend, FencingToken, LockError, LockOptions};
@@ -78,6 +79,7 @@ async fn acquire_uncounted(
         options: options.clone(),
         started: Instant::now(),
         armed: true,
+        registration: Registration::default(),
         uncertain: false,
         failures: 0,
         last_error: None,
@@ -132,6 +134,9 @@ struct Acquisition {
     started: Instant,
     /// Whether dropping this must clean up after a possibly applied attempt.
     armed: bool,
+    /// Our registration in the lock's waiters' set (single Redis only: Redlock waiters
+    /// poll and never register).
+    registration: Registration,
     /// Whether a failed attempt may have set the lock with our owner value (undone
     /// before the next attempt).
     uncertain: bool,
@@ -143,23 +148,32 @@ struct Acquisition {
 
 impl Drop for Acquisition {
     fn drop(&mut self) {
-        if !self.armed {
+        // A waiter that gives up (timed out, failed, dropped) leaves the waiters' set, so
+        // that releases stop publishing for it; best effort: its registration expires.
+        let waiter = self.registration.take_for_cleanup();
+        if !self.armed && waiter.is_none() {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (core, keys, owner, name) = (
+        let (core, keys, owner, name, armed) = (
             self.core.clone(),
             self.keys.clone(),
             std::mem::take(&mut self.owner),
             std::mem::take(&mut self.name),
+            self.armed,
         );
         runtime.spawn(async move {
             // The attempt may have taken any slot: compare-and-delete each.
-            for slot in 0..keys.slots().len() {
-                if let Err(err) = core.release(&keys.granted(slot), &owner, &name).await {
+            for slot in (0..keys.slots().len()).filter(|_| armed) {
+                if let Err(err) = core.release(&keys.granted(slot), &owner, &name, None).await {
                     tracing::debug!(%err, lock = %name, "cleanup after an abandoned attempt failed; the TTL will");
+                }
+            }
+            if let Some(waiter) = waiter {
+                if let Err(err) = core.unregister(&keys, &waiter, &name).await {
+                    tracing::debug!(%err, lock = %name, "unregistering a waiter that gave up failed; its registration expires");
                 }
             }
         });
@@ -198,7 +212,12 @@ impl Acquisition {
                 }
             }
             let sent = Clock::BOOT.now();
-            let remaining = match self.attempt().await {
+            // Registered only while subscribed: a release that sees the registration
+            // publishes, and the subscription (armed above) hears it.
+            let listening = interest.is_some();
+            // The registration is counted from the sending: it reached the server later.
+            let attempt_sent = Instant::now();
+            let remaining = match self.attempt(listening).await {
                 Ok(Attempt::Granted(token, slot)) => {
                     // A single Redis lock's token is checked against those this client
                     // saw (a semaphore's permits and Redlock's largest-of-the-masters
@@ -214,15 +233,22 @@ impl Acquisition {
                         };
                     return Ok(Some(self.guard(token, slot, sent)));
                 }
-                Ok(Attempt::Held { remaining }) => {
+                Ok(Attempt::Held {
+                    remaining,
+                    registered,
+                }) => {
                     self.failures = 0;
                     self.last_error = None;
+                    if registered {
+                        self.registration.registered(attempt_sent);
+                    }
                     remaining
                 }
                 // A waiting acquisition rides out a server restart or a dropped
                 // connection: it retries, with a backoff, within its wait timeout.
                 Err(err) if wait && err.is_unavailable() => {
                     self.uncertain = true;
+                    self.registration.unsure();
                     self.retry_after(err, deadline).await?;
                     continue;
                 }
@@ -288,7 +314,7 @@ impl Acquisition {
     async fn undo(&self) -> Result<(), LockError> {
         for slot in 0..self.keys.slots().len() {
             self.core
-                .release(&self.keys.granted(slot), &self.owner, &self.name)
+                .release(&self.keys.granted(slot), &self.owner, &self.name, None)
                 .await?;
         }
         Ok(())
@@ -302,11 +328,23 @@ impl Acquisition {
     /// awaited at most [`per_master_timeout`]: a master that stops answering costs
     /// neither time nor the lock (issue 21). What it may still apply later is undone in
     /// the background when the attempt is refused, and is ours anyway when granted.
-    async fn attempt(&mut self) -> Result<Attempt, LockError> {
+    ///
+    /// `listening`: we are subscribed to the release channel, and a refused attempt on a
+    /// single Redis registers us as a waiter when due (see [`Waiter`]).
+    async fn attempt(&mut self, listening: bool) -> Result<Attempt, LockError> {
         let ttl = self.options.ttl();
         let nodes = &self.core.nodes;
         if let [node] = &nodes[..] {
-            return node.acquire(&self.keys, &self.value, ttl, &self.name).await;
+            let config = &self.core.config;
+            let registering = listening.then(|| {
+                let slots = self.keys.slots().len();
+                self.registration
+                    .attempt(config.max_wait_sleep, config.request_timeout, slots)
+            });
+            let waiter = registering.as_ref().map(waiter);
+            return node
+                .acquire(&self.keys, &self.value, ttl, &self.name, waiter)
+                .await;
         }
         let backend = self.core.backend;
         let quorum = self.core.quorum;
@@ -317,7 +355,7 @@ impl Acquisition {
         let mut pending: FuturesUnordered<_> = nodes
             .iter()
             .map(|node| {
-                let attempt = node.acquire(&this.keys, value, ttl, &this.name);
+                let attempt = node.acquire(&this.keys, value, ttl, &this.name, None);
                 async move {
                     tokio::time::timeout(per_master, attempt)
                         .await
@@ -339,7 +377,7 @@ impl Acquisition {
         while let Some(reply) = pending.next().await {
             match reply {
                 Ok(Attempt::Granted(token, _)) => granted.push(token),
-                Ok(Attempt::Held { remaining }) => refused.push(remaining),
+                Ok(Attempt::Held { remaining, .. }) => refused.push(remaining),
                 Err(err) => errors.push(err),
             }
             if granted.len() >= quorum
@@ -373,7 +411,7 @@ impl Acquisition {
                 self.name.clone(),
             );
             tokio::spawn(async move {
-                if let Err(err) = core.release(&keys, &owner, &name).await {
+                if let Err(err) = core.release(&keys, &owner, &name, None).await {
                     tracing::debug!(%err, "undoing a partial Redlock grant failed; TTLs will");
                 }
             });
@@ -392,7 +430,10 @@ impl Acquisition {
                 return Err(err);
             }
         }
-        Ok(Attempt::Held { remaining })
+        Ok(Attempt::Held {
+            remaining,
+            registered: false,
+        })
     }
 
     /// A fresh owner value for the next attempts, in the value written too.
@@ -401,8 +442,10 @@ impl Acquisition {
         set_owner(&mut self.value, &self.owner);
     }
 
-    fn guard(&self, token: FencingToken, slot: usize, sent: ClockInstant) -> RedisGuard {
+    fn guard(&mut self, token: FencingToken, slot: usize, sent: ClockInstant) -> RedisGuard {
         let keys = self.keys.granted(slot);
+        // A lock's holder stays registered until its release unregisters it.
+        let waiter = self.registration.hand_to_guard(self.keys.slots().len());
         let registration = self.core.renewer.register(
             keys.lock.clone(),
             self.owner.clone(),
@@ -416,6 +459,7 @@ impl Acquisition {
             self.name.clone(),
             keys,
             self.owner.clone(),
+            waiter,
             token,
             registration,
         )

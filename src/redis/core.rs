@@ -115,7 +115,23 @@ impl Core {
         LockKeys::new(&self.config.prefix, name)
     }
 
-    /// Compare-and-delete on every node. `Ok(true)` if a quorum still held it for us,
+    /// Removes `waiter` from the lock's waiters' set (single Redis: Redlock waiters never
+    /// register). Best effort for a waiter that gave up: the registration expires anyway.
+    pub(crate) async fn unregister(
+        &self,
+        keys: &LockKeys,
+        waiter: &str,
+        name: &str,
+    ) -> Result<(), LockError> {
+        match &self.nodes[..] {
+            [node] => node.unregister(keys, waiter, name).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// Compare-and-delete on every node. `waiter`: the id the holder waited under on a
+    /// single Redis (unregistered with the release; Redlock waiters never register).
+    /// `Ok(true)` if a quorum still held it for us,
     /// `Ok(false)` if a quorum answered and it was not ours, an error if too few answered.
     ///
     /// Redlock decides as soon as the answers settle it: a master that stops answering
@@ -126,9 +142,10 @@ impl Core {
         keys: &LockKeys,
         owner: &str,
         name: &str,
+        waiter: Option<&str>,
     ) -> Result<bool, LockError> {
         if let [node] = &self.nodes[..] {
-            return node.release(keys, owner, name).await;
+            return node.release(keys, owner, name, waiter).await;
         }
         let mut pending: FuturesUnordered<_> = self
             .nodes
@@ -142,7 +159,7 @@ impl Core {
                 );
                 let span = tracing::debug_span!("release", node = %node.address);
                 tokio::spawn(
-                    async move { node.release(&keys, &owner, &name).await }.instrument(span),
+                    async move { node.release(&keys, &owner, &name, None).await }.instrument(span),
                 )
             })
             .collect();

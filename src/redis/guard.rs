@@ -20,6 +20,9 @@ pub struct RedisGuard {
     name: Arc<str>,
     keys: LockKeys,
     owner: Arc<str>,
+    /// The id this holder waited under in the lock's waiters' set, if it registered
+    /// there: the release unregisters it (`scripts.rs`, `RELEASE`).
+    waiter: Option<Arc<str>>,
     token: FencingToken,
     registration: Registration,
     released: bool,
@@ -44,6 +47,7 @@ impl RedisGuard {
         name: Arc<str>,
         keys: LockKeys,
         owner: Arc<str>,
+        waiter: Option<Arc<str>>,
         token: FencingToken,
         registration: Registration,
     ) -> Self {
@@ -53,6 +57,7 @@ impl RedisGuard {
             name,
             keys,
             owner,
+            waiter,
             token,
             registration,
             released: false,
@@ -81,6 +86,7 @@ impl RedisGuard {
             name: std::mem::take(&mut self.name),
             keys: self.keys.clone(),
             owner: std::mem::take(&mut self.owner),
+            waiter: self.waiter.take(),
         }
     }
 }
@@ -91,13 +97,19 @@ struct Detached {
     name: Arc<str>,
     keys: LockKeys,
     owner: Arc<str>,
+    waiter: Option<Arc<str>>,
 }
 
 impl Detached {
     async fn run(self) {
         // Unlike etcd's renewed session, a key left behind here expires by its TTL: one
         // attempt is enough.
-        if let Err(err) = self.core.release(&self.keys, &self.owner, &self.name).await {
+        let waiter = self.waiter.as_deref();
+        if let Err(err) = self
+            .core
+            .release(&self.keys, &self.owner, &self.name, waiter)
+            .await
+        {
             tracing::warn!(%err, lock = %self.name, "background release failed; the TTL will free the lock");
         }
     }
@@ -135,7 +147,10 @@ impl LockGuard for RedisGuard {
     async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
         // The guard stays armed until the answer is in: dropping this future releases in
         // the background instead.
-        let deleted = self.core.release(&self.keys, &self.owner, &self.name).await;
+        let deleted = self
+            .core
+            .release(&self.keys, &self.owner, &self.name, self.waiter.as_deref())
+            .await;
         drop(self.detach());
         let backend = self.core.backend;
         match deleted {

@@ -17,11 +17,13 @@ pub(crate) struct LockKeys(Arc<Names>);
 pub(crate) struct Names {
     /// The lock itself: `SET NX PX` with the owner value.
     pub(crate) lock: Arc<str>,
-    /// The per-lock counter that hands out fencing tokens, then the channel where releases
-    /// are announced to waiters, in one allocation (see [`Names::counter`]).
+    /// The per-lock counter that hands out fencing tokens, the channel where releases
+    /// are announced to waiters, and the set of waiters that want the announcement, in
+    /// one allocation (see [`Names::counter`]).
     text: Box<str>,
-    /// Where the counter ends and the channel starts in `text`.
-    split: usize,
+    /// Where the counter ends and the channel starts in `text`, then where the channel
+    /// ends and the waiters' set starts.
+    split: [usize; 2],
     /// A semaphore's permit slots; empty for a lock, whose one slot is `lock`.
     permits: Vec<Arc<str>>,
 }
@@ -29,12 +31,21 @@ pub(crate) struct Names {
 impl Names {
     /// The per-lock counter that hands out fencing tokens.
     pub(crate) fn counter(&self) -> &str {
-        self.text.get(..self.split).unwrap_or_default()
+        self.text.get(..self.split[0]).unwrap_or_default()
     }
 
     /// Where releases are announced to waiters.
     pub(crate) fn channel(&self) -> &str {
-        self.text.get(self.split..).unwrap_or_default()
+        self.text
+            .get(self.split[0]..self.split[1])
+            .unwrap_or_default()
+    }
+
+    /// The sorted set of the waiters subscribed to [`channel`](Self::channel) (member: a
+    /// waiter's id, score: when its registration expires, in the server's ms): a release
+    /// publishes only while it is not empty (`scripts.rs`, `RELEASE`).
+    pub(crate) fn waiters(&self) -> &str {
+        self.text.get(self.split[1]..).unwrap_or_default()
     }
 
     /// The keys an acquisition may take: the lock alone, or a semaphore's permit slots.
@@ -76,15 +87,14 @@ fn joined(parts: &[&str]) -> Arc<str> {
     Arc::from(parts.concat())
 }
 
-/// `counter` then `channel` in one string, and where the first ends.
-fn counter_and_channel(counter: &[&str], channel: &[&str]) -> (Box<str>, usize) {
-    let split: usize = counter.iter().map(|part| part.len()).sum();
-    let len = split + channel.iter().map(|part| part.len()).sum::<usize>();
-    let mut text = String::with_capacity(len);
-    for part in counter.iter().chain(channel) {
+/// `names` (each given as its parts) in one string, and where the first two end.
+fn counter_channel_waiters(names: [&[&str]; 3]) -> (Box<str>, [usize; 2]) {
+    let lengths = names.map(|parts| parts.iter().map(|part| part.len()).sum::<usize>());
+    let mut text = String::with_capacity(lengths.iter().sum());
+    for part in names.iter().flat_map(|parts| parts.iter()) {
         text.push_str(part);
     }
-    (text.into_boxed_str(), split)
+    (text.into_boxed_str(), [lengths[0], lengths[0] + lengths[1]])
 }
 
 impl LockKeys {
@@ -92,8 +102,11 @@ impl LockKeys {
     /// [`joined`]'s stack buffer (the lock key's `Arc`, the counter and channel, the
     /// `Arc<Names>`); it was about a dozen with `format!`, and names are built per call.
     pub(crate) fn new(prefix: &str, name: &str) -> Self {
-        let (text, split) =
-            counter_and_channel(&[prefix, ":token:", name], &[prefix, ":released:", name]);
+        let (text, split) = counter_channel_waiters([
+            &[prefix, ":token:", name],
+            &[prefix, ":released:", name],
+            &[prefix, ":waiters:", name],
+        ]);
         Self(Arc::new(Names {
             lock: joined(&[prefix, ":lock:", name]),
             text,
@@ -102,7 +115,8 @@ impl LockKeys {
         }))
     }
 
-    /// A semaphore's `permits` slots, its counter and channel (segments of their own).
+    /// A semaphore's `permits` slots, its counter, channel and waiters (segments of their
+    /// own).
     /// `permits` must be at least 1 (`RedisSemaphore::new` refuses 0): with none, the
     /// names would stand for a lock on an empty key.
     pub(crate) fn permits(prefix: &str, name: &str, permits: usize) -> Self {
@@ -110,10 +124,11 @@ impl LockKeys {
         let slots: Vec<Arc<str>> = (0..permits)
             .map(|i| Arc::from(format!("{prefix}:permit:{name}:{i}")))
             .collect();
-        let (text, split) = counter_and_channel(
+        let (text, split) = counter_channel_waiters([
             &[prefix, ":permit-token:", name],
             &[prefix, ":permit-released:", name],
-        );
+            &[prefix, ":permit-waiters:", name],
+        ]);
         Self(Arc::new(Names {
             lock: slots.first().cloned().unwrap_or_else(|| Arc::from("")),
             text,
@@ -145,13 +160,15 @@ mod tests {
     fn names_of_different_locks_never_collide() {
         let a = LockKeys::new("p", "a");
         let a_token = LockKeys::new("p", "a:token");
-        let all: [&str; 6] = [
+        let all: [&str; 8] = [
             &a.lock,
             a.counter(),
             a.channel(),
+            a.waiters(),
             &a_token.lock,
             a_token.counter(),
             a_token.channel(),
+            a_token.waiters(),
         ];
         for (i, x) in all.iter().enumerate() {
             for y in &all[i + 1..] {
@@ -161,12 +178,14 @@ mod tests {
         assert_eq!(&*a.lock, "p:lock:a");
         assert_eq!(a.counter(), "p:token:a");
         assert_eq!(a.channel(), "p:released:a");
+        assert_eq!(a.waiters(), "p:waiters:a");
         assert_eq!(a.slots(), std::slice::from_ref(&a.lock));
         // Past the stack buffer: the same names.
         let long = "n".repeat(300);
         let b = LockKeys::new("p", &long);
         assert_eq!(&*b.lock, format!("p:lock:{long}"));
         assert_eq!(b.channel(), format!("p:released:{long}"));
+        assert_eq!(b.waiters(), format!("p:waiters:{long}"));
     }
 
     #[test]
@@ -180,6 +199,7 @@ mod tests {
         assert_eq!(&*permits.granted(2).lock, "p:permit:s:2");
         assert_eq!(permits.granted(2).counter(), permits.counter());
         assert_eq!(permits.granted(2).channel(), "p:permit-released:s");
+        assert_eq!(permits.granted(2).waiters(), "p:permit-waiters:s");
         assert_eq!(permits.slots().len(), 3);
         assert_eq!(&*permits.granted(0).lock, "p:permit:s:0");
     }

@@ -28,6 +28,7 @@ mod scripts;
 mod semaphore;
 mod subscriber;
 mod value;
+mod waiter;
 
 pub use config::RedisConfig;
 pub use guard::RedisGuard;

@@ -20,8 +20,27 @@ pub(crate) const RENEW_CHUNK: usize = 1000;
 pub(crate) enum Attempt {
     /// The lock (this slot of it) was free and is now ours.
     Granted(FencingToken, usize),
-    /// Someone holds it; it expires in this long unless renewed.
-    Held { remaining: Duration },
+    /// Someone holds it; it expires in this long unless renewed. `registered`: the
+    /// waiter was registered in the lock's waiters' set by this attempt, in the same step
+    /// as the refusal (see [`Waiter`]).
+    Held {
+        remaining: Duration,
+        registered: bool,
+    },
+}
+
+/// An acquisition that waits on release messages, as its attempts tell the server: its
+/// registration in the lock's waiters' set makes releases publish (`scripts.rs`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Waiter<'a> {
+    /// Its id in the set (random, not the owner value: the set is readable by anyone who
+    /// can read keys, and ids do not let anyone release anything).
+    pub(crate) id: &'a str,
+    /// How long a registration lasts unless refreshed.
+    pub(crate) lease: Duration,
+    /// Whether this attempt must (re-)register if refused: a lock's attempts refresh the
+    /// registration only when it is due, a semaphore's script always does.
+    pub(crate) register: bool,
 }
 
 /// A connection to one Redis server (one master of a Redlock set).
@@ -228,25 +247,32 @@ impl Node {
 
     /// One acquire attempt: `SET NX PX` and `INCR` (a semaphore's N slots: one script).
     /// `value` is what the key gets: the owner value, and the holder record if any
-    /// (`value.rs`).
+    /// (`value.rs`). `waiter`: an acquisition that waits on release messages, registered
+    /// by a refused attempt (see [`Waiter`]).
     pub(crate) async fn acquire(
         &self,
         keys: &LockKeys,
         value: &[u8],
         ttl: Duration,
         lock: &str,
+        waiter: Option<Waiter<'_>>,
     ) -> Result<Attempt, LockError> {
         if let [slot] = keys.slots() {
-            return self
-                .acquire_one(slot, keys.counter(), value, ttl, lock)
-                .await;
+            return self.acquire_one(slot, keys, value, ttl, lock, waiter).await;
         }
         let mut conn = self.conn.clone();
         let mut invocation = scripts::ACQUIRE.prepare_invoke();
         for slot in keys.slots() {
             invocation.key(&**slot);
         }
-        invocation.key(keys.counter()).arg(value).arg(millis(ttl));
+        let (id, lease) = waiter.map_or(("", 0), |w| (w.id, millis(w.lease)));
+        invocation
+            .key(keys.counter())
+            .key(keys.waiters())
+            .arg(value)
+            .arg(millis(ttl))
+            .arg(id)
+            .arg(lease);
         let reply: Vec<i64> = self
             .call("acquire", Some(lock), invocation.invoke_async(&mut conn))
             .await?;
@@ -257,6 +283,7 @@ impl Node {
             },
             [0, pttl, _] => Ok(Attempt::Held {
                 remaining: remaining(*pttl),
+                registered: waiter.is_some(),
             }),
             _ => Err(malformed(self.backend, "acquire", lock)),
         }
@@ -271,15 +298,20 @@ impl Node {
     /// counter value, which costs nothing (tokens need only increase from grant to
     /// grant). They do: a holder's `INCR` runs before its release (it waited for the
     /// pipeline's answer), and the next holder's `INCR` after its own `SET`, which comes
-    /// after that release. A refused attempt then reads how long the holder has left.
+    /// after that release. A refused attempt then reads how long the holder has left:
+    /// `PTTL`, or, when `waiter` is due to register, the `REGISTER` script, which reads
+    /// it and registers in one step (and finds the lock gone if it was released since
+    /// the `SET`: the waiter then tries again at once).
     async fn acquire_one(
         &self,
         slot: &str,
-        counter: &str,
+        keys: &LockKeys,
         value: &[u8],
         ttl: Duration,
         lock: &str,
+        waiter: Option<Waiter<'_>>,
     ) -> Result<Attempt, LockError> {
+        let counter = keys.counter();
         let mut conn = self.conn.clone();
         let mut pipe = redis::pipe();
         pipe.cmd("SET")
@@ -307,33 +339,80 @@ impl Node {
                 Err(_) => Err(malformed(self.backend, "acquire", lock)),
             };
         }
-        let pttl: i64 = self
-            .call(
-                "acquire",
-                Some(lock),
-                redis::cmd("PTTL").arg(slot).query_async(&mut conn),
-            )
-            .await?;
+        let pttl: i64 = match waiter.filter(|w| w.register) {
+            Some(waiter) => {
+                let mut invocation = scripts::REGISTER.prepare_invoke();
+                invocation
+                    .key(slot)
+                    .key(keys.waiters())
+                    .arg(waiter.id)
+                    .arg(millis(waiter.lease));
+                let pttl = self
+                    .call("acquire", Some(lock), invocation.invoke_async(&mut conn))
+                    .await?;
+                return Ok(Attempt::Held {
+                    remaining: remaining(pttl),
+                    registered: pttl != -2,
+                });
+            }
+            None => {
+                self.call(
+                    "acquire",
+                    Some(lock),
+                    redis::cmd("PTTL").arg(slot).query_async(&mut conn),
+                )
+                .await?
+            }
+        };
         Ok(Attempt::Held {
             remaining: remaining(pttl),
+            registered: false,
         })
     }
 
     /// Compare-and-delete (on the owner value alone: the record after it is not sent),
-    /// then publish the release. `true` if the lock was still ours.
+    /// then publish the release if anyone waits for it. `waiter`: the holder's own id in
+    /// the waiters' set, unregistered by the same script. `true` if the lock was still
+    /// ours.
     pub(crate) async fn release(
         &self,
         keys: &LockKeys,
         owner: &str,
         lock: &str,
+        waiter: Option<&str>,
     ) -> Result<bool, LockError> {
         let mut conn = self.conn.clone();
         let mut invocation = scripts::RELEASE.prepare_invoke();
-        invocation.key(&*keys.lock).arg(owner).arg(keys.channel());
+        invocation
+            .key(&*keys.lock)
+            .key(keys.waiters())
+            .arg(owner)
+            .arg(keys.channel())
+            .arg(waiter.unwrap_or_default());
         let deleted: i64 = self
             .call("release", Some(lock), invocation.invoke_async(&mut conn))
             .await?;
         Ok(deleted == 1)
+    }
+
+    /// Removes `waiter` from the lock's waiters' set: a waiter that gave up (timed out,
+    /// dropped, failed). Best effort: the registration expires anyway.
+    pub(crate) async fn unregister(
+        &self,
+        keys: &LockKeys,
+        waiter: &str,
+        lock: &str,
+    ) -> Result<(), LockError> {
+        let mut conn = self.conn.clone();
+        self.call(
+            "unregister waiter",
+            Some(lock),
+            redis::cmd("ZREM")
+                .arg(keys.waiters())
+                .arg(waiter)
+                .query_async::<()>(&mut conn),
+        )
+        .await
     }
 
     /// Renews every `(lock key, owner, ttl)` in one pipeline: one script call per chunk of

@@ -11,19 +11,80 @@ fn owner_script(body: &str) -> Script {
     Script::new(&format!("{}{body}", owns_lua()))
 }
 
+/// The waiters' set of a lock (`LockKeys::waiters`): a sorted set of waiter ids scored
+/// by when each registration expires, in the server's milliseconds (`TIME`: scripts
+/// replicate their effects since Redis 5 and always in 7, so a script may read the clock
+/// and then write). A release publishes only while the set holds a live waiter: a
+/// `PUBLISH` costs the server more than the rest of the release, and is needed only
+/// when someone listens (issue 38).
+///
+/// `register(waiters, id, lease)`: adds or refreshes `id`, expiring `lease` ms from now,
+/// and keeps the whole set alive at least that long (`PEXPIRE`, never shortened: the set
+/// outlives every registration in it, and nothing is left forever). A key of another type
+/// under the name is left alone, and `wake` then always publishes.
+///
+/// `wake(waiters, channel)`: drops the registrations that expired, and publishes on
+/// `channel` if any is left (or if the key is not a set: publish, when unsure).
+/// `unregister(waiters, id)`: removes `id`, if the key is a set.
+const WAITERS_LUA: &str = r"
+local function now_ms()
+  local now = redis.call('TIME')
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+local function register(waiters, id, lease)
+  local kind = redis.call('TYPE', waiters).ok
+  if kind ~= 'none' and kind ~= 'zset' then
+    return
+  end
+  redis.call('ZADD', waiters, now_ms() + tonumber(lease), id)
+  if redis.call('PTTL', waiters) < tonumber(lease) then
+    redis.call('PEXPIRE', waiters, lease)
+  end
+end
+local function unregister(waiters, id)
+  if id ~= '' and redis.call('TYPE', waiters).ok == 'zset' then
+    redis.call('ZREM', waiters, id)
+  end
+end
+local function wake(waiters, channel)
+  local kind = redis.call('TYPE', waiters).ok
+  if kind == 'none' then
+    return
+  end
+  if kind == 'zset' then
+    redis.call('ZREMRANGEBYSCORE', waiters, '-inf', now_ms())
+    if redis.call('ZCARD', waiters) == 0 then
+      return
+    end
+  end
+  redis.call('PUBLISH', channel, 'released')
+end
+";
+
+/// A script with the waiters' functions ([`WAITERS_LUA`]) and `owns`, then `body`.
+fn waiters_script(body: &str) -> Script {
+    Script::new(&format!("{}{WAITERS_LUA}{body}", owns_lua()))
+}
+
 /// `KEYS[1..n]` the slots of a semaphore (a lock's one slot is taken without a script:
-/// `node.rs`), `KEYS[n+1]` the counter; `ARGV[1]` the value to set (the owner value and
-/// the holder record: `value.rs`), `ARGV[2]` TTL in ms. `SET NX PX` on the first free
-/// slot; only when it set, `INCR` the counter: returns `{1, token, slot}`. Otherwise
-/// returns `{0, shortest remaining ttl of the holders in ms}` so a waiter knows how long
-/// to sleep (-1 if every slot is held by a key without expiry).
+/// `node.rs`), `KEYS[n+1]` the counter, `KEYS[n+2]` the waiters' set; `ARGV[1]` the value
+/// to set (the owner value and the holder record: `value.rs`), `ARGV[2]` TTL in ms,
+/// `ARGV[3]` the waiter's id (empty for an acquisition that does not wait on release
+/// messages), `ARGV[4]` how long its registration lasts, in ms. `SET NX PX` on the first
+/// free slot; only when it set, `INCR` the counter and unregister the waiter: returns
+/// `{1, token, slot}`. Otherwise registers the waiter, in the same step as the refusal
+/// (a release after this sees it and publishes), and returns `{0, shortest remaining ttl
+/// of the holders in ms}` so a waiter knows how long to sleep (-1 if every slot is held
+/// by a key without expiry).
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    waiters_script(
         r"
-local slots = #KEYS - 1
+local slots = #KEYS - 2
+local waiters = KEYS[slots + 2]
 local soonest = -1
 for i = 1, slots do
   if redis.call('SET', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    unregister(waiters, ARGV[3])
     return {1, redis.call('INCR', KEYS[slots + 1]), i - 1}
   end
   local pttl = redis.call('PTTL', KEYS[i])
@@ -34,24 +95,55 @@ for i = 1, slots do
     soonest = pttl
   end
 end
+if ARGV[3] ~= '' then
+  register(waiters, ARGV[3], ARGV[4])
+end
 return {0, soonest, -1}
 ",
     )
 });
 
-/// `KEYS[1]` lock; `ARGV[1]` owner value, `ARGV[2]` release channel.
-/// Deletes the lock only if it still holds our owner value (bare, or followed by its
-/// holder record: `owns`), then wakes the waiters.
+/// `KEYS[1]` lock, `KEYS[2]` its waiters' set; `ARGV[1]` owner value, `ARGV[2]` release
+/// channel, `ARGV[3]` the holder's own waiter id if it waited for the lock (else empty).
+/// Unregisters the holder's id, then deletes the lock only if it still holds our owner
+/// value (bare, or followed by its holder record: `owns`), then wakes the waiters if any
+/// is registered (`wake`).
 /// Returns 1 if it deleted, 0 if the lock was no longer ours (it is left alone).
+///
+/// A lock's holder stays registered from its grant to this release (unregistering at the
+/// grant would take a second request: the grant is a pipeline, not a script), which
+/// costs nothing: no other release of the lock runs while it holds it.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    owner_script(
+    waiters_script(
         r"
+unregister(KEYS[2], ARGV[3])
 if owns(redis.call('GET', KEYS[1]), ARGV[1]) then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], 'released')
+  wake(KEYS[2], ARGV[2])
   return 1
 end
 return 0
+",
+    )
+});
+
+/// `KEYS[1]` lock, `KEYS[2]` its waiters' set; `ARGV[1]` the waiter's id, `ARGV[2]` how
+/// long its registration lasts, in ms. Run by a waiter whose `SET NX` was refused: if the
+/// lock is still held, registers the waiter (`register`) and returns the lock's `PTTL`;
+/// if it is gone (released since the refusal), registers nothing and returns -2, and the
+/// waiter tries again at once. The check and the registration are one step: a release
+/// either came before it (the waiter sees the lock free) or sees the registration and
+/// publishes. Never a release between "still held" and "registered" that publishes to
+/// no one while the waiter goes to sleep.
+pub(crate) static REGISTER: LazyLock<Script> = LazyLock::new(|| {
+    waiters_script(
+        r"
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl == -2 then
+  return -2
+end
+register(KEYS[2], ARGV[1], ARGV[2])
+return pttl
 ",
     )
 });
@@ -116,6 +208,6 @@ return 0
 });
 
 /// All scripts, for loading them once at connect.
-pub(crate) fn all() -> [&'static Script; 5] {
-    [&ACQUIRE, &RELEASE, &RENEW, &ADVANCE, &BREAK]
+pub(crate) fn all() -> [&'static Script; 6] {
+    [&ACQUIRE, &RELEASE, &REGISTER, &RENEW, &ADVANCE, &BREAK]
 }

@@ -13,6 +13,7 @@ mod invalid_input;
 mod late_answer;
 mod lock_all;
 mod loss_during_renewal;
+mod publish_only_when_waited;
 mod redlock;
 mod redlock_slow_master;
 mod release_not_owner;

@@ -143,6 +143,12 @@ const REDIS_ACL: &[&str] = &[
     "+subscribe",
     "+unsubscribe",
     "+ping",
+    "+type",
+    "+time",
+    "+zadd",
+    "+zrem",
+    "+zremrangebyscore",
+    "+zcard",
 ];
 
 /// Creates the lock user on `server` and disables the default user.

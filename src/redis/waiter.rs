@@ -1,0 +1,124 @@
+//! A waiting acquisition's registration in its lock's waiters' set: what makes a release
+//! publish (`scripts.rs`: `REGISTER`, `RELEASE`, `ACQUIRE`; issue 38).
+//!
+//! The order that keeps every waiter woken: the waiter subscribes (armed before the
+//! attempt: `acquire.rs`), then a refused attempt registers it in the same server-side
+//! step as it finds the lock held, so a release either comes before that step (and the
+//! waiter finds the lock free) or sees the registration and publishes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::node::Waiter;
+use super::owner::owner_value;
+
+/// How long a waiter's registration lasts on the server: a lock's waiter refreshes it on
+/// a refused attempt once it is `max_wait_sleep` old, and between that attempt and the
+/// observation of the one after come at most a sleep (`max_wait_sleep` and its 20 %
+/// jitter) and two requests (each within the request timeout): 2.2 sleeps and 2
+/// requests. Three sleeps and two requests cover that, so a live waiter is never
+/// unregistered by expiry. If something still outlasts it (a stalled server), the release
+/// publishes to no one and the waiter wakes from its bounded sleep: a lost message costs
+/// one sleep, as it always did.
+fn lease(max_wait_sleep: Duration, request_timeout: Duration) -> Duration {
+    max_wait_sleep * 3 + request_timeout * 2
+}
+
+/// One acquisition's registration state.
+#[derive(Debug, Default)]
+pub(crate) struct Registration {
+    /// Our id in the set, drawn at the first attempt made while subscribed (not the
+    /// owner value: the set is readable by anyone who reads keys).
+    id: Option<Arc<str>>,
+    /// When the last attempt that registered us was sent (the registration reached the
+    /// server later): refreshed once this is `max_wait_sleep` old.
+    at: Option<Instant>,
+    /// Whether the set may hold our id: set before an attempt that may register (its
+    /// answer may be lost), cleared when someone else takes over unregistering it.
+    maybe: bool,
+}
+
+impl Registration {
+    /// What the next attempt tells the server, made while subscribed, on a lock of
+    /// `slots` slots: a semaphore's acquire script registers on every refusal (it costs
+    /// no extra request), a lock's refusal only when the registration is due.
+    pub(crate) fn attempt(
+        &mut self,
+        max_wait_sleep: Duration,
+        request_timeout: Duration,
+        slots: usize,
+    ) -> (Arc<str>, Duration, bool) {
+        let register = slots > 1 || self.at.is_none_or(|at| at.elapsed() >= max_wait_sleep);
+        self.maybe |= register;
+        let id = self.id.get_or_insert_with(owner_value).clone();
+        (id, lease(max_wait_sleep, request_timeout), register)
+    }
+
+    /// The attempt sent at `sent` registered us.
+    pub(crate) fn registered(&mut self, sent: Instant) {
+        self.at = Some(sent);
+    }
+
+    /// An attempt failed without an answer (a restart may have emptied the set): the
+    /// next refusal registers again.
+    pub(crate) fn unsure(&mut self) {
+        self.at = None;
+    }
+
+    /// The id the guard of a lock (one slot) unregisters with its release; a semaphore's
+    /// grant unregistered it already, in the acquire script. Either way it is no longer
+    /// ours to unregister.
+    pub(crate) fn hand_to_guard(&mut self, slots: usize) -> Option<Arc<str>> {
+        let maybe = std::mem::take(&mut self.maybe);
+        self.id.clone().filter(|_| maybe && slots == 1)
+    }
+
+    /// The id to unregister when the acquisition ends without a guard, if it may be in
+    /// the set.
+    pub(crate) fn take_for_cleanup(&mut self) -> Option<Arc<str>> {
+        self.id.take().filter(|_| self.maybe)
+    }
+}
+
+/// `attempt`'s answer as the node takes it.
+pub(crate) fn waiter(parts: &(Arc<str>, Duration, bool)) -> Waiter<'_> {
+    Waiter {
+        id: &parts.0,
+        lease: parts.1,
+        register: parts.2,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lock_registers_again_only_when_due_a_semaphore_always() {
+        let sleep = Duration::from_secs(60);
+        let mut lock = Registration::default();
+        assert!(lock.attempt(sleep, Duration::from_secs(1), 1).2);
+        lock.registered(Instant::now());
+        assert!(!lock.attempt(sleep, Duration::from_secs(1), 1).2);
+        lock.unsure();
+        assert!(lock.attempt(sleep, Duration::from_secs(1), 1).2);
+        let mut semaphore = Registration::default();
+        semaphore.registered(Instant::now());
+        assert!(semaphore.attempt(sleep, Duration::from_secs(1), 3).2);
+        assert_eq!(
+            semaphore.hand_to_guard(3),
+            None,
+            "the script unregistered it"
+        );
+        assert_eq!(semaphore.take_for_cleanup(), None);
+    }
+
+    #[test]
+    fn the_lease_outlasts_the_longest_stretch_between_attempts() {
+        let (sleep, request) = (Duration::from_secs(2), Duration::from_secs(1));
+        // Refreshed once a sleep old; then a jittered sleep and two requests at most.
+        assert!(lease(sleep, request) > sleep + sleep.mul_f64(1.2) + request * 2);
+    }
+}

@@ -1,0 +1,455 @@
+//! A release publishes on the lock's channel only while a waiter is registered in the
+//! lock's waiters' set (issue 38), and no waiter is left asleep by that: one registered
+//! before the release is woken by it, one whose registration reaches the server after the
+//! release finds the lock free, and many rounds of contention end with every waiter
+//! served promptly. A waiter that gives up leaves the set; no key is left behind.
+//!
+//! Every waiter here sleeps a minute between attempts without a message (and the locks
+//! have a minute's TTL), so a missed wake-up shows as a wait of a minute, far past the
+//! bounds the tests allow.
+
+use std::time::Duration;
+
+use fencelock::redis::{RedisLocker, RedisSemaphore};
+use fencelock::testkit::RedisServer;
+use fencelock::{LockBackend, LockGuard, LockOptions};
+use futures_util::{Stream, StreamExt};
+use redis::aio::MultiplexedConnection;
+
+use crate::support::{locker, prefix, proxy_to, redis, released, within};
+
+/// Longer than any bound a test allows for a wake-up.
+const LONG: Duration = Duration::from_secs(60);
+/// How long a woken waiter may take to hold the lock.
+const PROMPT: Duration = Duration::from_secs(10);
+
+fn long_held() -> LockOptions {
+    LockOptions::new().with_ttl(LONG)
+}
+
+/// A locker whose waiters, without a release message, sleep a minute between attempts.
+async fn sleepy_locker(server: &RedisServer, prefix: &str) -> RedisLocker {
+    RedisLocker::connect(server.config(prefix).with_max_wait_sleep(LONG))
+        .await
+        .expect("connect")
+}
+
+async fn direct(server: &RedisServer) -> MultiplexedConnection {
+    server.connection().await.expect("connect")
+}
+
+/// How many waiters the lock's (or semaphore's) waiters' set holds.
+async fn waiters(conn: &mut MultiplexedConnection, key: &str) -> u64 {
+    redis::cmd("ZCARD")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("ZCARD")
+}
+
+async fn exists(conn: &mut MultiplexedConnection, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query_async::<u64>(conn)
+        .await
+        .expect("EXISTS")
+        == 1
+}
+
+/// Waits until the waiters' set `key` holds `count` waiters (a condition the server
+/// reports, polled: there is no event for it).
+async fn until_waiters(conn: &mut MultiplexedConnection, key: &str, count: u64) {
+    within(
+        Duration::from_secs(10),
+        &format!("{count} waiters in {key}"),
+        async {
+            while waiters(conn, key).await != count {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        },
+    )
+    .await;
+}
+
+/// A raw subscriber of one channel, to count what releases publish.
+struct Listener {
+    channel: String,
+    messages: std::pin::Pin<Box<dyn Stream<Item = String> + Send>>,
+}
+
+impl Listener {
+    async fn new(server: &RedisServer, channel: &str) -> Self {
+        let mut pubsub = redis::Client::open(server.url())
+            .expect("client")
+            .get_async_pubsub()
+            .await
+            .expect("pubsub");
+        // Subscribed once this returns: every later publish is delivered.
+        pubsub.subscribe(channel).await.expect("subscribe");
+        let messages = pubsub
+            .into_on_message()
+            .map(|message| message.get_payload::<String>().expect("payload"));
+        Self {
+            channel: channel.to_owned(),
+            messages: Box::pin(messages),
+        }
+    }
+
+    /// Everything published on the channel until now: publishes a marker and reads up to
+    /// it (the server delivers in order, so whatever was published before the marker
+    /// arrives before it; no waiting for messages that might come).
+    async fn published(&mut self, conn: &mut MultiplexedConnection) -> Vec<String> {
+        let marker = format!("marker-{}", rand_suffix());
+        redis::cmd("PUBLISH")
+            .arg(&self.channel)
+            .arg(&marker)
+            .query_async::<u64>(conn)
+            .await
+            .expect("PUBLISH");
+        let mut seen = Vec::new();
+        loop {
+            let message = within(Duration::from_secs(10), "the marker", self.messages.next())
+                .await
+                .expect("subscription open");
+            if message == marker {
+                return seen;
+            }
+            seen.push(message);
+        }
+    }
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_without_waiters_publishes_nothing() {
+    let server = redis().await;
+    let prefix = prefix("no-waiter");
+    let locks = locker(&server, &prefix).await;
+    let mut conn = direct(&server).await;
+    let mut listener = Listener::new(&server, &format!("{prefix}:released:door")).await;
+
+    for _ in 0..3 {
+        let guard = locks.lock("door", &long_held()).await.expect("lock");
+        released(guard.release().await);
+    }
+    let semaphore = locks.semaphore("pool", 2).expect("semaphore");
+    let mut permits = Listener::new(&server, &format!("{prefix}:permit-released:pool")).await;
+    released(
+        semaphore
+            .acquire(&long_held())
+            .await
+            .expect("permit")
+            .release()
+            .await,
+    );
+
+    assert_eq!(listener.published(&mut conn).await, Vec::<String>::new());
+    assert_eq!(permits.published(&mut conn).await, Vec::<String>::new());
+    assert!(!exists(&mut conn, &format!("{prefix}:waiters:door")).await);
+    assert!(!exists(&mut conn, &format!("{prefix}:permit-waiters:pool")).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registered_waiter_is_woken_by_the_release() {
+    let server = redis().await;
+    let prefix = prefix("woken");
+    let holder = locker(&server, &prefix).await;
+    let waiter_locks = sleepy_locker(&server, &prefix).await;
+    let mut conn = direct(&server).await;
+    let waiters_key = format!("{prefix}:waiters:door");
+    let mut listener = Listener::new(&server, &format!("{prefix}:released:door")).await;
+
+    let held = holder.lock("door", &long_held()).await.expect("lock");
+    let waiter = tokio::spawn(async move { waiter_locks.lock("door", &long_held()).await });
+    // The waiter's attempt failed and it is registered: the release comes after.
+    until_waiters(&mut conn, &waiters_key, 1).await;
+    // Its registration outlives the set's expiry never: nothing is left forever.
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&waiters_key)
+        .query_async(&mut conn)
+        .await
+        .expect("PTTL");
+    assert!(pttl > 0, "the waiters' set expires (PTTL {pttl})");
+    released(held.release().await);
+
+    let guard = within(PROMPT, "woken by the release", waiter)
+        .await
+        .expect("task")
+        .expect("lock");
+    assert_eq!(listener.published(&mut conn).await, vec!["released"]);
+    // The holder that waited is unregistered by its release, which then has no one to
+    // tell.
+    released(guard.release().await);
+    assert_eq!(listener.published(&mut conn).await, Vec::<String>::new());
+    assert!(!exists(&mut conn, &waiters_key).await, "no key left");
+}
+
+/// What the holder's release waits for in [`released_while_the_waiter_looks`]: the
+/// waiter's subscribed attempt refused by the server (its registration, sent next, then
+/// reaches the server after the release), or the waiter's first request after that
+/// refusal (which, with the fix, registers it in the same step as it finds the lock held).
+#[derive(Clone, Copy, Debug)]
+enum ReleaseAfter {
+    Refusal,
+    NextRequest,
+}
+
+/// A waiter that reaches Redis through a proxy delaying every chunk by 300 ms each way
+/// (so that each of its requests reaches the server at least 600 ms after the one before
+/// was answered) waits for a lock held by a direct client; the holder releases the moment
+/// MONITOR shows the waiter's request `after` (its 1 ms release lands well inside the
+/// 600 ms before the waiter's next request). The waiter must hold the lock promptly:
+/// it sleeps a minute if it missed the release.
+async fn released_while_the_waiter_looks(after: ReleaseAfter) {
+    let server = redis().await;
+    let prefix = prefix("race");
+    let holder = locker(&server, &prefix).await;
+    let proxy = proxy_to(&server).await;
+    let config = fencelock::redis::RedisConfig::new(format!("redis://{}/", proxy.address()))
+        .with_prefix(&prefix)
+        .with_connect_timeout(Duration::from_secs(30))
+        .with_request_timeout(Duration::from_secs(5))
+        .with_max_wait_sleep(LONG);
+    let waiter_locks = RedisLocker::connect(config).await.expect("connect");
+    // Connected at full speed; from now on a slow link.
+    proxy.delay(Duration::from_millis(300));
+
+    let held = holder.lock("door", &long_held()).await.expect("lock");
+    let monitor = redis::Client::open(server.url())
+        .expect("client")
+        .get_async_monitor()
+        .await
+        .expect("monitor");
+    let mut commands = monitor.into_on_message::<String>();
+    let waiter = tokio::spawn(async move { waiter_locks.lock("door", &long_held()).await });
+
+    // The waiter tries, subscribes, tries again (subscribed): its second `SET` is the
+    // refusal after which it registers.
+    let mut sets = 0;
+    let waiter_client = loop {
+        let line = within(
+            Duration::from_secs(10),
+            "the waiter's attempts",
+            commands.next(),
+        )
+        .await
+        .expect("monitor stream");
+        if line.contains("\"SET\"") {
+            sets += 1;
+            if sets == 2 {
+                break client_of(&line);
+            }
+        }
+    };
+    if let ReleaseAfter::NextRequest = after {
+        loop {
+            let line = within(
+                Duration::from_secs(10),
+                "the waiter's next request",
+                commands.next(),
+            )
+            .await
+            .expect("monitor stream");
+            if client_of(&line) == waiter_client && !line.contains("\"INCR\"") {
+                break;
+            }
+        }
+    }
+    released(held.release().await);
+
+    let guard = within(PROMPT, "the waiter holds the lock", waiter)
+        .await
+        .expect("task")
+        .expect("lock");
+    released(guard.release().await);
+    let mut conn = direct(&server).await;
+    assert!(!exists(&mut conn, &format!("{prefix}:waiters:door")).await);
+}
+
+/// The client a MONITOR line names: `1700000000.000000 [0 127.0.0.1:4567] "SET" ...`.
+fn client_of(line: &str) -> String {
+    line.split_once('[')
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(client, _)| client.to_owned())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_registration_comes_after_the_release_finds_the_lock_free() {
+    released_while_the_waiter_looks(ReleaseAfter::Refusal).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_just_after_the_waiter_found_the_lock_held_wakes_it() {
+    released_while_the_waiter_looks(ReleaseAfter::NextRequest).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn contended_rounds_leave_no_waiter_asleep() {
+    const TASKS: usize = 8;
+    const ROUNDS: usize = 25;
+    let server = redis().await;
+    let prefix = prefix("rounds");
+    let lockers = [
+        sleepy_locker(&server, &prefix).await,
+        sleepy_locker(&server, &prefix).await,
+    ];
+    let mut tasks = Vec::new();
+    for task in 0..TASKS {
+        let locks = lockers[task % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                // Eight tasks, each holding briefly: a wait much past a few holds means
+                // a missed wake-up (the waiter would sleep a minute).
+                let guard = within(
+                    Duration::from_secs(5),
+                    "a contended lock",
+                    locks.lock("door", &long_held()),
+                )
+                .await
+                .expect("lock");
+                tokio::task::yield_now().await;
+                released(guard.release().await);
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("task");
+    }
+    let mut conn = direct(&server).await;
+    assert!(!exists(&mut conn, &format!("{prefix}:waiters:door")).await);
+    assert!(!exists(&mut conn, &format!("{prefix}:lock:door")).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gives_up_leaves_the_waiters_set() {
+    let server = redis().await;
+    let prefix = prefix("gives-up");
+    let holder = locker(&server, &prefix).await;
+    let waiter_locks = sleepy_locker(&server, &prefix).await;
+    let mut conn = direct(&server).await;
+    let waiters_key = format!("{prefix}:waiters:door");
+    let mut listener = Listener::new(&server, &format!("{prefix}:released:door")).await;
+    let held = holder.lock("door", &long_held()).await.expect("lock");
+
+    // Dropped while it waits.
+    let dropped = {
+        let locks = waiter_locks.clone();
+        tokio::spawn(async move { locks.lock("door", &long_held()).await })
+    };
+    until_waiters(&mut conn, &waiters_key, 1).await;
+    dropped.abort();
+    assert!(dropped.await.is_err_and(|err| err.is_cancelled()));
+    until_waiters(&mut conn, &waiters_key, 0).await;
+
+    // Timed out.
+    let timed_out = waiter_locks
+        .lock(
+            "door",
+            &long_held().with_wait_timeout(Duration::from_millis(300)),
+        )
+        .await;
+    assert!(timed_out.is_err_and(|err| err.is_wait_timeout()));
+    until_waiters(&mut conn, &waiters_key, 0).await;
+
+    released(held.release().await);
+    assert_eq!(listener.published(&mut conn).await, Vec::<String>::new());
+    assert!(!exists(&mut conn, &waiters_key).await, "no key left");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_died_is_dropped_from_the_set_once_its_registration_expires() {
+    let server = redis().await;
+    let prefix = prefix("died");
+    let holder = locker(&server, &prefix).await;
+    let mut conn = direct(&server).await;
+    let waiters_key = format!("{prefix}:waiters:door");
+    let mut listener = Listener::new(&server, &format!("{prefix}:released:door")).await;
+    let held = holder.lock("door", &long_held()).await.expect("lock");
+    // A waiter that crashed: registered, expired a second ago, never unregistered.
+    let now: (u64, u64) = redis::cmd("TIME")
+        .query_async(&mut conn)
+        .await
+        .expect("TIME");
+    let expired = now.0 * 1000 - 1000;
+    redis::cmd("ZADD")
+        .arg(&waiters_key)
+        .arg(expired)
+        .arg("crashed-waiter")
+        .query_async::<u64>(&mut conn)
+        .await
+        .expect("ZADD");
+
+    released(held.release().await);
+    assert_eq!(listener.published(&mut conn).await, Vec::<String>::new());
+    assert!(
+        !exists(&mut conn, &waiters_key).await,
+        "pruned by the release"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_release_that_always_publishes_still_wakes_a_new_waiter() {
+    let server = redis().await;
+    let prefix = prefix("old-release");
+    let holder = locker(&server, &prefix).await;
+    let waiter_locks = sleepy_locker(&server, &prefix).await;
+    let mut conn = direct(&server).await;
+    let held = holder.lock("door", &long_held()).await.expect("lock");
+    let key = held.key().to_owned();
+    let waiter = tokio::spawn(async move { waiter_locks.lock("door", &long_held()).await });
+    until_waiters(&mut conn, &format!("{prefix}:waiters:door"), 1).await;
+    // What a release by fencelock before issue 38 did: delete, publish, whoever waits.
+    redis::cmd("DEL")
+        .arg(&key)
+        .query_async::<u64>(&mut conn)
+        .await
+        .expect("DEL");
+    redis::cmd("PUBLISH")
+        .arg(format!("{prefix}:released:door"))
+        .arg("released")
+        .query_async::<u64>(&mut conn)
+        .await
+        .expect("PUBLISH");
+    let guard = within(PROMPT, "woken by the old release", waiter)
+        .await
+        .expect("task")
+        .expect("lock");
+    released(guard.release().await);
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_waiter_registers_with_its_refused_attempt_and_is_woken() {
+    let server = redis().await;
+    let prefix = prefix("semaphore-wait");
+    // Two permits: the acquire script's path (one permit takes a lock's).
+    let semaphore =
+        |locks: &RedisLocker| -> RedisSemaphore { locks.semaphore("pool", 2).expect("semaphore") };
+    let holder = semaphore(&locker(&server, &prefix).await);
+    let waiter = semaphore(&sleepy_locker(&server, &prefix).await);
+    let mut conn = direct(&server).await;
+    let waiters_key = format!("{prefix}:permit-waiters:pool");
+    let mut listener = Listener::new(&server, &format!("{prefix}:permit-released:pool")).await;
+
+    let first = holder.acquire(&long_held()).await.expect("permit");
+    let second = holder.acquire(&long_held()).await.expect("permit");
+    let waiting = tokio::spawn(async move { waiter.acquire(&long_held()).await });
+    until_waiters(&mut conn, &waiters_key, 1).await;
+    released(first.release().await);
+    let permit = within(PROMPT, "woken by the release", waiting)
+        .await
+        .expect("task")
+        .expect("permit");
+    assert_eq!(listener.published(&mut conn).await, vec!["released"]);
+    // The grant unregistered it, in the acquire script: releases tell no one.
+    assert!(!exists(&mut conn, &waiters_key).await);
+    released(permit.release().await);
+    released(second.release().await);
+    assert_eq!(listener.published(&mut conn).await, Vec::<String>::new());
+}
