@@ -46,9 +46,12 @@ static RECORDING: AtomicBool = AtomicBool::new(false);
 
 /// (key, revision) of every confirmed deletion by this process's own requests while
 /// recording.
-static OWN_DELETES: Mutex<Option<HashSet<(Vec<u8>, i64)>>> = Mutex::new(None);
+static OWN_DELETES: Mutex<Option<Deletions>> = Mutex::new(None);
 
-fn own_deletes() -> std::sync::MutexGuard<'static, Option<HashSet<(Vec<u8>, i64)>>> {
+/// (key, revision) pairs of confirmed deletions.
+type Deletions = HashSet<(Vec<u8>, i64)>;
+
+fn own_deletes() -> std::sync::MutexGuard<'static, Option<Deletions>> {
     OWN_DELETES.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
