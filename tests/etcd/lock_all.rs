@@ -315,5 +315,26 @@ async fn a_dropped_or_refused_lock_all_leaves_no_key() {
         }
     })
     .await;
+
+    // Timed out while it waits for b (holding a): the same, and a typed timeout.
+    let short = LockOptions::new().with_wait_timeout(Duration::from_millis(300));
+    let err = lock_all(&taker, &["b", "a"], &short)
+        .await
+        .map(drop)
+        .expect_err("b is held");
+    assert!(err.is_wait_timeout(), "{err}");
+    within(
+        Duration::from_secs(5),
+        "only b's holder is left again",
+        async {
+            loop {
+                if keys(&mut admin, &format!("{ns}/")).await == [b.key().to_owned()] {
+                    return;
+                }
+                watch.next().await;
+            }
+        },
+    )
+    .await;
     crate::support::released(b.release().await);
 }
