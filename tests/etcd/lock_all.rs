@@ -338,3 +338,63 @@ async fn a_dropped_or_refused_lock_all_leaves_no_key() {
     .await;
     crate::support::released(b.release().await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_all_without_renewal_has_one_lease_of_its_own_revoked_after_its_release() {
+    let cluster = etcd().await;
+    let ns = namespace("lock-all-no-renewal");
+    let locks = locker(&cluster, &ns).await;
+    let options = LockOptions::new()
+        .with_ttl(Duration::from_secs(30))
+        .with_renewal(false);
+    let all = locks
+        .lock_all(&["a", "b"], &options)
+        .await
+        .expect("lock_all");
+    let lease = all.guards()[0].lease_id();
+    assert_eq!(all.guards()[1].lease_id(), lease, "one lease for both");
+    assert!(all.is_held());
+    crate::support::released(all.release().await);
+
+    // The lease served these two locks alone: it goes once they are released.
+    let mut admin = cluster.client().await.expect("admin");
+    within(Duration::from_secs(5), "the lease is revoked", async {
+        while admin
+            .lease_time_to_live(lease, None)
+            .await
+            .is_ok_and(|answer| answer.ttl() >= 0)
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(keys(&mut admin, &format!("{ns}/")).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_one_key_is_losing_the_guard() {
+    let cluster = etcd().await;
+    let ns = namespace("lock-all-lost");
+    let locks = locker(&cluster, &ns).await;
+    let all = locks
+        .lock_all(&["a", "b", "c"], &LockOptions::new())
+        .await
+        .expect("lock_all");
+    let b = all.guards()[1].key().to_owned();
+    let mut admin = cluster.client().await.expect("admin");
+    admin
+        .delete(b.as_str(), None)
+        .await
+        .expect("operator delete");
+    let (name, reason) = within(Duration::from_secs(5), "the loss", all.lost_which()).await;
+    assert_eq!(
+        (name.as_str(), reason),
+        ("b", fencelock::LossReason::KeyDeleted)
+    );
+    assert!(!all.is_held());
+    assert_eq!(
+        all.release().await.expect("release"),
+        fencelock::ReleaseOutcome::NotHeld
+    );
+    assert!(keys(&mut admin, &format!("{ns}/")).await.is_empty());
+}
