@@ -172,8 +172,46 @@ pub(crate) async fn acquire_all(
         Mode::Try => None,
         Mode::Wait { timeout } => timeout,
     };
-    // Each key now as a single lock's: granted at once at the head, else waiting in a
-    // task of its own.
+    let (mut guards, mut waits) = start_each(members, places, token, timeout, &acquisition).await?;
+    let waited = !waits.is_empty();
+    if let Err(err) = gather(&mut guards, &mut waits, &label).await {
+        abandon(guards, waits).await;
+        return Err(err);
+    }
+    let guards: Vec<EtcdGuard> = guards.into_iter().flatten().collect();
+    if let Some(lost) = guards.iter().find(|g| !g.is_held()) {
+        let err = LockError::LeaseLost {
+            lock: Some(lost.name().to_owned()),
+            reason: session
+                .inner
+                .loss_reason()
+                .unwrap_or(LossReason::KeyDeleted),
+        };
+        abandon(guards.into_iter().map(Some).collect(), Vec::new()).await;
+        return Err(err);
+    }
+    if guards.len() != names.len() {
+        return Err(internal(&label, "a lock's answer went missing"));
+    }
+    if owns_session {
+        // The lease served these locks alone: their TTL counts from now.
+        session.inner.stop_renewing(waited).await;
+    }
+    tracing::debug!(%token, waited, locks = guards.len(), "locks acquired together");
+    Ok(Some(guards))
+}
+
+/// Each key now as a single lock's: granted at once at the head of its queue, else
+/// waiting in a task of its own (`acquire.rs`'s), with the place the join read and the
+/// watch subscribed before it. Returns the guards granted (by index) and the waits; on
+/// an error, what was started is abandoned.
+async fn start_each(
+    members: Vec<Member>,
+    places: Vec<Place>,
+    token: FencingToken,
+    timeout: Option<std::time::Duration>,
+    acquisition: &(dyn Fn() -> Acquisition + Sync),
+) -> Result<(Vec<Option<EtcdGuard>>, Vec<Waiting>), LockError> {
     let mut guards: Vec<Option<EtcdGuard>> = (0..members.len()).map(|_| None).collect();
     let mut waits = Vec::new();
     for (index, (member, place)) in members.into_iter().zip(places).enumerate() {
@@ -183,7 +221,7 @@ pub(crate) async fn acquire_all(
             tracked,
         } = member;
         let Some(key) = cleanup.disarm() else {
-            return Err(internal(&label, "a queue key went missing"));
+            return Err(internal("lock_all", "a queue key went missing"));
         };
         match place {
             Place::Behind(ahead) => {
@@ -217,32 +255,7 @@ pub(crate) async fn acquire_all(
             }
         }
     }
-    let waited = !waits.is_empty();
-    if let Err(err) = gather(&mut guards, &mut waits, &label).await {
-        abandon(guards, waits).await;
-        return Err(err);
-    }
-    let guards: Vec<EtcdGuard> = guards.into_iter().flatten().collect();
-    if let Some(lost) = guards.iter().find(|g| !g.is_held()) {
-        let err = LockError::LeaseLost {
-            lock: Some(lost.name().to_owned()),
-            reason: session
-                .inner
-                .loss_reason()
-                .unwrap_or(LossReason::KeyDeleted),
-        };
-        abandon(guards.into_iter().map(Some).collect(), Vec::new()).await;
-        return Err(err);
-    }
-    if guards.len() != names.len() {
-        return Err(internal(&label, "a lock's answer went missing"));
-    }
-    if owns_session {
-        // The lease served these locks alone: their TTL counts from now.
-        session.inner.stop_renewing(waited).await;
-    }
-    tracing::debug!(%token, waited, locks = guards.len(), "locks acquired together");
-    Ok(Some(guards))
+    Ok((guards, waits))
 }
 
 /// Sends the join of every member's key in one transaction: each key put under the
