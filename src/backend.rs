@@ -2,7 +2,7 @@
 
 use std::future::Future;
 
-use crate::{FencingToken, LockError, LockOptions, LossReason};
+use crate::{FencingToken, LockError, LockOptions, LossReason, MultiGuard};
 
 /// A lock service: etcd, Redis, Redlock or PostgreSQL advisory locks.
 ///
@@ -52,6 +52,48 @@ pub trait LockBackend: Send + Sync {
         name: &str,
         options: &LockOptions,
     ) -> impl Future<Output = Result<Option<Self::Guard>, LockError>> + Send;
+
+    /// Takes every lock of `names` together (each name once, in any order given), waiting
+    /// until all are held; the wait timeout of `options` bounds the whole call.
+    ///
+    /// By default one by one in name order, each lock with its own token, which no two
+    /// such acquisitions can deadlock over (see [`lock_all`](crate::lock_all)). A backend that can queue in
+    /// several locks in one transaction overrides it (etcd, ZooKeeper), and then every
+    /// multi-lock acquisition on it must be that one: the two kinds mixed on the same
+    /// names can deadlock.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`lock`](Self::lock): a dropped call releases the locks it took
+    /// (in the background) and leaves the queues it waits in.
+    fn lock_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+    ) -> impl Future<Output = Result<MultiGuard<Self::Guard>, LockError>> + Send
+    where
+        Self: Sized,
+    {
+        crate::multi::lock_in_order(self, names, options)
+    }
+
+    /// Takes every lock of `names` together if all are free right now; `Ok(None)`
+    /// (nothing left taken) otherwise. By default one by one in name order, as
+    /// [`lock_all`](Self::lock_all).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`lock_all`](Self::lock_all).
+    fn try_lock_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+    ) -> impl Future<Output = Result<Option<MultiGuard<Self::Guard>>, LockError>> + Send
+    where
+        Self: Sized,
+    {
+        crate::multi::try_lock_in_order(self, names, options)
+    }
 }
 
 /// Proof of holding a lock, as far as the backend can tell.

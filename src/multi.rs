@@ -1,21 +1,29 @@
-//! Several locks at once on any backend: [`lock_all`] takes them one by one in name
-//! order, and holds them in a [`MultiGuard`].
+//! Several locks at once on any backend: [`lock_all`] takes them through the backend's
+//! [`LockBackend::lock_all`], and holds them in a [`MultiGuard`]. Backends without a way
+//! of their own (Redis, Redlock, PostgreSQL, MariaDB) take them one by one in name order;
+//! etcd and ZooKeeper queue in every lock with one transaction.
 //!
 //! # Why no two such acquisitions deadlock
 //!
-//! A deadlock needs a cycle of holders, each waiting for a lock the next one holds. Every
-//! [`lock_all`] takes its locks in one global order (their names, sorted), and waits only
-//! for the next lock in that order while holding earlier ones: a holder of `b` waiting
-//! for `c` holds nothing after `c`, so whoever holds `c` never waits for `b` in a
-//! `lock_all`. A single-name lock holds one lock and waits for nothing while holding it.
-//! So no cycle can form, whatever the sets and the order the caller gives them in.
+//! One by one in name order: a deadlock needs a cycle of holders, each waiting for a lock
+//! the next one holds. Every such acquisition takes its locks in one global order (their
+//! names, sorted), and waits only for the next lock in that order while holding earlier
+//! ones: a holder of `b` waiting for `c` holds nothing after `c`, so whoever holds `c`
+//! never waits for `b`. A single-name lock holds one lock and waits for nothing while
+//! holding it. So no cycle can form, whatever the sets and the order the caller gives
+//! them in. This is the ordering rule of every textbook; it costs what one lock after
+//! another costs (one wait per name, earlier locks held meanwhile), and each lock keeps
+//! its own token.
 //!
-//! This is the ordering rule of every textbook; it costs what one lock after another
-//! costs (one wait per name, earlier locks held meanwhile), and each lock keeps its own
-//! token. ZooKeeper has better: `ZooKeeperLocker::lock_all`
-//! queues in every lock in one transaction, with one token for all. Mixing the two on one
-//! ZooKeeper name stays deadlock-free only if every multi-lock user of those names takes
-//! the same kind: keep to one.
+//! In one transaction (etcd: `EtcdLocker::lock_all`; ZooKeeper:
+//! `ZooKeeperLocker::lock_all`): every key of one acquisition shares one revision (zxid),
+//! each queue is ordered by it, and a waiter waits only for lower ones in each queue, so
+//! waiting follows the commit order, which has no cycle; the locks share one token.
+//!
+//! The two kinds must **not** be mixed on the same names: an ordered taker holding `a`
+//! (revision `r_a`) and queued for `b` (revision `r_b`, later) and a one-transaction
+//! waiter at `r_a < r < r_b` wait for each other. That is why on etcd and ZooKeeper every
+//! [`lock_all`] is the one-transaction kind: the ordered one is only the trait's default.
 
 use std::future::Future;
 use std::task::Poll;
@@ -26,7 +34,8 @@ use tokio::time::Instant;
 use crate::{FencingToken, LockBackend, LockError, LockGuard, LockOptions, LossReason};
 use crate::{ReleaseOutcome, name::distinct_names};
 
-/// The most locks one [`lock_all`] takes.
+/// The most locks one [`lock_all`] takes one by one (etcd's and ZooKeeper's own have
+/// limits of their own: `etcd::MAX_LOCK_ALL`, `zookeeper::MAX_LOCK_ALL`).
 pub const MAX_LOCKS: usize = 256;
 
 /// Several locks held together: one guard per lock, in name order.
@@ -44,6 +53,12 @@ pub struct MultiGuard<G> {
 }
 
 impl<G: LockGuard> MultiGuard<G> {
+    /// The guards of locks taken together (in name order), named `names` (joined by
+    /// commas).
+    pub(crate) fn new(guards: Vec<G>, names: String) -> Self {
+        Self { guards, names }
+    }
+
     /// Each lock's name and token, in name order.
     #[must_use]
     pub fn tokens(&self) -> Vec<(&str, FencingToken)> {
@@ -146,9 +161,10 @@ pub(crate) async fn release_all<G: LockGuard>(guards: Vec<G>) -> Result<ReleaseO
     outcome
 }
 
-/// Takes every lock of `names` on `backend`, one by one in name order (see the module
-/// docs for why that cannot deadlock), each name once. A wait timeout in `options`
-/// bounds the whole call.
+/// Takes every lock of `names` on `backend` together, each name once, through
+/// [`LockBackend::lock_all`]: one transaction on etcd and ZooKeeper, one by one in name
+/// order elsewhere (see the module docs for why neither can deadlock). A wait timeout in
+/// `options` bounds the whole call.
 ///
 /// ```no_run
 /// use fencelock::{LockGuard, LockOptions, etcd::EtcdLocker};
@@ -165,9 +181,32 @@ pub(crate) async fn release_all<G: LockGuard>(guards: Vec<G>) -> Result<ReleaseO
 /// # Cancel safety
 ///
 /// Cancel safe, as each backend's `lock`: a dropped call releases the locks it took (in
-/// the background) and leaves the one it was waiting for as that backend's cancelled
+/// the background) and leaves the queues it was waiting in as that backend's cancelled
 /// `lock` does.
 pub async fn lock_all<B: LockBackend>(
+    backend: &B,
+    names: &[&str],
+    options: &LockOptions,
+) -> Result<MultiGuard<B::Guard>, LockError> {
+    backend.lock_all(names, options).await
+}
+
+/// Takes every lock of `names` together if each is free, through
+/// [`LockBackend::try_lock_all`]; `Ok(None)` (nothing left taken) otherwise.
+///
+/// # Cancel safety
+///
+/// Cancel safe, as [`lock_all`].
+pub async fn try_lock_all<B: LockBackend>(
+    backend: &B,
+    names: &[&str],
+    options: &LockOptions,
+) -> Result<Option<MultiGuard<B::Guard>>, LockError> {
+    backend.try_lock_all(names, options).await
+}
+
+/// [`LockBackend::lock_all`]'s default: every lock of `names` one by one in name order.
+pub(crate) async fn lock_in_order<B: LockBackend>(
     backend: &B,
     names: &[&str],
     options: &LockOptions,
@@ -194,13 +233,10 @@ pub async fn lock_all<B: LockBackend>(
     })
 }
 
-/// Takes every lock of `names` if each is free when its turn comes; `Ok(None)` (every
-/// lock taken so far released) otherwise.
-///
-/// # Cancel safety
-///
-/// Cancel safe, as [`lock_all`].
-pub async fn try_lock_all<B: LockBackend>(
+/// [`LockBackend::try_lock_all`]'s default: every lock of `names` if each is free when
+/// its turn comes, in name order; `Ok(None)` (every lock taken so far released)
+/// otherwise.
+pub(crate) async fn try_lock_in_order<B: LockBackend>(
     backend: &B,
     names: &[&str],
     options: &LockOptions,

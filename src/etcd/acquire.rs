@@ -71,12 +71,7 @@ pub(crate) async fn acquire(
         _ => None,
     };
     let tracked = hub.track(key.prefix(), &key.key);
-    let acquisition = Acquisition {
-        hub,
-        owns_session,
-        started,
-        kind,
-    };
+    let acquisition = Acquisition::new(hub, owns_session, started, kind);
     let mut cleanup = Cleanup::joining(key);
     let joined = match cleanup.key_mut() {
         Some(key) => acquisition.enqueue(key).await,
@@ -155,7 +150,7 @@ pub(crate) async fn acquire(
     }
 }
 
-fn internal(name: &str, what: &'static str) -> LockError {
+pub(super) fn internal(name: &str, what: &'static str) -> LockError {
     LockError::Backend {
         backend: crate::Backend::Etcd,
         operation: "acquire",
@@ -165,19 +160,20 @@ fn internal(name: &str, what: &'static str) -> LockError {
 }
 
 /// What a wait starts from.
-struct Wait {
-    token: FencingToken,
+pub(super) struct Wait {
+    pub(super) token: FencingToken,
     /// The keys ahead, and the revision they were read at.
-    known: (Ahead, i64),
+    pub(super) known: (Ahead, i64),
     /// A subscription to the lock's watch taken before the join, if it was open: only
     /// then is the join's read a starting point.
-    early: Option<Subscription>,
+    pub(super) early: Option<Subscription>,
     /// The key followed on the lock's watch, if it was open before the join.
-    tracked: Option<TrackedKey>,
-    timeout: Option<Duration>,
+    pub(super) tracked: Option<TrackedKey>,
+    pub(super) timeout: Option<Duration>,
 }
 
-type Reply = oneshot::Sender<Result<Option<EtcdGuard>, LockError>>;
+/// Where a waiting task answers: dropped, it tells the task its caller is gone.
+pub(super) type Reply = oneshot::Sender<Result<Option<EtcdGuard>, LockError>>;
 
 /// One acquisition's settings, beside its key.
 pub(super) struct Acquisition {
@@ -188,6 +184,22 @@ pub(super) struct Acquisition {
 }
 
 impl Acquisition {
+    /// The settings of one acquisition of `kind` begun at `started` (`owns_session`: its
+    /// session serves it alone, and stops renewing at the grant).
+    pub(super) fn new(
+        hub: Arc<WatchHub>,
+        owns_session: bool,
+        started: Instant,
+        kind: Kind,
+    ) -> Self {
+        Self {
+            hub,
+            owns_session,
+            started,
+            kind,
+        }
+    }
+
     /// What a read of the queue must return for this kind: every key, with its value
     /// where the kind looks at values (readers, permits).
     pub(super) fn queue_read(&self) -> GetOptions {
@@ -217,7 +229,7 @@ impl Acquisition {
     /// queued first (a lock without renewal then renews once more, so that its TTL counts
     /// from now). The key is followed from now on (on the lock's watch, opened from the
     /// revision after the grant if there is none).
-    async fn grant(
+    pub(super) async fn grant(
         self,
         key: QueueKey,
         tracked: Option<TrackedKey>,
@@ -250,8 +262,10 @@ impl Acquisition {
         ))
     }
 
-    /// Waits in line (in its own task), then answers through `reply`.
-    async fn wait(self, key: QueueKey, wait: Wait, mut reply: Reply) {
+    /// Waits in line (in its own task), then answers through `reply`; if `reply` is
+    /// dropped first, leaves the queue (a grant that races with that is released as the
+    /// guard nobody receives is dropped).
+    pub(super) async fn wait(self, key: QueueKey, wait: Wait, mut reply: Reply) {
         let Wait {
             token,
             known,

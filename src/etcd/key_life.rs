@@ -44,6 +44,13 @@
 //! request is the same request, one member of one transaction that is applied whole or
 //! not at all, so every rule above holds per member (a batch without an answer leaves
 //! every member's fate unknown).
+//!
+//! One other request creates keys: the join of several locks in one transaction
+//! (`lock_all.rs`), sent alone. It keeps the same rules for every key it carries: each
+//! key's name is a slot as above, an attempt without an answer marks every key's join
+//! unknown (spending every name, retiring the session, and the sweep covers every key),
+//! and it adopts no key at all: a retry that finds keys already there fails the whole
+//! acquisition after removing them.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -168,6 +175,17 @@ impl QueueKey {
 
     pub(super) fn inner(&self) -> &SessionInner {
         &self.session.inner
+    }
+
+    /// What the key is to hold (until its join is answered).
+    pub(super) fn value(&self) -> &[u8] {
+        &self.value
+    }
+
+    /// The join was answered and put the key: the value is not needed to recognise it
+    /// any more (see [`create`](Self::create)).
+    pub(super) fn forget_value(&mut self) {
+        self.value = Vec::new();
     }
 
     /// Whether some attempt to create the key got no answer.

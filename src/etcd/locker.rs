@@ -9,9 +9,10 @@ use etcd_client::{Client, GetOptions};
 use super::acquire::{CLEANUP_ALLOWANCE, Mode, acquire};
 use super::call::{call, call_retrying, map_error};
 use super::kind::Kind;
+use super::lock_all::{MAX_LOCK_ALL, acquire_all};
 use super::watch_hub::WatchHub;
 use super::{EtcdConfig, EtcdElection, EtcdGuard, EtcdRwLock, EtcdSemaphore, Session};
-use crate::{Backend, LockBackend, LockError, LockOptions, validate_name};
+use crate::{Backend, LockBackend, LockError, LockOptions, MultiGuard, validate_name};
 
 /// The smallest TTL the etcd backend accepts: leases are whole seconds.
 pub const MIN_TTL: Duration = Duration::from_secs(1);
@@ -287,10 +288,32 @@ impl EtcdLocker {
         let started = tokio::time::Instant::now();
         // Who holds, after the kind's marker (`kind.rs`): read by `inspect` and `locks`.
         let value = kind.value_with(options.holder_record());
+        self.on_session(name, options, mode, |session, owns| {
+            acquire(session, owns, name, mode, kind, value, started)
+        })
+        .await
+    }
+
+    /// Runs `acquire` (given the session and whether it owns it) on the session `options`
+    /// ask for: the renewed one of its TTL, or one of its own for a lock without renewal.
+    /// A wait timeout bounds the whole call, opening the session included (plus at most
+    /// [`CLEANUP_ALLOWANCE`] to leave the queue cleanly); `label` names the lock(s) in
+    /// that timeout's error.
+    async fn on_session<T, F, Fut>(
+        &self,
+        label: &str,
+        options: &LockOptions,
+        mode: Mode,
+        acquire: F,
+    ) -> Result<Option<T>, LockError>
+    where
+        F: FnOnce(Session, bool) -> Fut,
+        Fut: std::future::Future<Output = Result<Option<T>, LockError>>,
+    {
         let work = async {
             if options.renews() {
                 let session = self.session(options.ttl()).await?;
-                acquire(session, false, name, mode, kind, value, started).await
+                acquire(session, false).await
             } else {
                 let session = Session::open(
                     self.inner.client.clone(),
@@ -300,7 +323,7 @@ impl EtcdLocker {
                     None,
                 )
                 .await?;
-                acquire(session, true, name, mode, kind, value, started).await
+                acquire(session, true).await
             }
         };
         match mode {
@@ -312,12 +335,104 @@ impl EtcdLocker {
                 .await
                 .unwrap_or_else(|_| {
                     Err(LockError::WaitTimeout {
-                        name: name.to_owned(),
+                        name: label.to_owned(),
                         waited: timeout,
                     })
                 }),
             Mode::Try | Mode::Wait { timeout: None } => work.await,
         }
+    }
+
+    /// Takes every lock of `names` together, waiting until all are free for it: **one
+    /// transaction** puts a key in every lock's queue, so all of them share one create
+    /// revision, which is the [`token`](crate::LockGuard::token) of every name (larger than every
+    /// earlier grant's of each name). Each key waits in its own lock's queue (FIFO per
+    /// name, on the watches single locks use), and the locks are held once every key is
+    /// at the head of its queue. Losing any one lock is losing them all
+    /// ([`MultiGuard::lost_which`] names it); releasing deletes every key.
+    ///
+    /// No two such acquisitions deadlock, whatever the order or overlap of their names,
+    /// nor any mix with single locks (fencelock's, or `etcdctl lock`) on those names: a
+    /// key waits only for keys of lower revision in its queue, and all keys of one
+    /// acquisition share one revision, so waiting always points to lower revisions. Do
+    /// **not** mix with locks taken one after another in name order on the same names
+    /// (an older fencelock's `lock_all`): that can deadlock (see `docs/etcd.md`).
+    /// [`crate::lock_all`] and `fencelock run --lock a --lock b` use this one on etcd.
+    ///
+    /// Names are taken once each, in any order given; 1 to [`MAX_LOCK_ALL`] of them
+    /// (`LockError::InvalidOption` otherwise). A wait timeout bounds the whole call.
+    ///
+    /// ```no_run
+    /// use fencelock::etcd::{EtcdConfig, EtcdLocker};
+    /// use fencelock::{LockGuard, LockOptions};
+    ///
+    /// # async fn run() -> Result<(), fencelock::LockError> {
+    /// let locks = EtcdLocker::connect(EtcdConfig::new(["http://127.0.0.1:2379"])).await?;
+    /// let both = locks.lock_all(&["warehouse-b", "warehouse-a"], &LockOptions::new()).await?;
+    /// println!("both held with token {}", both.token());
+    /// both.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`LockBackend::lock`]: a dropped or timed-out call leaves no key
+    /// (each is removed, in the background if need be), and a lock granted meanwhile is
+    /// released.
+    #[tracing::instrument(skip(self, options), fields(backend = "etcd"))]
+    pub async fn lock_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+    ) -> Result<MultiGuard<EtcdGuard>, LockError> {
+        let mode = Mode::Wait {
+            timeout: options.wait_timeout(),
+        };
+        self.acquire_all(names, options, mode)
+            .await?
+            .ok_or_else(|| LockError::Backend {
+                backend: Backend::Etcd,
+                operation: "acquire",
+                lock: Some(names.join(",")),
+                source: "a waiting acquisition returned without the locks".into(),
+            })
+    }
+
+    /// Takes every lock of `names` together if every one is free for it right now (one
+    /// transaction, as [`lock_all`](Self::lock_all)); `Ok(None)` otherwise, every key
+    /// removed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`lock_all`](Self::lock_all).
+    #[tracing::instrument(skip(self, options), fields(backend = "etcd"))]
+    pub async fn try_lock_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+    ) -> Result<Option<MultiGuard<EtcdGuard>>, LockError> {
+        self.acquire_all(names, options, Mode::Try).await
+    }
+
+    async fn acquire_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+        mode: Mode,
+    ) -> Result<Option<MultiGuard<EtcdGuard>>, LockError> {
+        let names = crate::name::distinct_names(names, MAX_LOCK_ALL)?;
+        options.validate(MIN_TTL)?;
+        let label = names.join(",");
+        let counted = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
+        let value = Kind::Mutex.value_with(options.holder_record());
+        let result = self
+            .on_session(&label, options, mode, |session, owns| {
+                acquire_all(session, owns, &names, mode, value, started)
+            })
+            .await;
+        crate::metrics::acquisition(Backend::Etcd, &label, counted, &result);
+        Ok(result?.map(|guards| MultiGuard::new(guards, label)))
     }
 }
 
@@ -345,6 +460,25 @@ impl LockBackend for EtcdLocker {
         options: &LockOptions,
     ) -> Result<Option<EtcdGuard>, LockError> {
         self.acquire(name, options, Mode::Try, Kind::Mutex).await
+    }
+
+    /// [`EtcdLocker::lock_all`]: one transaction for every lock (the ordered way would
+    /// deadlock against it, see there).
+    async fn lock_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+    ) -> Result<MultiGuard<EtcdGuard>, LockError> {
+        EtcdLocker::lock_all(self, names, options).await
+    }
+
+    /// [`EtcdLocker::try_lock_all`].
+    async fn try_lock_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+    ) -> Result<Option<MultiGuard<EtcdGuard>>, LockError> {
+        EtcdLocker::try_lock_all(self, names, options).await
     }
 }
 

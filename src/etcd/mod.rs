@@ -17,6 +17,9 @@
 //! - Every primitive under one name shares one queue; see `kind.rs` for who may hold
 //!   beside whom (and Go's `etcdctl lock` queues in it too).
 //! - An uncontended lock + release costs exactly two round trips, one Raft write each.
+//! - Several locks at once (`lock_all.rs`): one transaction puts a key in every lock's
+//!   queue, so all share one create revision (the token of each), and each key waits in
+//!   its own queue; waiting only ever points to lower revisions, so no deadlock.
 
 mod acquire;
 mod answers;
@@ -36,6 +39,7 @@ mod key_life;
 mod keys;
 mod kind;
 mod late_joins;
+mod lock_all;
 mod locker;
 mod operate;
 mod queue;
@@ -53,6 +57,7 @@ pub use election::{EtcdElection, Leader, Leadership, Observer};
 pub use guard::EtcdGuard;
 pub use inspect::{LockState, QueueEntry, Role};
 pub use keys::{lock_prefix, waiter_key};
+pub use lock_all::MAX_LOCK_ALL;
 pub use locker::{EtcdLocker, MIN_TTL};
 pub use rwlock::EtcdRwLock;
 pub use semaphore::EtcdSemaphore;

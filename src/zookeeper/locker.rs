@@ -282,4 +282,26 @@ impl LockBackend for ZooKeeperLocker {
     ) -> Result<Option<ZooKeeperGuard>, LockError> {
         self.acquire(name, options, Mark::Lock, false).await
     }
+
+    /// [`ZooKeeperLocker::lock_all`]: one `multi` for every lock, the token shared (the
+    /// ordered way would deadlock against it on the same names).
+    async fn lock_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+    ) -> Result<crate::MultiGuard<ZooKeeperGuard>, LockError> {
+        ZooKeeperLocker::lock_all(self, names, options)
+            .await
+            .map(ZooKeeperMultiGuard::into_multi)
+    }
+
+    /// [`ZooKeeperLocker::try_lock_all`].
+    async fn try_lock_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+    ) -> Result<Option<crate::MultiGuard<ZooKeeperGuard>>, LockError> {
+        let taken = ZooKeeperLocker::try_lock_all(self, names, options).await?;
+        Ok(taken.map(ZooKeeperMultiGuard::into_multi))
+    }
 }

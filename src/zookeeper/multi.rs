@@ -61,6 +61,12 @@ impl ZooKeeperMultiGuard {
         &self.guards
     }
 
+    /// The same locks as the generic [`MultiGuard`](crate::MultiGuard) (its token is
+    /// the smallest of its locks', here the one they share).
+    pub fn into_multi(self) -> crate::MultiGuard<ZooKeeperGuard> {
+        crate::MultiGuard::new(self.guards, self.names)
+    }
+
     /// Resolves when any of the locks may be gone: its name, and why.
     ///
     /// # Cancel safety

@@ -45,8 +45,9 @@ async fn concurrent_invocations_run_one_at_a_time_with_increasing_tokens() {
     assert_one_at_a_time(&text, 3, "etcd");
 }
 
-/// `--lock a --lock b` on etcd: both taken (in name order, whatever order given), one run
-/// at a time, each name's token in FENCELOCK_TOKENS.
+/// `--lock a --lock b` on etcd: both taken together in one transaction (whatever order
+/// given), one run at a time, each name's token (the transaction's revision, the same for
+/// both) in FENCELOCK_TOKENS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_locks_are_held_together_whatever_their_order() {
     let etcd = EtcdCluster::single().await.expect("etcd");
@@ -77,6 +78,7 @@ async fn several_locks_are_held_together_whatever_their_order() {
     let text = std::fs::read_to_string(&log).expect("log");
     assert_one_at_a_time(&text, 4, "etcd, two locks");
     let tokens = std::fs::read_to_string(&tokens).expect("tokens");
+    let mut shared = Vec::new();
     for line in tokens.lines() {
         let (names, each) = line.split_once(' ').expect("two fields");
         assert!(names == "a,b" || names == "b,a", "{line}");
@@ -88,9 +90,14 @@ async fn several_locks_are_held_together_whatever_their_order() {
                 .and_then(|t| t.parse().ok())
                 .unwrap_or_else(|| panic!("{name}'s token in {line}"))
         };
-        // Taken in name order: a first, so a's token is the smaller (each lock has its own).
-        assert!(token("a") < token("b"), "{line}");
+        // Taken in one transaction: both keys have its revision as their token.
+        assert_eq!(token("a"), token("b"), "{line}");
+        shared.push(token("a"));
     }
+    assert_eq!(shared.len(), 4);
+    shared.sort_unstable();
+    shared.dedup();
+    assert_eq!(shared.len(), 4, "each run its own token");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,6 +30,7 @@ mod leader_failover;
 mod lease_revoked;
 mod local_expiry;
 mod lock_all;
+mod lock_all_faults;
 mod many_waiters;
 mod member_down;
 mod mixed_primitives;

@@ -52,6 +52,16 @@ async fn the_locks_share_one_token_and_each_is_held() {
     let after = b.lock("z", &LockOptions::new()).await.expect("lock z");
     assert!(after.token() > all_token);
     let _ = after.release().await;
+
+    // The generic entry point (what `fencelock run` calls) is the one-`multi` kind here
+    // too: one token for both (one by one, each would have its own).
+    let generic = fencelock::lock_all(&a, &["y", "x"], &LockOptions::new())
+        .await
+        .expect("fencelock::lock_all");
+    let tokens: Vec<FencingToken> = generic.tokens().iter().map(|(_, t)| *t).collect();
+    assert_eq!(tokens, [generic.token(), generic.token()]);
+    assert!(generic.token() > all_token);
+    let _ = generic.release().await;
 }
 
 /// Four clients take random sets of eight names (single names among them) in a loop:

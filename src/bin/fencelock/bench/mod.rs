@@ -341,6 +341,11 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
             .contended("etcd 3 members", locks.clone(), &plan.waiters)
             .await?;
     }
+    if let (true, Some(locks)) = (wants("etcd"), &etcd) {
+        runner
+            .lock_all("etcd", locks.clone(), &plan.lock_all_sizes)
+            .await?;
+    }
     let readable = targets
         .etcd_metrics
         .iter()

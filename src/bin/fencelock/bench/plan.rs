@@ -43,6 +43,9 @@ pub struct Plan {
     pub renewal_locks: usize,
     pub renewal_duration: Duration,
     pub wave_locks: usize,
+    /// Sizes of the etcd rows that take several locks together: `lock_all` (one
+    /// transaction) against the same names taken one by one.
+    pub lock_all_sizes: Vec<usize>,
     /// etcd put and the bare acquire-transaction cycles beside etcd's Lock RPC.
     pub etcd_bare_ceilings: bool,
     /// The mutual-TLS etcd and the 3-member etcd and ZooKeeper clusters beside the single
@@ -111,6 +114,7 @@ impl Plan {
                 Duration::from_secs(5)
             }),
             wave_locks: args.wave_locks.unwrap_or(if full { 1000 } else { 0 }),
+            lock_all_sizes: vec![2, 8],
             etcd_bare_ceilings: full,
             side_clusters: full,
             zookeeper_concurrency,
@@ -189,6 +193,8 @@ impl Plan {
             if self.wave_locks > 0 {
                 s.cells += 1;
             }
+            // Several locks together: lock_all and one by one, for each size.
+            s.cells += 2 * count(&self.lock_all_sizes);
         }
         if self.wants("redis") {
             // The bare cycle and the lock.
@@ -601,10 +607,11 @@ mod tests {
 
     #[test]
     fn the_full_run_keeps_every_cell_of_before() {
-        // 88 progress steps: the count of the run before the quick default existed.
+        // 88 progress steps: the count of the run before the quick default existed; and
+        // the four rows of several locks together.
         let full = plan(&["--full"]);
         assert_eq!(full.scope, Scope::Full);
-        assert_eq!(full.steps(true).progress(), 88);
+        assert_eq!(full.steps(true).progress(), 88 + 4);
         assert_eq!(full.waiters, [2, 8, 32]);
         assert_eq!((full.renewal_locks, full.wave_locks), (100_000, 1000));
         assert_eq!(full.backends.len(), 6);
@@ -619,12 +626,13 @@ mod tests {
         let steps = quick.steps(true);
         // etcd: Lock RPC, lock, Go's Mutex at 1, 8, 64; Redis: bare, lock at 1, 8, 64;
         // ZooKeeper at 1 (and kazoo); one name, 8 waiters, lock and Go; the fenced write
-        // and its plain twin; one renewal row.
-        assert_eq!(steps.cells, 6 + 1 + 6 + 1 + 2);
+        // and its plain twin; one renewal row; etcd's lock_all of 2 and 8 names and the
+        // same names one by one.
+        assert_eq!(steps.cells, 6 + 1 + 6 + 1 + 2 + 4);
         assert_eq!(steps.go_cells, 3 + 1);
         assert_eq!(steps.kazoo_cells, 1);
         assert_eq!(steps.renewals, 1);
-        assert_eq!(steps.timed_cells(), 21);
+        assert_eq!(steps.timed_cells(), 25);
         assert_eq!(quick.zookeeper_concurrency, [1]);
         assert_eq!(
             quick.servers(),
@@ -653,10 +661,11 @@ mod tests {
         ]);
         assert_eq!(quick.waiters, [2, 32]);
         let steps = quick.steps(false);
-        // Lock RPC and lock at 8, two waiter counts, one wave, no renewal.
+        // Lock RPC and lock at 8, two waiter counts, one wave, the four lock_all rows,
+        // no renewal.
         assert_eq!(
             (steps.cells, steps.go_cells, steps.renewals),
-            (2 + 2 + 1, 0, 0)
+            (2 + 2 + 1 + 4, 0, 0)
         );
         let full = plan(&["--full", "--renewal-duration", "2s", "--backends", "redis"]);
         assert_eq!(full.renewal_duration, Duration::from_secs(2));

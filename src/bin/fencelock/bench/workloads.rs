@@ -356,6 +356,64 @@ impl Runner<'_> {
         Ok(())
     }
 
+    /// `n` locks taken together and released, for every `n` of `sizes`, one worker on
+    /// names of its own: etcd's `lock_all` (one transaction for every key, one token)
+    /// against the same names taken one by one in name order (a join each, in turn).
+    /// Workload `lock_all xN`; subjects `<subject> lock_all` and
+    /// `<subject> one by one`.
+    pub async fn lock_all(
+        &mut self,
+        subject: &str,
+        locks: fencelock::etcd::EtcdLocker,
+        sizes: &[usize],
+    ) -> BoxResult<()> {
+        for &n in sizes {
+            let workload = format!("lock_all x{n}");
+            let names: Arc<Vec<String>> = Arc::new(
+                (0..n)
+                    .map(|i| format!("bench-{}-all-{n}-{i:02}", self.run))
+                    .collect(),
+            );
+            for together in [true, false] {
+                let row = if together {
+                    format!("{subject} lock_all")
+                } else {
+                    format!("{subject} one by one")
+                };
+                self.step(&format!("{row}, {n} names"));
+                self.settle().await?;
+                let (locks, names) = (locks.clone(), names.clone());
+                let cell = drive(&workload, &row, 1, self.args.duration, move |_, _| {
+                    let (locks, names) = (locks.clone(), names.clone());
+                    async move {
+                        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                        if together {
+                            let all = locks.lock_all(&names, &LockOptions::new()).await?;
+                            release(all).await?;
+                        } else {
+                            let mut held = Vec::with_capacity(names.len());
+                            for name in &names {
+                                held.push(locks.lock(name, &LockOptions::new()).await?);
+                            }
+                            // Released at once, as lock_all's are.
+                            let mut releases = tokio::task::JoinSet::new();
+                            for guard in held {
+                                releases.spawn(release(guard));
+                            }
+                            while let Some(released) = releases.join_next().await {
+                                released.map_err(|err| err.to_string())??;
+                            }
+                        }
+                        Ok(())
+                    }
+                })
+                .await?;
+                self.done(cell);
+            }
+        }
+        Ok(())
+    }
+
     /// lock + fenced PostgreSQL write + release, against lock + plain write + release.
     pub async fn fenced_write<B>(
         &mut self,

@@ -71,7 +71,7 @@ pub struct RunArgs {
     /// - _ . : @ = (no '/').
     ///
     /// Given more than once, every lock is taken together, without deadlock whatever the
-    /// order (ZooKeeper: one transaction and one token; etcd, Redis: one by one in name
+    /// order (etcd, ZooKeeper: one transaction and one token; Redis: one by one in name
     /// order); the command gets each lock's token in `FENCELOCK_TOKENS` (`a=T1,b=T2`) and
     /// the smallest in `FENCELOCK_TOKEN`.
     #[arg(long = "lock", required = true)]
@@ -677,8 +677,8 @@ async fn on_guard<G: LockGuard>(
     within_ttl(ttl, release(guard, ran, code), code).await
 }
 
-/// Every lock of `--lock` on `locks`, taken in name order (`fencelock::lock_all`), in
-/// time to start the command.
+/// Every lock of `--lock` on `locks`, taken together (`fencelock::lock_all`: one
+/// transaction on etcd, one by one in name order on Redis), in time to start the command.
 async fn take_all_in_time<B: LockBackend>(
     locks: &B,
     args: &RunArgs,
