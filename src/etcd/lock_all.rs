@@ -157,7 +157,7 @@ pub(crate) async fn acquire_all(
     }
     if let Some(gone) = places.iter().position(|p| *p == Place::Gone) {
         let lost = match members[gone].cleanup.key() {
-            Some(key) => acquisition().key_gone_checked(key).await,
+            Some(key) => acquisition().key_gone_checked(key, None).await,
             None => acquisition().key_gone(None),
         };
         leave_all(members).await;
