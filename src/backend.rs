@@ -60,7 +60,9 @@ pub trait LockBackend: Send + Sync {
     /// such acquisitions can deadlock over (see [`lock_all`](crate::lock_all)). A backend that can queue in
     /// several locks in one transaction overrides it (etcd, ZooKeeper), and then every
     /// multi-lock acquisition on it must be that one: the two kinds mixed on the same
-    /// names can deadlock.
+    /// names can deadlock. So a wrapper that implements this trait around such a backend
+    /// must forward `lock_all` and [`try_lock_all`](Self::try_lock_all), not leave them to
+    /// these defaults.
     ///
     /// # Cancel safety
     ///

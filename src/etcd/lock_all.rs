@@ -24,8 +24,9 @@
 //! `concurrency.Mutex`, `etcdctl lock`) holds one key and waits for nothing while it
 //! holds, so mixing them on the same names is safe.
 //!
-//! What is **not** safe: mixing this with locks taken one by one in name order (the
-//! generic [`lock_all`](crate::lock_all) of other backends) on the same etcd names. An
+//! What is **not** safe: mixing this with locks taken one by one (the generic
+//! [`lock_all`](crate::lock_all) of other backends, or nested single locks: one held
+//! while the next waits, even in name order) on the same etcd names. An
 //! ordered taker holding `a` (key at `r_a`) and queued for `b` (key at `r_b`, taken later)
 //! and a one-transaction waiter at `r` with `r_a < r < r_b` wait for each other: the
 //! ordered one for the waiter's key in `b`, the waiter for the ordered one's key in `a`.

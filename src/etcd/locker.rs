@@ -355,8 +355,10 @@ impl EtcdLocker {
     /// nor any mix with single locks (fencelock's, or `etcdctl lock`) on those names: a
     /// key waits only for keys of lower revision in its queue, and all keys of one
     /// acquisition share one revision, so waiting always points to lower revisions. Do
-    /// **not** mix with locks taken one after another in name order on the same names
-    /// (an older fencelock's `lock_all`): that can deadlock (see `docs/etcd.md`).
+    /// **not** mix with locks taken one after another on the same names (an older
+    /// fencelock's `lock_all`, or nested locks: `lock(a)` held while `lock(b)` waits, even
+    /// in name order): that can deadlock (see `docs/etcd.md`). Single locks are safe
+    /// beside it only if they wait for nothing while they hold.
     /// [`crate::lock_all`] and `fencelock run --lock a --lock b` use this one on etcd.
     ///
     /// Names are taken once each, in any order given; 1 to [`MAX_LOCK_ALL`] of them

@@ -1,7 +1,8 @@
 //! A Redis lock seen from outside, as far as Redis can tell: who holds it (the owner
 //! value, and the holder record after it: `value.rs`), for how much longer, and the last
-//! token handed out. Waiters leave no trace on
-//! the server (they wait on a release channel and re-attempt), so none are listed.
+//! token handed out. Waiters are not listed: they wait on a release channel and
+//! re-attempt, and the waiters' set (`scripts.rs`) holds only random ids with an expiry,
+//! nothing that says who waits.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -23,10 +23,18 @@ fn owner_script(body: &str) -> Script {
 /// outlives every registration in it, and nothing is left forever). A key of another type
 /// under the name is left alone, and `wake` then always publishes.
 ///
-/// `wake(waiters, channel)`: drops the registrations that expired, and publishes on
-/// `channel` if any is left (or if the key is not a set: publish, when unsure).
+/// `must_wake(waiters)`: drops the registrations that expired, and says whether any is
+/// left (or the key is not a set: publish, when unsure); `RELEASE` asks it before its
+/// `DEL`, so that a role that may not run these commands (an ACL from before the
+/// waiters' set) fails the release before it deletes anything, never after.
 /// `unregister(waiters, id)`: removes `id`, if the key is a set.
+///
+/// `TIME` before a write needs effects replication: the default since Redis 5, switched on
+/// here for older servers (`redis.replicate_commands`, a no-op that Redis 7 keeps).
 const WAITERS_LUA: &str = r"
+if redis.replicate_commands then
+  redis.replicate_commands()
+end
 local function now_ms()
   local now = redis.call('TIME')
   return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -46,18 +54,16 @@ local function unregister(waiters, id)
     redis.call('ZREM', waiters, id)
   end
 end
-local function wake(waiters, channel)
+local function must_wake(waiters)
   local kind = redis.call('TYPE', waiters).ok
   if kind == 'none' then
-    return
+    return false
   end
   if kind == 'zset' then
     redis.call('ZREMRANGEBYSCORE', waiters, '-inf', now_ms())
-    if redis.call('ZCARD', waiters) == 0 then
-      return
-    end
+    return redis.call('ZCARD', waiters) > 0
   end
-  redis.call('PUBLISH', channel, 'released')
+  return true
 end
 ";
 
@@ -106,8 +112,8 @@ return {0, soonest, -1}
 /// `KEYS[1]` lock, `KEYS[2]` its waiters' set; `ARGV[1]` owner value, `ARGV[2]` release
 /// channel, `ARGV[3]` the holder's own waiter id if it waited for the lock (else empty).
 /// Unregisters the holder's id, then deletes the lock only if it still holds our owner
-/// value (bare, or followed by its holder record: `owns`), then wakes the waiters if any
-/// is registered (`wake`).
+/// value (bare, or followed by its holder record: `owns`), and publishes on the channel
+/// if any waiter is registered (`must_wake`, asked before the delete).
 /// Returns 1 if it deleted, 0 if the lock was no longer ours (it is left alone).
 ///
 /// A lock's holder stays registered from its grant to this release (unregistering at the
@@ -118,8 +124,11 @@ pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
         r"
 unregister(KEYS[2], ARGV[3])
 if owns(redis.call('GET', KEYS[1]), ARGV[1]) then
+  local wake = must_wake(KEYS[2])
   redis.call('DEL', KEYS[1])
-  wake(KEYS[2], ARGV[2])
+  if wake then
+    redis.call('PUBLISH', ARGV[2], 'released')
+  end
   return 1
 end
 return 0

@@ -22,8 +22,11 @@ use super::owner::owner_value;
 /// unregistered by expiry. If something still outlasts it (a stalled server), the release
 /// publishes to no one and the waiter wakes from its bounded sleep: a lost message costs
 /// one sleep, as it always did.
+/// (Saturating: neither setting has an upper bound.)
 fn lease(max_wait_sleep: Duration, request_timeout: Duration) -> Duration {
-    max_wait_sleep * 3 + request_timeout * 2
+    max_wait_sleep
+        .saturating_mul(3)
+        .saturating_add(request_timeout.saturating_mul(2))
 }
 
 /// One acquisition's registration state.
@@ -120,5 +123,7 @@ mod tests {
         let (sleep, request) = (Duration::from_secs(2), Duration::from_secs(1));
         // Refreshed once a sleep old; then a jittered sleep and two requests at most.
         assert!(lease(sleep, request) > sleep + sleep.mul_f64(1.2) + request * 2);
+        // Settings without an upper bound do not overflow it.
+        assert_eq!(lease(Duration::MAX, request), Duration::MAX);
     }
 }

@@ -279,6 +279,9 @@ fn client_of(line: &str) -> String {
         .unwrap_or_default()
 }
 
+/// (A registration that does not look at the lock in the same step, registering and then
+/// sleeping although the lock went meanwhile, sleeps here the whole minute; an attempt
+/// that does not register at all passes this one and fails the next.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_registration_comes_after_the_release_finds_the_lock_free() {
     released_while_the_waiter_looks(ReleaseAfter::Refusal).await;
