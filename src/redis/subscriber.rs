@@ -68,6 +68,15 @@ impl Subscriber {
     /// Registers interest in `channel`, subscribing if this is the first. When this
     /// returns, releases published on `channel` wake the returned interest (unless the
     /// connection failed: then waiters rely on their sleep).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the interest is counted by the [`Interest`] built before the
+    /// subscription is awaited, so a call dropped meanwhile (a wait timeout while the
+    /// pub/sub connection opens) takes its count with it, and the next interest in the
+    /// channel subscribes. (Counted and never built, it would leave the channel with an
+    /// interest nobody holds: every later waiter "not first", none subscribing, every
+    /// release heard by no one for as long as the process lives.)
     pub(crate) async fn interest(self: &Arc<Self>, channel: &str) -> Interest {
         let (notify, first) = {
             let mut channels = self.channels();
@@ -81,16 +90,17 @@ impl Subscriber {
             entry.interests += 1;
             (entry.notify.clone(), entry.interests == 1)
         };
+        let interest = Interest {
+            subscriber: self.clone(),
+            channel: channel.to_owned(),
+            notify,
+        };
         if first {
             if let Err(err) = self.subscribe(channel).await {
                 tracing::debug!(%err, channel, "subscribe failed; waiters fall back to sleeping");
             }
         }
-        Interest {
-            subscriber: self.clone(),
-            channel: channel.to_owned(),
-            notify,
-        }
+        interest
     }
 
     async fn subscribe(&self, channel: &str) -> redis::RedisResult<()> {
@@ -136,9 +146,14 @@ impl Subscriber {
                     channel.notify.notify_waiters();
                 }
             }
-            // The connection is gone: the next interest reconnects.
+            // The connection is gone: the next interest reconnects. Only if it is still the
+            // one in the slot (its `Connection`, holding the other end of `stop`, lives
+            // only there): one installed meanwhile must not be dropped by the old reader.
             if let Some(slot) = slot.upgrade() {
-                *slot.lock().await = None;
+                let mut slot = slot.lock().await;
+                if matches!(stop.try_recv(), Err(oneshot::error::TryRecvError::Empty)) {
+                    *slot = None;
+                }
             }
         });
         Ok(Connection {

@@ -456,3 +456,49 @@ async fn a_semaphore_waiter_registers_with_its_refused_attempt_and_is_woken() {
     released(second.release().await);
     assert_eq!(listener.published(&mut conn).await, Vec::<String>::new());
 }
+
+/// A waiter cut short (its wait timeout) while the pub/sub connection is still opening
+/// leaves no interest behind: the next waiter on that lock subscribes and is woken by the
+/// release. (Before the fix the cut-short waiter's interest stayed counted, the next
+/// waiter was "not the first" and never subscribed, and it slept its whole minute.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_cut_short_while_subscribing_leaves_the_channel_subscribable() {
+    let server = redis().await;
+    let prefix = prefix("cut-short");
+    let holder = locker(&server, &prefix).await;
+    let proxy = proxy_to(&server).await;
+    let config = fencelock::redis::RedisConfig::new(format!("redis://{}/", proxy.address()))
+        .with_prefix(&prefix)
+        .with_connect_timeout(Duration::from_secs(30))
+        .with_max_wait_sleep(LONG);
+    let waiter_locks = RedisLocker::connect(config).await.expect("connect");
+    let held = holder.lock("door", &long_held()).await.expect("lock");
+
+    // The pub/sub connection (opened at the first interest) hangs: the first waiter's
+    // subscription is still being set up when its 300 ms run out.
+    proxy.hold_new_connections();
+    let cut_short = waiter_locks
+        .lock(
+            "door",
+            &long_held().with_wait_timeout(Duration::from_millis(300)),
+        )
+        .await;
+    assert!(
+        matches!(&cut_short, Err(err) if err.is_wait_timeout()),
+        "{cut_short:?}"
+    );
+    proxy.resume();
+
+    let waiter = tokio::spawn({
+        let waiter_locks = waiter_locks.clone();
+        async move { waiter_locks.lock("door", &long_held()).await }
+    });
+    let mut conn = direct(&server).await;
+    until_waiters(&mut conn, &format!("{prefix}:waiters:door"), 1).await;
+    released(held.release().await);
+    let guard = within(PROMPT, "the second waiter holds the lock", waiter)
+        .await
+        .expect("task")
+        .expect("lock");
+    released(guard.release().await);
+}
