@@ -54,7 +54,8 @@ pub struct MultiGuard<G> {
 
 impl<G: LockGuard> MultiGuard<G> {
     /// The guards of locks taken together (in name order), named `names` (joined by
-    /// commas).
+    /// commas). (The backends that take them in one transaction build it.)
+    #[cfg(any(feature = "etcd", feature = "zookeeper"))]
     pub(crate) fn new(guards: Vec<G>, names: String) -> Self {
         Self { guards, names }
     }

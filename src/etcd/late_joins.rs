@@ -86,11 +86,11 @@ async fn sweeper(session: Weak<SessionInner>) {
                     async move { client.delete(key, None).await }
                 })
                 .await;
-                if let Some(deleted) = deleted.ok().filter(|deleted| deleted.deleted() > 0) {
+                if let Some(_deleted) = deleted.ok().filter(|deleted| deleted.deleted() > 0) {
                     #[cfg(feature = "testkit")]
                     super::observed::deleted(
                         key.as_bytes(),
-                        deleted.header().map(|h| h.revision()),
+                        _deleted.header().map(|h| h.revision()),
                     );
                     tracing::warn!(key, "deleted a key a late join created");
                 }
