@@ -1,5 +1,6 @@
 //! Who deleted a key: a deletion the clients were not meant to make is someone's late
-//! request (a key taken away from its holder or waiter).
+//! request (a key taken away from its holder or waiter). Each key of a `lock_all` is held
+//! to these rules as a single lock's key is.
 
 use std::time::Duration;
 
@@ -14,22 +15,20 @@ pub(super) fn before_release(ctx: &Ctx<'_>, verdict: &mut Verdict) {
         let Event::Released { id, started, .. } = event else {
             continue;
         };
-        let Some(grant) = ctx.grants.get(id) else {
-            continue;
-        };
-        let Some(life) = ctx.life_of(grant) else {
-            continue;
-        };
-        let Some((revision, seen)) = life.deleted else {
-            continue;
-        };
-        verdict.count("deletion");
-        // Seen before the release began: certainly not the release's own delete.
-        if seen >= *started {
-            continue;
-        }
-        if life.deleted_by_client {
-            verdict.fail(
+        for grant in ctx.grants_of(*id) {
+            let Some(life) = ctx.life_of(grant) else {
+                continue;
+            };
+            let Some((revision, seen)) = life.deleted else {
+                continue;
+            };
+            verdict.count("deletion");
+            // Seen before the release began: certainly not the release's own delete.
+            if seen >= *started {
+                continue;
+            }
+            if life.deleted_by_client {
+                verdict.fail(
                 seen,
                 format!(
                     "deletion: client {}'s key {} (token {}) was deleted at revision {revision}, \
@@ -42,13 +41,13 @@ pub(super) fn before_release(ctx: &Ctx<'_>, verdict: &mut Verdict) {
                     ctx.dump(&life.prefix, revision)
                 ),
             );
-            continue;
-        }
-        if ctx.operator.explains(life, revision, seen) {
-            continue;
-        }
-        if !ctx.lease_ended(life, revision) {
-            verdict.fail(
+                continue;
+            }
+            if ctx.operator.explains(life, revision, seen) {
+                continue;
+            }
+            if !ctx.lease_ended(life, revision) {
+                verdict.fail(
                 seen,
                 format!(
                     "deletion: client {}'s key {} (token {}) was deleted at revision {revision}, \
@@ -60,6 +59,7 @@ pub(super) fn before_release(ctx: &Ctx<'_>, verdict: &mut Verdict) {
                     ctx.dump(&life.prefix, revision)
                 ),
             );
+            }
         }
     }
 }
@@ -77,14 +77,23 @@ pub(super) fn foreign(ctx: &Ctx<'_>, verdict: &mut Verdict) {
                 id,
                 at,
                 key_deleted: true,
+                deleted_lock,
                 ..
             } => {
+                // Several locks: the key of the lock the error named (none named: which
+                // one is not known).
+                let prefix = match (ctx.multi.contains_key(id), deleted_lock) {
+                    (false, _) => None,
+                    (true, Some(lock)) => Some(ctx.prefix(lock)),
+                    (true, None) => continue,
+                };
                 // Its key (made before it was told).
                 let life = ctx
                     .of_acquisition
                     .get(id)
                     .into_iter()
                     .flatten()
+                    .filter(|life| prefix.as_ref().is_none_or(|p| life.prefix == *p))
                     .filter(|life| life.created_seen <= *at + Duration::from_secs(5))
                     // Its first: any later one is a late join of it, made after the
                     // first was gone.
@@ -97,8 +106,13 @@ pub(super) fn foreign(ctx: &Ctx<'_>, verdict: &mut Verdict) {
                 id,
                 at,
                 reason: LossReason::KeyDeleted,
+                key,
             } => {
-                if let Some(life) = ctx.grants.get(id).and_then(|g| ctx.life_of(g)) {
+                for life in ctx
+                    .grants_with_key(*id, key)
+                    .iter()
+                    .filter_map(|g| ctx.life_of(g))
+                {
                     deleted_under.push((*at, life, "while it held"));
                 }
             }
@@ -108,8 +122,14 @@ pub(super) fn foreign(ctx: &Ctx<'_>, verdict: &mut Verdict) {
                 outcome: Outcome::NotHeld,
                 ..
             } => {
-                if let Some(life) = ctx.grants.get(id).and_then(|g| ctx.life_of(g)) {
-                    deleted_under.push((*started, life, RELEASE_SAID_NOT_HELD));
+                // Several locks answer NotHeld if any one did; which one is not known.
+                let when = if ctx.multi.contains_key(id) {
+                    SEVERAL_SAID_NOT_HELD
+                } else {
+                    RELEASE_SAID_NOT_HELD
+                };
+                for life in ctx.grants_of(*id).iter().filter_map(|g| ctx.life_of(g)) {
+                    deleted_under.push((*started, life, when));
                 }
             }
             _ => {}
@@ -123,6 +143,13 @@ pub(super) fn foreign(ctx: &Ctx<'_>, verdict: &mut Verdict) {
         // deadline passed between the workload's `is_held()` and the release's own look)
         // answers NotHeld although its delete removed the key.
         if when == RELEASE_SAID_NOT_HELD && life.deleted_by_client && seen >= at {
+            continue;
+        }
+        // Of several locks, the others were released by the same call: their keys went by
+        // its deletes, answered (the clients' own) or not (an attempt without an answer
+        // that the retry then found done): only a key gone before the release began was
+        // surely taken away.
+        if when == SEVERAL_SAID_NOT_HELD && seen >= at {
             continue;
         }
         verdict.count("foreign delete");
@@ -187,3 +214,7 @@ pub(super) fn seen_gone(ctx: &Ctx<'_>, verdict: &mut Verdict) {
 /// How a release that answered NotHeld (believing itself held) is named among the keys
 /// deleted under their acquisitions.
 const RELEASE_SAID_NOT_HELD: &str = "before its release deleted it";
+
+/// The same, for a release of several locks (`lock_all`): one of them at least was not
+/// held.
+const SEVERAL_SAID_NOT_HELD: &str = "before the release of its locks deleted them";

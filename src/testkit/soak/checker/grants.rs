@@ -11,7 +11,7 @@ use super::{Ctx, Verdict};
 /// at the revision the grant was decided its key was alive and the keys ahead of it
 /// admitted it.
 pub(super) fn token_and_exclusion(ctx: &Ctx<'_>, verdict: &mut Verdict) {
-    for grant in ctx.grants.values() {
+    for grant in ctx.every_grant() {
         verdict.count("token");
         let Some(life) = ctx.life_of(grant) else {
             verdict.fail(
@@ -78,7 +78,7 @@ pub(super) fn token_and_exclusion(ctx: &Ctx<'_>, verdict: &mut Verdict) {
 /// apart.
 pub(super) fn duplicate_tokens(ctx: &Ctx<'_>, verdict: &mut Verdict) {
     let mut by_token: HashMap<(&[u8], i64), &Grant> = HashMap::new();
-    let mut ordered: Vec<&Grant> = ctx.grants.values().copied().collect();
+    let mut ordered: Vec<&Grant> = ctx.every_grant().collect();
     ordered.sort_by_key(|g| (g.at, g.id));
     for grant in ordered {
         let Some(life) = ctx.life_of(grant) else {
@@ -107,7 +107,7 @@ pub(super) fn duplicate_tokens(ctx: &Ctx<'_>, verdict: &mut Verdict) {
 /// label, an election's value): a grant's key names that grant's acquisition, never an
 /// earlier acquisition's key taken for its own.
 pub(super) fn ownership(ctx: &Ctx<'_>, verdict: &mut Verdict) {
-    for grant in ctx.grants.values() {
+    for grant in ctx.every_grant() {
         let Some(life) = ctx.life_of(grant) else {
             continue;
         };

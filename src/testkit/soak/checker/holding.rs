@@ -1,4 +1,6 @@
-//! What a holder was told and said: `is_held()`, `lost()`, and its release.
+//! What a holder was told and said: `is_held()`, `lost()`, and its release. A guard of
+//! several locks (`lock_all`) says it holds only while it holds every one, and its
+//! release releases all: each of its keys is held to the rules here.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -22,20 +24,20 @@ pub(super) fn after_loss(ctx: &Ctx<'_>, verdict: &mut Verdict) {
                     continue;
                 };
                 verdict.count("held after loss");
-                if *held {
-                    if let Some(grant) = ctx.grants.get(id) {
-                        verdict.fail(
-                            *at,
-                            format!(
-                                "holding: client {}'s is_held() said true for {} (token {}) {:?} \
+                let grants = ctx.grants_of(*id);
+                if let (true, Some(grant)) = (*held, grants.first()) {
+                    let keys: Vec<&str> = grants.iter().map(|g| g.key.as_str()).collect();
+                    verdict.fail(
+                        *at,
+                        format!(
+                            "holding: client {}'s is_held() said true for {} (token {}) {:?} \
                              after its lost() resolved",
-                                grant.client,
-                                grant.key,
-                                grant.token,
-                                at.duration_since(*since)
-                            ),
-                        );
-                    }
+                            grant.client,
+                            keys.join(", "),
+                            grant.token,
+                            at.duration_since(*since)
+                        ),
+                    );
                 }
             }
             _ => {}
@@ -57,30 +59,29 @@ pub(super) fn key_after_release(ctx: &Ctx<'_>, verdict: &mut Verdict) {
         else {
             continue;
         };
-        let Some(grant) = ctx.grants.get(id) else {
-            continue;
-        };
-        let Some(life) = ctx.life_of(grant) else {
-            continue;
-        };
-        verdict.count("key after release");
-        let bound = grant.ttl + RELEASE_SLACK;
-        let bound = bound + ctx.operator.revoked_slack(*returned, *returned + bound);
-        // Never deleted: the leftovers check speaks for a key still there at the end.
-        let gone = life.deleted.map_or(ctx.ended, |(_, seen)| seen);
-        if gone > *returned + bound {
-            verdict.fail(
-                *returned + bound,
-                format!(
-                    "release: client {}'s key {} (token {}) was still there {:?} after its release \
-                 returned (bound {bound:?})\n{}",
-                    grant.client,
-                    grant.key,
-                    grant.token,
-                    gone.duration_since(*returned),
-                    ctx.dump(&life.prefix, life.created)
-                ),
-            );
+        for grant in ctx.grants_of(*id) {
+            let Some(life) = ctx.life_of(grant) else {
+                continue;
+            };
+            verdict.count("key after release");
+            let bound = grant.ttl + RELEASE_SLACK;
+            let bound = bound + ctx.operator.revoked_slack(*returned, *returned + bound);
+            // Never deleted: the leftovers check speaks for a key still there at the end.
+            let gone = life.deleted.map_or(ctx.ended, |(_, seen)| seen);
+            if gone > *returned + bound {
+                verdict.fail(
+                    *returned + bound,
+                    format!(
+                        "release: client {}'s key {} (token {}) was still there {:?} after its \
+                         release returned (bound {bound:?})\n{}",
+                        grant.client,
+                        grant.key,
+                        grant.token,
+                        gone.duration_since(*returned),
+                        ctx.dump(&life.prefix, life.created)
+                    ),
+                );
+            }
         }
     }
 }
@@ -91,15 +92,16 @@ pub(super) fn key_after_release(ctx: &Ctx<'_>, verdict: &mut Verdict) {
 pub(super) fn claims(ctx: &Ctx<'_>, verdict: &mut Verdict) {
     for event in ctx.events {
         match event {
+            // (Every key of a guard of several locks: it says it holds all.)
             Event::Held { id, at, held: true } => {
-                let Some(grant) = ctx.grants.get(id) else {
-                    continue;
-                };
-                let Some(life) = ctx.life_of(grant) else {
-                    continue;
-                };
-                verdict.count("holding");
-                if let Some((revision, seen)) = life.deleted {
+                for grant in ctx.grants_of(*id) {
+                    let Some(life) = ctx.life_of(grant) else {
+                        continue;
+                    };
+                    verdict.count("holding");
+                    let Some((revision, seen)) = life.deleted else {
+                        continue;
+                    };
                     let bound = HeldBound::for_ttl(grant.ttl);
                     if *at > seen + bound {
                         verdict.fail(*at, format!(
@@ -114,61 +116,63 @@ pub(super) fn claims(ctx: &Ctx<'_>, verdict: &mut Verdict) {
                     }
                 }
             }
+            // (A guard of several locks names the lock: that one's key.)
             Event::Lost {
                 id,
                 at,
                 reason: LossReason::KeyDeleted,
+                key,
             } => {
-                let Some(grant) = ctx.grants.get(id) else {
-                    continue;
-                };
-                let Some(life) = ctx.life_of(grant) else {
-                    continue;
-                };
-                verdict.count("holding");
-                // The recorder may hear of a deletion a little after the client does.
-                // (3 s of silence before the recorder opens another watch, and its reopen.)
-                let heard_late = |seen: Instant| seen > *at + Duration::from_secs(5);
-                if life.deleted.is_none_or(|(_, seen)| heard_late(seen)) {
-                    verdict.fail(
-                        *at,
-                        format!(
-                            "holding: client {} was told its key {} (token {}) was deleted, before \
-                         it was (deleted: {:?})",
-                            grant.client,
-                            grant.key,
-                            grant.token,
-                            life.deleted.map(|(d, _)| d)
-                        ),
-                    );
+                for grant in ctx.grants_with_key(*id, key) {
+                    let Some(life) = ctx.life_of(grant) else {
+                        continue;
+                    };
+                    verdict.count("holding");
+                    // The recorder may hear of a deletion a little after the client does.
+                    // (3 s of silence before the recorder opens another watch, and its reopen.)
+                    let heard_late = |seen: Instant| seen > *at + Duration::from_secs(5);
+                    if life.deleted.is_none_or(|(_, seen)| heard_late(seen)) {
+                        verdict.fail(
+                            *at,
+                            format!(
+                                "holding: client {} was told its key {} (token {}) was deleted, \
+                                 before it was (deleted: {:?})",
+                                grant.client,
+                                grant.key,
+                                grant.token,
+                                life.deleted.map(|(d, _)| d)
+                            ),
+                        );
+                    }
                 }
             }
+            // (Several locks are released only if every one was.)
             Event::Released {
                 id,
                 started,
                 outcome: Outcome::Released,
                 ..
             } => {
-                let Some(grant) = ctx.grants.get(id) else {
-                    continue;
-                };
-                let Some(life) = ctx.life_of(grant) else {
-                    continue;
-                };
-                verdict.count("release");
-                match life.deleted {
-                    None => verdict.fail(
-                        *started,
-                        format!(
-                            "release: client {} released {} (token {}), and its key was never \
+                for grant in ctx.grants_of(*id) {
+                    let Some(life) = ctx.life_of(grant) else {
+                        continue;
+                    };
+                    verdict.count("release");
+                    match life.deleted {
+                        None => verdict.fail(
+                            *started,
+                            format!(
+                                "release: client {} released {} (token {}), and its key was never \
                          deleted",
-                            grant.client, grant.key, grant.token
+                                grant.client, grant.key, grant.token
+                            ),
                         ),
-                    ),
-                    // Someone else deleted it long before: the release found nothing of
-                    // its own to delete, and should have said so.
-                    Some((revision, seen)) if seen + HeldBound::for_ttl(grant.ttl) < *started => {
-                        verdict.fail(
+                        // Someone else deleted it long before: the release found nothing of
+                        // its own to delete, and should have said so.
+                        Some((revision, seen))
+                            if seen + HeldBound::for_ttl(grant.ttl) < *started =>
+                        {
+                            verdict.fail(
                             *started,
                             format!(
                                 "release: client {} reported {} (token {}) released, but its key \
@@ -179,8 +183,9 @@ pub(super) fn claims(ctx: &Ctx<'_>, verdict: &mut Verdict) {
                                 started.duration_since(seen)
                             ),
                         );
+                        }
+                        Some(_) => {}
                     }
-                    Some(_) => {}
                 }
             }
             _ => {}

@@ -30,13 +30,26 @@
 //!   **leftovers**: after the run and a settling period no key is left;
 //! - `progress.rs`: **progress**: a key admitted by the history is granted (or gone)
 //!   within [`STALL_BOUND`]: a waiter that stays in line although the keys ahead left is
-//!   a lost wakeup, and a key nobody holds or waits on (a late join) blocks the lock.
+//!   a lost wakeup, and a key nobody holds or waits on (a late join) blocks the lock. A
+//!   key of a `lock_all` is granted only with the other keys of its transaction: its
+//!   bound runs from when every one of them is admitted (or, if that never happens, from
+//!   when the first of them went);
+//! - `multi.rs`: several locks at once (`lock_all`): **multi join**: every attempt puts
+//!   one key per name in one transaction (one create revision); **multi grant**: the
+//!   grant holds every name, with one token, that revision; **multi retry**: a join
+//!   refused because its keys were already there found keys an earlier attempt of its own
+//!   had put.
+//!
+//! A `lock_all` acquisition is journalled as [`Event::Multi`] with its names, then a
+//! [`Grant`] per lock (one acquisition id): every rule above that speaks of a grant's key
+//! holds for each of its keys (one holder of its name among the others, single or not).
 
 mod deletions;
 mod grants;
 mod holding;
 mod keys;
 mod model;
+mod multi;
 mod progress;
 mod queue;
 #[cfg(test)]
@@ -118,8 +131,10 @@ struct Ctx<'a> {
     by_key: HashMap<&'a [u8], Vec<usize>>,
     /// Every life of each lock (its prefix).
     by_prefix: HashMap<&'a [u8], Vec<usize>>,
-    /// Every grant, by its acquisition.
-    grants: HashMap<u64, &'a Grant>,
+    /// Every grant, by its acquisition (a `lock_all`'s: one per lock).
+    grants: HashMap<u64, Vec<&'a Grant>>,
+    /// The names of every acquisition of several locks at once.
+    multi: HashMap<u64, &'a [String]>,
     /// The keys each acquisition made (their values name it).
     of_acquisition: HashMap<u64, Vec<&'a Life>>,
     /// The last revision at which each lease was used for a put.
@@ -127,6 +142,31 @@ struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
+    /// Every grant of every acquisition.
+    fn every_grant(&self) -> impl Iterator<Item = &'a Grant> + '_ {
+        self.grants.values().flatten().copied()
+    }
+
+    /// The grants of acquisition `id` (one lock each; none if it was not granted).
+    fn grants_of(&self, id: u64) -> &[&'a Grant] {
+        self.grants.get(&id).map_or(&[], Vec::as_slice)
+    }
+
+    /// The grants of acquisition `id` whose key is `key` (all of them for `None`: a
+    /// single lock's one grant).
+    fn grants_with_key(&self, id: u64, key: &Option<String>) -> Vec<&'a Grant> {
+        self.grants_of(id)
+            .iter()
+            .copied()
+            .filter(|grant| key.as_ref().is_none_or(|key| grant.key == *key))
+            .collect()
+    }
+
+    /// The prefix of lock `name`'s keys.
+    fn prefix(&self, name: &str) -> Vec<u8> {
+        format!("{}/{name}/", self.namespace).into_bytes()
+    }
+
     /// The life of `grant`'s key: the key created at its token.
     fn life_of(&self, grant: &Grant) -> Option<&'a Life> {
         let lives = self.lives;
@@ -198,10 +238,19 @@ pub(crate) fn check(
         lives: &lives,
         by_key: index(|life| &life.key),
         by_prefix: index(|life| &life.prefix),
-        grants: events
+        grants: events.iter().fold(
+            HashMap::new(),
+            |mut map: HashMap<u64, Vec<&Grant>>, event| {
+                if let Event::Grant(grant) = event {
+                    map.entry(grant.id).or_default().push(grant);
+                }
+                map
+            },
+        ),
+        multi: events
             .iter()
-            .filter_map(|e| match e {
-                Event::Grant(g) => Some((g.id, g)),
+            .filter_map(|event| match event {
+                Event::Multi { id, names } => Some((*id, names.as_slice())),
                 _ => None,
             })
             .collect(),
@@ -219,6 +268,7 @@ pub(crate) fn check(
     let mut verdict = Verdict::default();
     grants::token_and_exclusion(&ctx, &mut verdict);
     grants::duplicate_tokens(&ctx, &mut verdict);
+    multi::joins_and_grants(&ctx, &mut verdict);
     keys::name_reuse(&ctx, &mut verdict);
     holding::after_loss(&ctx, &mut verdict);
     holding::key_after_release(&ctx, &mut verdict);

@@ -33,21 +33,25 @@ pub(crate) struct Put {
 /// What a client was told, and what it said.
 #[derive(Clone, Debug)]
 pub(crate) enum Event {
+    /// A grant of one lock; a `lock_all` is told of every lock at once, a `Grant` each
+    /// (one acquisition id).
     Grant(Grant),
+    /// Acquisition `id` takes several locks at once (`lock_all`, `try_lock_all`): these
+    /// names (in the order given). Journalled before it starts.
+    Multi { id: u64, names: Vec<String> },
     /// `is_held()` answered `held` at `at`.
-    Held {
-        id: u64,
-        at: Instant,
-        held: bool,
-    },
-    /// `lost()` resolved with `reason` at `at`.
+    Held { id: u64, at: Instant, held: bool },
+    /// `lost()` resolved with `reason` at `at`; for several locks held together, `key`
+    /// is the key of the lock it named (`MultiGuard::lost_which`).
     Lost {
         id: u64,
         at: Instant,
         reason: LossReason,
+        key: Option<String>,
     },
-    /// Acquisition `id` failed with `error`; `key_deleted`: it was told its key was
-    /// deleted while it waited.
+    /// Acquisition `id` of `name` (several locks: their names sorted, joined by commas)
+    /// failed with `error`; `key_deleted`: it was told its key was deleted while it
+    /// waited, and for several locks `deleted_lock` is the lock the error named.
     Failed {
         id: u64,
         client: usize,
@@ -55,13 +59,11 @@ pub(crate) enum Event {
         at: Instant,
         error: String,
         key_deleted: bool,
+        deleted_lock: Option<String>,
     },
     /// Acquisition `id` returned without the lock: a `try` that found it taken, or a
     /// wait that timed out.
-    Missed {
-        id: u64,
-        at: Instant,
-    },
+    Missed { id: u64, at: Instant },
     /// The grant's release, and what it reported.
     Released {
         id: u64,

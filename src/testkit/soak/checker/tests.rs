@@ -4,6 +4,8 @@ use super::model::{acquisition_of, prefix_of};
 use super::*;
 use crate::LossReason;
 
+mod multi;
+
 const NS: &str = "soak";
 
 struct Story {
@@ -323,6 +325,7 @@ fn is_held_after_lost_is_caught() {
         id: 1,
         at: s.at(110),
         reason: LossReason::KeyDeleted,
+        key: None,
     });
     s.events.push(Event::Held {
         id: 1,
@@ -391,6 +394,7 @@ fn a_waiters_key_deleted_by_another_acquisitions_request_is_caught() {
         at: s.at(5),
         error: "lease lost on lock \"x\": key deleted".into(),
         key_deleted: true,
+        deleted_lock: None,
     });
     s.delete(6, "soak/x/a-0", 6);
     s.released(1, 6);
@@ -479,6 +483,7 @@ fn a_waiters_key_its_own_client_deleted_after_it_was_told_is_caught() {
         at: s.at(5),
         error: "lease lost on lock \"x\": key deleted".into(),
         key_deleted: true,
+        deleted_lock: None,
     });
     s.client_delete(4, "soak/x/a-1", 5);
     s.client_delete(5, "soak/x/a-0", 6);
