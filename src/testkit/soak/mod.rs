@@ -3,7 +3,7 @@
 //! holds and later delivers, or cuts their requests, kills members, deletes keys as an
 //! operator would, compacts and takes the clients' write permission away for a while, all on a schedule drawn from a seed; and an independent
 //! checker that rebuilds the truth from etcd's own history and compares it with what
-//! every client was told (`checker.rs` lists the checks).
+//! every client was told (`checker/mod.rs` lists the checks, one file per group).
 //!
 //! Scenario tests find the cases someone thought of; this finds the others. A failure
 //! prints the seed (run it again with it: the schedule of choices repeats, the timing

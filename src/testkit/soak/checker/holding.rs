@@ -104,15 +104,19 @@ pub(super) fn claims(ctx: &Ctx<'_>, verdict: &mut Verdict) {
                     };
                     let bound = HeldBound::for_ttl(grant.ttl);
                     if *at > seen + bound {
-                        verdict.fail(*at, format!(
-                            "holding: client {}'s is_held() said true for {} (token {}) {:?} \
-                             after its key was deleted at revision {revision} (bound {bound:?})\n{}",
-                            grant.client,
-                            grant.key,
-                            grant.token,
-                            at.duration_since(seen),
-                            ctx.dump(&life.prefix, revision)
-                        ));
+                        verdict.fail(
+                            *at,
+                            format!(
+                                "holding: client {}'s is_held() said true for {} (token {}) {:?} \
+                             after its key was deleted at revision {revision} (bound \
+                             {bound:?})\n{}",
+                                grant.client,
+                                grant.key,
+                                grant.token,
+                                at.duration_since(seen),
+                                ctx.dump(&life.prefix, revision)
+                            ),
+                        );
                     }
                 }
             }
