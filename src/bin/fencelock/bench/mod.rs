@@ -271,7 +271,11 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
             if plan.etcd_bare_ceilings {
                 runner.etcd_ceilings(locks.client().clone(), &c).await?;
             } else {
-                // The quick run's ceiling: etcd's Lock RPC alone.
+                // The quick run's ceiling: etcd's Lock RPC (and with --fsync the raw put,
+                // the disk's limit).
+                if plan.etcd_put_ceiling {
+                    runner.etcd_put(locks.client().clone(), c[0]).await?;
+                }
                 runner
                     .lock_rpc_on("etcd Lock RPC", locks.client().clone(), c[0])
                     .await?;

@@ -48,6 +48,9 @@ pub struct Plan {
     pub lock_all_sizes: Vec<usize>,
     /// etcd put and the bare acquire-transaction cycles beside etcd's Lock RPC.
     pub etcd_bare_ceilings: bool,
+    /// The raw put row alone in a quick run (with `--fsync`: the ceiling a disk-bound
+    /// lock is measured against, half the put rate of as many tasks).
+    pub etcd_put_ceiling: bool,
     /// The mutual-TLS etcd and the 3-member etcd and ZooKeeper clusters beside the single
     /// servers (local servers only), and the connect rows.
     pub side_clusters: bool,
@@ -116,6 +119,7 @@ impl Plan {
             wave_locks: args.wave_locks.unwrap_or(if full { 1000 } else { 0 }),
             lock_all_sizes: vec![2, 8],
             etcd_bare_ceilings: full,
+            etcd_put_ceiling: full || args.fsync,
             side_clusters: full,
             zookeeper_concurrency,
             contended_all: full,
@@ -175,7 +179,12 @@ impl Plan {
         let w = count(&self.waiters);
         if self.wants("etcd") {
             // etcd's Lock RPC, the lock, Go's Mutex; put and three bare cycles in full.
-            s.cells += c * (2 + if self.etcd_bare_ceilings { 4 } else { 0 });
+            s.cells += c
+                * (2 + if self.etcd_bare_ceilings {
+                    4
+                } else {
+                    u64::from(self.etcd_put_ceiling)
+                });
             s.go_cells += c * go;
             // One name: the lock and Go's Mutex.
             s.cells += w;
@@ -321,6 +330,8 @@ impl Plan {
             peers.push("etcd's Lock RPC");
             if self.etcd_bare_ceilings {
                 peers.push("the bare acquire txn + delete (3 kinds)");
+            }
+            if self.etcd_put_ceiling {
                 peers.push("a raw put");
             }
             lines.push(format!(
@@ -643,6 +654,16 @@ mod tests {
                 Server::Postgres
             ]
         );
+    }
+
+    #[test]
+    fn a_quick_run_with_fsync_adds_the_raw_put_at_each_concurrency() {
+        let quick = plan(&[]);
+        let fsync = plan(&["--fsync"]);
+        assert!(!quick.etcd_put_ceiling && fsync.etcd_put_ceiling);
+        assert_eq!(fsync.steps(true).cells, quick.steps(true).cells + 3);
+        assert!(fsync.compared(true)[0].contains("a raw put"));
+        assert!(!quick.compared(true)[0].contains("a raw put"));
     }
 
     #[test]

@@ -62,6 +62,24 @@ impl Runner<'_> {
         self.cells.push(cell);
     }
 
+    /// A plain put (no lease, no transaction) on distinct keys from `c` tasks: the raw
+    /// write rate of the server, the ceiling of a lock cycle's two writes.
+    pub async fn etcd_put(&mut self, client: etcd_client::Client, c: usize) -> BoxResult<()> {
+        let run = self.run.clone();
+        self.step(&format!("etcd put, concurrency {c}"));
+        self.settle().await?;
+        let cell = drive("ceiling", "etcd put", c, self.args.duration, move |w, i| {
+            let (mut cl, key) = (client.clone(), format!("bench/{run}/put/{w}"));
+            async move {
+                cl.put(key, i.to_string(), None).await?;
+                Ok(())
+            }
+        })
+        .await?;
+        self.done(cell);
+        Ok(())
+    }
+
     /// Plain put, the bare acquire-shaped transaction + delete cycle, and etcd's own Lock
     /// RPC, on distinct keys at every concurrency.
     pub async fn etcd_ceilings(
@@ -82,19 +100,7 @@ impl Runner<'_> {
             }
         });
         for &c in concurrencies {
-            let run = self.run.clone();
-            self.step(&format!("etcd put, concurrency {c}"));
-            let cl = client.clone();
-            self.settle().await?;
-            let cell = drive("ceiling", "etcd put", c, self.args.duration, move |w, i| {
-                let (mut cl, key) = (cl.clone(), format!("bench/{run}/put/{w}"));
-                async move {
-                    cl.put(key, i.to_string(), None).await?;
-                    Ok(())
-                }
-            })
-            .await?;
-            self.done(cell);
+            self.etcd_put(client.clone(), c).await?;
 
             // The cheapest correct cycle: one key name per worker, reused every cycle (as
             // Go's mutex reuses one per session), so that etcd's index of dead keys does
