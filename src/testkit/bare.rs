@@ -104,6 +104,26 @@ pub fn cpu_time(pid: u32) -> Duration {
     Duration::from_micros((ticks(11) + ticks(12)) * 1_000_000 / per_second.max(1))
 }
 
+/// The etcd lock's acquire transaction, bare: put `key` under `lease` if it is new, and read
+/// the two newest keys of `prefix` (what the lock's acquire answers from). The bench's
+/// `txn+delete` ceilings and `examples/peer_cycle.rs` follow it with a plain delete.
+#[must_use]
+pub fn acquire_shaped(prefix: &str, key: &str, lease: i64) -> etcd_client::Txn {
+    use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget};
+    use etcd_client::{Txn, TxnOp};
+    let newest_two = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(2)
+        .with_keys_only();
+    Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+        .and_then([
+            TxnOp::put(key, [], Some(PutOptions::new().with_lease(lease))),
+            TxnOp::get(prefix, Some(newest_two)),
+        ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::cpu_time;

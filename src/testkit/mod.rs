@@ -37,7 +37,7 @@ mod redis;
 pub mod soak;
 mod zookeeper;
 
-pub use bare::{BareRedisCycle, bare_etcd_cycle, cpu_time};
+pub use bare::{BareRedisCycle, acquire_shaped, bare_etcd_cycle, cpu_time};
 pub use clock::{JumpingClock, LIBFAKETIME_ENV};
 pub use cluster::{HARNESS_ENV, SelectedEtcdCluster};
 #[cfg(feature = "containers")]

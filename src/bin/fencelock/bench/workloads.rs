@@ -4,9 +4,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use fencelock::postgres::Fence;
-use fencelock::testkit::{fetch_metrics, metric_sum};
+use fencelock::testkit::{acquire_shaped, fetch_metrics, metric_sum};
 use fencelock::{LockBackend, LockGuard, LockOptions};
 use indicatif::ProgressBar;
 
@@ -623,22 +623,6 @@ pub async fn etcd_writes(endpoints: Vec<String>) -> BoxResult<f64> {
         }
     }
     Ok(total)
-}
-
-/// The etcd lock's acquire transaction, bare: put the key under the lease if it is new,
-/// and read the two newest keys of the prefix.
-fn acquire_shaped(prefix: &str, key: &str, lease: i64) -> Txn {
-    let newest_two = GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Descend)
-        .with_limit(2)
-        .with_keys_only();
-    Txn::new()
-        .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-        .and_then([
-            TxnOp::put(key, [], Some(PutOptions::new().with_lease(lease))),
-            TxnOp::get(prefix, Some(newest_two)),
-        ])
 }
 
 /// This process's resident memory (`VmRSS`), in bytes; `None` where `/proc` has no answer.
