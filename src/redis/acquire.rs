@@ -1,27 +1,31 @@
-//! Taking a Redis or Redlock lock: attempt, and while taken, wait for the release message
-//! or a bounded, jittered sleep, whichever comes first.
+//! Taking a Redis or Redlock lock (a semaphore's permit, several locks at once: what is
+//! taken is a [`Target`]): attempt, and while taken, wait for a release message (on any
+//! of the target's channels) or a bounded, jittered sleep, whichever comes first.
 //!
 //! Cancel safety comes from the owner value rather than a task: see [`acquire`].
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
+use tokio::sync::futures::Notified;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::core::Core;
-use super::guard::RedisGuard;
-use super::keys::LockKeys;
 use super::node::Attempt;
 use super::owner::{jittered, owner_value};
 use super::subscriber::{Interest, Subscriber};
+use super::target::{Grantee, Target};
 use super::value::{lock_value, set_owner};
 use super::waiter::{Registration, waiter};
-use crate::lease_clock::{Clock, ClockInstant};
+use crate::lease_clock::Clock;
 use crate::retry::backoff;
-use crate::{Backend, FencingToken, LockError, LockOptions};
+use crate::{LockError, LockOptions};
 
 /// How often a waiter without release messages (Redlock) retries at most: the usual
 /// Redlock client behaviour of a short random delay between attempts.
@@ -35,45 +39,45 @@ fn per_master_timeout(request_timeout: Duration, ttl: Duration) -> Duration {
     request_timeout.min(ttl / 10)
 }
 
-/// Runs one acquisition. `wait`: queue up (`lock`) or not (`try_lock`).
+/// Runs one acquisition of `target`. `wait`: queue up (`lock`) or not (`try_lock`).
 ///
 /// # Cancel safety
 ///
-/// Every attempt uses the same random owner value, and the lock can only ever hold that
+/// Every attempt uses the same random owner value, and a lock key can only ever hold that
 /// value if one of our attempts set it. If this future is dropped (while an attempt is in
-/// flight, or between attempts), a compare-and-delete with that owner value is sent in the
-/// background: on each connection it queues behind the attempt, so it removes the lock if
-/// the attempt set it and does nothing otherwise. No task is spawned on the way in.
-pub(crate) async fn acquire(
+/// flight, or between attempts), a compare-and-delete with that owner value of every key
+/// the target may have taken is sent in the background: on each connection it queues
+/// behind the attempt, so it removes a key if the attempt set it and does nothing
+/// otherwise. No task is spawned on the way in.
+pub(crate) async fn acquire<T: Target>(
     core: Arc<Core>,
     subscriber: Option<Arc<Subscriber>>,
-    name: &str,
-    keys: LockKeys,
+    target: T,
     options: &LockOptions,
     wait: bool,
-) -> Result<Option<RedisGuard>, LockError> {
+) -> Result<Option<T::Taken>, LockError> {
     let backend = core.backend;
+    let name = target.label().clone();
     let counted = std::time::Instant::now();
-    let result = acquire_uncounted(core, subscriber, name, keys, options, wait).await;
-    crate::metrics::acquisition(backend, name, counted, &result);
+    let result = acquire_uncounted(core, subscriber, target, options, wait).await;
+    crate::metrics::acquisition(backend, &name, counted, &result);
     result
 }
 
-async fn acquire_uncounted(
+async fn acquire_uncounted<T: Target>(
     core: Arc<Core>,
     subscriber: Option<Arc<Subscriber>>,
-    name: &str,
-    keys: LockKeys,
+    target: T,
     options: &LockOptions,
     wait: bool,
-) -> Result<Option<RedisGuard>, LockError> {
+) -> Result<Option<T::Taken>, LockError> {
     let owner = owner_value();
     let value = lock_value(&owner, options.holder_record().as_deref());
     let mut acquisition = Acquisition {
-        keys,
+        name: target.label().clone(),
+        target,
         core,
         subscriber,
-        name: Arc::from(name),
         owner,
         value,
         options: options.clone(),
@@ -102,8 +106,8 @@ async fn acquire_uncounted(
                     acquisition
                         .last_error
                         .take()
-                        .unwrap_or(LockError::WaitTimeout {
-                            name: name.to_owned(),
+                        .unwrap_or_else(|| LockError::WaitTimeout {
+                            name: acquisition.name.to_string(),
                             waited: timeout,
                         })
                 }),
@@ -121,11 +125,12 @@ async fn acquire_uncounted(
     outcome
 }
 
-struct Acquisition {
+struct Acquisition<T: Target> {
     core: Arc<Core>,
     subscriber: Option<Arc<Subscriber>>,
+    /// The lock's name (several locks: their names joined by commas).
     name: Arc<str>,
-    keys: LockKeys,
+    target: T,
     owner: Arc<str>,
     /// What the key gets: the owner value, then the holder record if any (`value.rs`).
     /// Dropped with the acquisition: the guard keeps only the owner.
@@ -134,8 +139,9 @@ struct Acquisition {
     started: Instant,
     /// Whether dropping this must clean up after a possibly applied attempt.
     armed: bool,
-    /// Our registration in the lock's waiters' set (single Redis only: Redlock waiters
-    /// poll and never register).
+    /// Our registration in the lock's waiters' set (several locks: in the set of each
+    /// lock an attempt found held; single Redis only: Redlock waiters poll and never
+    /// register).
     registration: Registration,
     /// Whether a failed attempt may have set the lock with our owner value (undone
     /// before the next attempt).
@@ -146,7 +152,7 @@ struct Acquisition {
     last_error: Option<LockError>,
 }
 
-impl Drop for Acquisition {
+impl<T: Target> Drop for Acquisition<T> {
     fn drop(&mut self) {
         // A waiter that gives up (timed out, failed, dropped) leaves the waiters' set, so
         // that releases stop publishing for it; best effort: its registration expires.
@@ -157,22 +163,21 @@ impl Drop for Acquisition {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (core, keys, owner, name, armed) = (
+        let (core, target, owner, name, armed) = (
             self.core.clone(),
-            self.keys.clone(),
+            self.target.clone(),
             std::mem::take(&mut self.owner),
             std::mem::take(&mut self.name),
             self.armed,
         );
         runtime.spawn(async move {
-            // The attempt may have taken any slot: compare-and-delete each.
-            for slot in (0..keys.slots().len()).filter(|_| armed) {
-                if let Err(err) = core.release(&keys.granted(slot), &owner, &name, None).await {
+            if armed {
+                if let Err(err) = target.undo(&core, &owner, &name).await {
                     tracing::debug!(%err, lock = %name, "cleanup after an abandoned attempt failed; the TTL will");
                 }
             }
             if let Some(waiter) = waiter {
-                if let Err(err) = core.unregister(&keys, &waiter, &name).await {
+                if let Err(err) = target.unregister(&core, &waiter, &name).await {
                     tracing::debug!(%err, lock = %name, "unregistering a waiter that gave up failed; its registration expires");
                 }
             }
@@ -180,17 +185,18 @@ impl Drop for Acquisition {
     }
 }
 
-impl Acquisition {
-    async fn run(&mut self, wait: bool) -> Result<Option<RedisGuard>, LockError> {
+impl<T: Target> Acquisition<T> {
+    async fn run(&mut self, wait: bool) -> Result<Option<T::Taken>, LockError> {
         let deadline = self.options.wait_timeout().map(|t| self.started + t);
-        let mut interest: Option<Interest> = None;
+        // One per release channel of the target, once subscribed (none before).
+        let mut interests: Vec<Interest> = Vec::new();
         loop {
             // Armed before the attempt: a release published while it runs still wakes us.
-            let notify = interest.as_ref().map(Interest::notify);
-            let notified = notify.as_ref().map(|n| n.notified());
-            let mut notified = std::pin::pin!(notified);
-            if let Some(n) = notified.as_mut().as_pin_mut() {
-                n.enable();
+            let notifies: Vec<_> = interests.iter().map(Interest::notify).collect();
+            let mut notified: Vec<Pin<Box<Notified<'_>>>> =
+                notifies.iter().map(|n| Box::pin(n.notified())).collect();
+            for n in &mut notified {
+                n.as_mut().enable();
             }
             if self.uncertain {
                 // An earlier attempt failed and may have been applied: the lock may hold
@@ -214,24 +220,24 @@ impl Acquisition {
             let sent = Clock::BOOT.now();
             // Registered only while subscribed: a release that sees the registration
             // publishes, and the subscription (armed above) hears it.
-            let listening = interest.is_some();
+            let listening = !interests.is_empty();
             // The registration is counted from the sending: it reached the server later.
             let attempt_sent = Instant::now();
             let remaining = match self.attempt(listening).await {
-                Ok(Attempt::Granted(token, slot)) => {
-                    // A single Redis lock's token is checked against those this client
-                    // saw (a semaphore's permits and Redlock's largest-of-the-masters
-                    // token have no such order to check).
-                    let token =
-                        if self.core.backend == Backend::Redis && self.keys.slots().len() == 1 {
-                            let key = self.keys.granted(slot).lock.clone();
-                            self.core
-                                .checked_token(&self.keys, &key, &self.owner, token, &self.name)
-                                .await?
-                        } else {
-                            token
-                        };
-                    return Ok(Some(self.guard(token, slot, sent)));
+                Ok(Attempt::Granted(grant)) => {
+                    // A lock's holder stays registered until its release unregisters it;
+                    // a grant in one script unregistered it already.
+                    let in_script = self.target.registers_in_script();
+                    let grantee = Grantee {
+                        core: &self.core,
+                        owner: &self.owner,
+                        waiter: self.registration.for_guard(in_script),
+                        options: &self.options,
+                        sent,
+                    };
+                    let taken = self.target.taken(grant, grantee).await?;
+                    self.registration.handed();
+                    return Ok(Some(taken));
                 }
                 Ok(Attempt::Held {
                     remaining,
@@ -257,10 +263,12 @@ impl Acquisition {
             if !wait {
                 return Ok(None);
             }
-            if let (None, Some(subscriber)) = (&interest, &self.subscriber) {
-                // Subscribe, then try again at once: the holder may have released
-                // between our attempt and the subscription.
-                interest = Some(subscriber.interest(self.keys.channel()).await);
+            if let (true, Some(subscriber)) = (interests.is_empty(), &self.subscriber) {
+                // Subscribe (to every lock's channel), then try again at once: a holder
+                // may have released between our attempt and the subscription.
+                for channel in self.target.channels() {
+                    interests.push(subscriber.interest(channel).await);
+                }
                 continue;
             }
             // Never past the holder's expiry, never longer than the configured bound; with no
@@ -271,7 +279,7 @@ impl Acquisition {
             };
             let sleep = jittered(remaining.min(bound).max(Duration::from_millis(1)));
             tokio::select! {
-                () = async { if let Some(n) = notified.as_mut().as_pin_mut() { n.await } else { std::future::pending().await } } => {}
+                () = any_notified(&mut notified) => {}
                 () = tokio::time::sleep(sleep) => {}
                 () = sleep_until_opt(deadline) => return Err(self.wait_ended()),
             }
@@ -309,15 +317,10 @@ impl Acquisition {
             })
     }
 
-    /// Compare-and-delete of every slot with our owner value: removes what an attempt
+    /// Compare-and-delete of every key with our owner value: removes what an attempt
     /// whose answer was lost may have set.
     async fn undo(&self) -> Result<(), LockError> {
-        for slot in 0..self.keys.slots().len() {
-            self.core
-                .release(&self.keys.granted(slot), &self.owner, &self.name, None)
-                .await?;
-        }
-        Ok(())
+        self.target.undo(&self.core, &self.owner, &self.name).await
     }
 
     /// One attempt: on a single server, one script call; with Redlock, one on every
@@ -329,21 +332,22 @@ impl Acquisition {
     /// neither time nor the lock (issue 21). What it may still apply later is undone in
     /// the background when the attempt is refused, and is ours anyway when granted.
     ///
-    /// `listening`: we are subscribed to the release channel, and a refused attempt on a
-    /// single Redis registers us as a waiter when due (see [`Waiter`]).
-    async fn attempt(&mut self, listening: bool) -> Result<Attempt, LockError> {
+    /// `listening`: we are subscribed to the release channel(s), and a refused attempt on
+    /// a single Redis registers us as a waiter when due (see [`Waiter`]).
+    async fn attempt(&mut self, listening: bool) -> Result<Attempt<T::Grant>, LockError> {
         let ttl = self.options.ttl();
         let nodes = &self.core.nodes;
         if let [node] = &nodes[..] {
             let config = &self.core.config;
             let registering = listening.then(|| {
-                let slots = self.keys.slots().len();
+                let in_script = self.target.registers_in_script();
                 self.registration
-                    .attempt(config.max_wait_sleep, config.request_timeout, slots)
+                    .attempt(config.max_wait_sleep, config.request_timeout, in_script)
             });
             let waiter = registering.as_ref().map(waiter);
-            return node
-                .acquire(&self.keys, &self.value, ttl, &self.name, waiter)
+            return self
+                .target
+                .attempt(node, &self.value, ttl, &self.name, waiter)
                 .await;
         }
         let backend = self.core.backend;
@@ -355,7 +359,7 @@ impl Acquisition {
         let mut pending: FuturesUnordered<_> = nodes
             .iter()
             .map(|node| {
-                let attempt = node.acquire(&this.keys, value, ttl, &this.name, None);
+                let attempt = this.target.attempt(node, value, ttl, &this.name, None);
                 async move {
                     tokio::time::timeout(per_master, attempt)
                         .await
@@ -376,7 +380,7 @@ impl Acquisition {
         let mut errors = Vec::new();
         while let Some(reply) = pending.next().await {
             match reply {
-                Ok(Attempt::Granted(token, _)) => granted.push(token),
+                Ok(Attempt::Granted(grant)) => granted.push(grant),
                 Ok(Attempt::Held { remaining, .. }) => refused.push(remaining),
                 Err(err) => errors.push(err),
             }
@@ -395,23 +399,28 @@ impl Acquisition {
             .saturating_sub(sent.elapsed())
             .saturating_sub(self.core.renewer.drift(ttl));
         if granted.len() >= quorum && !validity.is_zero() {
-            return Ok(Attempt::Granted(
-                granted.into_iter().max().unwrap_or(FencingToken::new(0)),
-                0,
-            ));
+            if let Some(grant) = T::agreed(granted) {
+                return Ok(Attempt::Granted(grant));
+            }
+            return Err(LockError::Backend {
+                backend,
+                operation: "acquire",
+                lock: Some(self.name.to_string()),
+                source: "a majority granted, and no grant was counted".into(),
+            });
         }
         // No majority in time: undo the partial grants, and whatever an unanswered or
         // failed request may have set (compare-and-delete, so only ours), in the
         // background: a stalled master must not hold up the next attempt.
         if !granted.is_empty() || unanswered || !errors.is_empty() {
-            let (core, keys, owner, name) = (
+            let (core, target, owner, name) = (
                 self.core.clone(),
-                self.keys.clone(),
+                self.target.clone(),
                 self.owner.clone(),
                 self.name.clone(),
             );
             tokio::spawn(async move {
-                if let Err(err) = core.release(&keys, &owner, &name, None).await {
+                if let Err(err) = target.undo(&core, &owner, &name).await {
                     tracing::debug!(%err, "undoing a partial Redlock grant failed; TTLs will");
                 }
             });
@@ -441,29 +450,19 @@ impl Acquisition {
         self.owner = owner_value();
         set_owner(&mut self.value, &self.owner);
     }
+}
 
-    fn guard(&mut self, token: FencingToken, slot: usize, sent: ClockInstant) -> RedisGuard {
-        let keys = self.keys.granted(slot);
-        // A lock's holder stays registered until its release unregisters it.
-        let waiter = self.registration.hand_to_guard(self.keys.slots().len());
-        let registration = self.core.renewer.register(
-            keys.lock.clone(),
-            self.owner.clone(),
-            self.options.ttl(),
-            self.options.renews(),
-            sent,
-        );
-        tracing::debug!(%token, "lock acquired");
-        RedisGuard::new(
-            self.core.clone(),
-            self.name.clone(),
-            keys,
-            self.owner.clone(),
-            waiter,
-            token,
-            registration,
-        )
-    }
+/// Resolves when any of `notified` does (never, for none: a waiter not subscribed).
+async fn any_notified(notified: &mut [Pin<Box<Notified<'_>>>]) {
+    std::future::poll_fn(|cx| {
+        for n in notified.iter_mut() {
+            if n.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+        }
+        Poll::Pending
+    })
+    .await;
 }
 
 async fn sleep_until_opt(deadline: Option<Instant>) {

@@ -8,6 +8,7 @@ use redis::aio::ConnectionManager;
 use super::acquire::acquire;
 use super::core::Core;
 use super::subscriber::Subscriber;
+use super::target::One;
 use super::{RedisConfig, RedisGuard, RedisSemaphore};
 use crate::{Backend, LockBackend, LockError, LockOptions, validate_name};
 
@@ -193,8 +194,8 @@ async fn lock_on(
     options: &LockOptions,
 ) -> Result<RedisGuard, LockError> {
     validate(name, options)?;
-    let keys = core.keys(name);
-    let guard = acquire(core.clone(), subscriber.cloned(), name, keys, options, true).await?;
+    let one = One::new(core, name);
+    let guard = acquire(core.clone(), subscriber.cloned(), one, options, true).await?;
     guard.ok_or_else(|| LockError::Backend {
         backend: core.backend,
         operation: "acquire",
@@ -210,7 +211,7 @@ async fn try_lock_on(
     options: &LockOptions,
 ) -> Result<Option<RedisGuard>, LockError> {
     validate(name, options)?;
-    acquire(core.clone(), None, name, core.keys(name), options, false).await
+    acquire(core.clone(), None, One::new(core, name), options, false).await
 }
 
 fn validate(name: &str, options: &LockOptions) -> Result<(), LockError> {

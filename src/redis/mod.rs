@@ -27,6 +27,7 @@ mod renewer;
 mod scripts;
 mod semaphore;
 mod subscriber;
+mod target;
 mod value;
 mod waiter;
 

@@ -15,14 +15,17 @@ use crate::{Backend, FencingToken, LockError};
 /// in one pipeline.
 pub(crate) const RENEW_CHUNK: usize = 1000;
 
-/// What one acquire attempt on one server found.
+/// What one acquire attempt on one server found. `G`: what a grant hands over: a lock's
+/// (or a semaphore's) token and the slot taken, or each lock's token for several locks
+/// taken together (`lock_all.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Attempt {
-    /// The lock (this slot of it) was free and is now ours.
-    Granted(FencingToken, usize),
-    /// Someone holds it; it expires in this long unless renewed. `registered`: the
-    /// waiter was registered in the lock's waiters' set by this attempt, in the same step
-    /// as the refusal (see [`Waiter`]).
+pub(crate) enum Attempt<G = (FencingToken, usize)> {
+    /// The lock (this slot of it; every lock of the set) was free and is now ours.
+    Granted(G),
+    /// Someone holds it (one of the set); it expires in this long unless renewed (the
+    /// soonest of those held). `registered`: the waiter was registered in the lock's
+    /// waiters' set (in every held lock's) by this attempt, in the same step as the
+    /// refusal (see [`Waiter`]).
     Held {
         remaining: Duration,
         registered: bool,
@@ -49,7 +52,7 @@ pub(crate) struct Node {
     pub(crate) address: String,
     conn: ConnectionManager,
     timeout: Duration,
-    backend: Backend,
+    pub(crate) backend: Backend,
 }
 
 impl std::fmt::Debug for Node {
@@ -278,7 +281,7 @@ impl Node {
             .await?;
         match reply.as_slice() {
             [1, token, slot] => match (u64::try_from(*token), usize::try_from(*slot)) {
-                (Ok(token), Ok(slot)) => Ok(Attempt::Granted(FencingToken::new(token), slot)),
+                (Ok(token), Ok(slot)) => Ok(Attempt::Granted((FencingToken::new(token), slot))),
                 _ => Err(malformed(self.backend, "acquire", lock)),
             },
             [0, pttl, _] => Ok(Attempt::Held {
@@ -335,7 +338,7 @@ impl Node {
         };
         if set_granted(&set).ok_or_else(unexpected)? {
             return match u64::try_from(token) {
-                Ok(token) => Ok(Attempt::Granted(FencingToken::new(token), 0)),
+                Ok(token) => Ok(Attempt::Granted((FencingToken::new(token), 0))),
                 Err(_) => Err(malformed(self.backend, "acquire", lock)),
             };
         }
@@ -460,18 +463,18 @@ impl Node {
 /// retry at once; -1 (a key without expiry, written by someone else: not ours to fix)
 /// means it may never expire, so a waiter sleeps its longest (until a release message or
 /// its bound), never spinning every millisecond.
-fn remaining(pttl: i64) -> Duration {
+pub(crate) fn remaining(pttl: i64) -> Duration {
     match pttl {
         -1 => Duration::MAX,
         pttl => Duration::from_millis(u64::try_from(pttl).unwrap_or(0)),
     }
 }
 
-fn millis(d: Duration) -> u64 {
+pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn malformed(backend: Backend, operation: &'static str, lock: &str) -> LockError {
+pub(crate) fn malformed(backend: Backend, operation: &'static str, lock: &str) -> LockError {
     LockError::Backend {
         backend,
         operation,

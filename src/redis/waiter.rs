@@ -30,7 +30,7 @@ fn lease(max_wait_sleep: Duration, request_timeout: Duration) -> Duration {
 }
 
 /// One acquisition's registration state.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Registration {
     /// Our id in the set, drawn at the first attempt made while subscribed (not the
     /// owner value: the set is readable by anyone who reads keys).
@@ -44,16 +44,18 @@ pub(crate) struct Registration {
 }
 
 impl Registration {
-    /// What the next attempt tells the server, made while subscribed, on a lock of
-    /// `slots` slots: a semaphore's acquire script registers on every refusal (it costs
-    /// no extra request), a lock's refusal only when the registration is due.
+    /// What the next attempt tells the server, made while subscribed. `in_script`: the
+    /// attempt is one script that registers on every refusal (it costs no extra
+    /// request) and unregisters at the grant: a semaphore's of several permits, several
+    /// locks taken together. A lock's refusal registers (a request of its own) only when
+    /// the registration is due.
     pub(crate) fn attempt(
         &mut self,
         max_wait_sleep: Duration,
         request_timeout: Duration,
-        slots: usize,
+        in_script: bool,
     ) -> (Arc<str>, Duration, bool) {
-        let register = slots > 1 || self.at.is_none_or(|at| at.elapsed() >= max_wait_sleep);
+        let register = in_script || self.at.is_none_or(|at| at.elapsed() >= max_wait_sleep);
         self.maybe |= register;
         let id = self.id.get_or_insert_with(owner_value).clone();
         (id, lease(max_wait_sleep, request_timeout), register)
@@ -70,12 +72,17 @@ impl Registration {
         self.at = None;
     }
 
-    /// The id the guard of a lock (one slot) unregisters with its release; a semaphore's
-    /// grant unregistered it already, in the acquire script. Either way it is no longer
-    /// ours to unregister.
-    pub(crate) fn hand_to_guard(&mut self, slots: usize) -> Option<Arc<str>> {
-        let maybe = std::mem::take(&mut self.maybe);
-        self.id.clone().filter(|_| maybe && slots == 1)
+    /// The id the guard of a lock (one slot) unregisters with its release; `None` for a
+    /// grant made `in_script` (see [`attempt`](Self::attempt)), which unregistered it
+    /// already. Ours to unregister until [`handed`](Self::handed).
+    pub(crate) fn for_guard(&self, in_script: bool) -> Option<Arc<str>> {
+        self.id.clone().filter(|_| self.maybe && !in_script)
+    }
+
+    /// The grant's guard exists: the id is no longer ours to unregister (the guard's
+    /// release does it, or the granting script did).
+    pub(crate) fn handed(&mut self) {
+        self.maybe = false;
     }
 
     /// The id to unregister when the acquisition ends without a guard, if it may be in
@@ -99,23 +106,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_lock_registers_again_only_when_due_a_semaphore_always() {
+    fn a_lock_registers_again_only_when_due_a_script_always() {
         let sleep = Duration::from_secs(60);
         let mut lock = Registration::default();
-        assert!(lock.attempt(sleep, Duration::from_secs(1), 1).2);
+        assert!(lock.attempt(sleep, Duration::from_secs(1), false).2);
         lock.registered(Instant::now());
-        assert!(!lock.attempt(sleep, Duration::from_secs(1), 1).2);
+        assert!(!lock.attempt(sleep, Duration::from_secs(1), false).2);
         lock.unsure();
-        assert!(lock.attempt(sleep, Duration::from_secs(1), 1).2);
+        assert!(lock.attempt(sleep, Duration::from_secs(1), false).2);
         let mut semaphore = Registration::default();
         semaphore.registered(Instant::now());
-        assert!(semaphore.attempt(sleep, Duration::from_secs(1), 3).2);
+        assert!(semaphore.attempt(sleep, Duration::from_secs(1), true).2);
         assert_eq!(
-            semaphore.hand_to_guard(3),
+            semaphore.for_guard(true),
             None,
             "the script unregistered it"
         );
+        semaphore.handed();
         assert_eq!(semaphore.take_for_cleanup(), None);
+        // A lock's guard gets the id; until it exists, a cleanup would unregister it.
+        assert!(lock.for_guard(false).is_some());
+        assert!(lock.clone().take_for_cleanup().is_some());
+        lock.handed();
+        assert_eq!(lock.take_for_cleanup(), None);
     }
 
     #[test]
