@@ -109,6 +109,57 @@ return {0, soonest, -1}
     )
 });
 
+/// Several locks taken together, all or none (`lock_all.rs`). `KEYS`: for each lock in
+/// turn, its key, its token counter and its waiters' set (`3 * i - 2`, `3 * i - 1`,
+/// `3 * i`); `ARGV` as [`ACQUIRE`]'s: the value to set (one owner value for every lock,
+/// and the holder record), TTL in ms, the waiter's id (empty for an acquisition that does
+/// not wait on release messages), how long its registration lasts in ms.
+///
+/// First looks at every lock (`PTTL`: -2 is no key). If every one is free, takes each as
+/// [`ACQUIRE`] takes one (`SET NX PX`, `INCR` of its counter: each lock's token from its
+/// own counter), unregisters the waiter from every lock's set (it may have registered in
+/// any of them before), and returns `{1, token of lock 1, token of lock 2, ...}`. If any is
+/// held, writes no lock and no counter: registers the waiter in the set of every held lock
+/// (`register`, in this same step: a release of any of them after this sees the
+/// registration and publishes, one before it left the lock free for this look) and
+/// returns `{0, shortest remaining ttl of the held locks in ms}` (-1 if every held key
+/// has no expiry). The look comes before any write, so a refusal changes nothing but the
+/// registrations. (Redis runs a script alone: no other command falls between the look and
+/// the writes; the lock keys must be on one server, which they are: no Redis Cluster.)
+pub(crate) static LOCK_ALL: LazyLock<Script> = LazyLock::new(|| {
+    waiters_script(
+        r"
+local locks = #KEYS / 3
+local held = {}
+local soonest = -1
+for i = 1, locks do
+  local pttl = redis.call('PTTL', KEYS[3 * i - 2])
+  if pttl ~= -2 then
+    held[#held + 1] = i
+    if pttl >= 0 and (soonest < 0 or pttl < soonest) then
+      soonest = pttl
+    end
+  end
+end
+if #held > 0 then
+  if ARGV[3] ~= '' then
+    for _, i in ipairs(held) do
+      register(KEYS[3 * i], ARGV[3], ARGV[4])
+    end
+  end
+  return {0, soonest}
+end
+local granted = {1}
+for i = 1, locks do
+  redis.call('SET', KEYS[3 * i - 2], ARGV[1], 'NX', 'PX', ARGV[2])
+  unregister(KEYS[3 * i], ARGV[3])
+  granted[i + 1] = redis.call('INCR', KEYS[3 * i - 1])
+end
+return granted
+",
+    )
+});
+
 /// `KEYS[1]` lock, `KEYS[2]` its waiters' set; `ARGV[1]` owner value, `ARGV[2]` release
 /// channel, `ARGV[3]` the holder's own waiter id if it waited for the lock (else empty).
 /// Unregisters the holder's id, then deletes the lock only if it still holds our owner
@@ -217,6 +268,8 @@ return 0
 });
 
 /// All scripts, for loading them once at connect.
-pub(crate) fn all() -> [&'static Script; 6] {
-    [&ACQUIRE, &RELEASE, &REGISTER, &RENEW, &ADVANCE, &BREAK]
+pub(crate) fn all() -> [&'static Script; 7] {
+    [
+        &ACQUIRE, &LOCK_ALL, &RELEASE, &REGISTER, &RENEW, &ADVANCE, &BREAK,
+    ]
 }

@@ -1,5 +1,5 @@
 //! What one acquisition takes: a lock or a semaphore's permit ([`LockKeys`]), or several
-//! locks at once. The acquisition itself (`acquire.rs`: attempts, waiting
+//! locks at once (`lock_all.rs`). The acquisition itself (`acquire.rs`: attempts, waiting
 //! on release messages, retries, cleanup) is the same for all; what differs is here.
 
 use std::future::Future;

@@ -1,5 +1,5 @@
 //! A waiting acquisition's registration in its lock's waiters' set: what makes a release
-//! publish (`scripts.rs`: `REGISTER`, `RELEASE`, `ACQUIRE`; issue 38).
+//! publish (`scripts.rs`: `REGISTER`, `RELEASE`, `ACQUIRE`, `LOCK_ALL`; issue 38).
 //!
 //! The order that keeps every waiter woken: the waiter subscribes (armed before the
 //! attempt: `acquire.rs`), then a refused attempt registers it in the same server-side
