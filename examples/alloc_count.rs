@@ -7,7 +7,9 @@
 //!
 //! `cargo run --release --example alloc_count` (`ALLOC_COUNT_REDIS_ONLY=1` or
 //! `ALLOC_COUNT_ETCD_ONLY=1` for one backend, `ALLOC_COUNT_CYCLES=N` for another count,
-//! e.g. under `valgrind --tool=callgrind`, whose caller tree names where they come from).
+//! e.g. under `valgrind --tool=callgrind`, whose caller tree names where they come from;
+//! `ALLOC_COUNT_ETCD_ROW=lock` or `=bare` for one etcd row: two runs with different
+//! cycle counts, subtracted, give the instructions of one cycle).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -121,7 +123,13 @@ async fn etcd_rows(options: &LockOptions) -> Result<(), Box<dyn std::error::Erro
     let etcd = EtcdCluster::builder().start().await?;
     let locks = EtcdLocker::connect(etcd.config("alloc-count")).await?;
     locks.session(options.ttl()).await?;
-    count("etcd lock + release", |_| lock_cycle(&locks, options)).await?;
+    let row = std::env::var("ALLOC_COUNT_ETCD_ROW").unwrap_or_default();
+    if row != "bare" {
+        count("etcd lock + release", |_| lock_cycle(&locks, options)).await?;
+    }
+    if row == "lock" {
+        return Ok(());
+    }
     let mut client = locks.client().clone();
     let lease = client.lease_grant(60, None).await?.id();
     count("etcd bare txn + delete", |_| {

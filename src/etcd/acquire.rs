@@ -365,7 +365,9 @@ impl Acquisition {
         }
         #[cfg(not(feature = "testkit"))]
         let _ = at;
-        key.inner().lease_gone().await;
+        // Boxed, as the removal in `leave`: a rare path kept out of every acquisition's
+        // future (see `call.rs` on what large futures cost).
+        Box::pin(key.inner().lease_gone()).await;
         self.key_gone(Some(key))
     }
 
@@ -389,7 +391,10 @@ impl Acquisition {
         cleanup: Cleanup,
         answer: Result<Option<EtcdGuard>, LockError>,
     ) -> Result<Option<EtcdGuard>, LockError> {
-        cleanup.leave(CLEANUP_ALLOWANCE).await;
+        // Boxed: leaving the queue is the path of a miss or a failure, and its future
+        // (a delete, retried, under a deadline) would otherwise sit in every
+        // acquisition's future, copied from frame to frame on every grant.
+        Box::pin(cleanup.leave(CLEANUP_ALLOWANCE)).await;
         answer
     }
 }

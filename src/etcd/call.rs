@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tonic::Code;
 
 use crate::{Backend, LockError};
@@ -12,13 +13,23 @@ use crate::{Backend, LockError};
 /// Timeouts are enforced here rather than with tonic's per-request timeout, because that
 /// one is also sent to the server as a gRPC deadline and would cut long-lived watch and
 /// keep-alive streams.
-pub(crate) async fn call<T>(
+///
+/// A combinator, not an `async fn`: an `async fn` keeps its argument and the future made
+/// from it side by side in its state (rust-lang/rust#62958), which doubled the size of
+/// every etcd call (a transaction's 2 KiB future made a 5 KiB one) and of every future
+/// holding one; a lock + release cycle spent more client CPU copying those futures from
+/// frame to frame than in fencelock's own code (`examples/alloc_count.rs` under
+/// callgrind).
+pub(crate) fn call<'a, T, F>(
     operation: &'static str,
-    lock: Option<&str>,
+    lock: Option<&'a str>,
     timeout: Duration,
-    request: impl Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T, LockError> {
-    match tokio::time::timeout(timeout, request).await {
+    request: F,
+) -> impl Future<Output = Result<T, LockError>> + use<'a, T, F>
+where
+    F: Future<Output = Result<T, etcd_client::Error>>,
+{
+    tokio::time::timeout(timeout, request).map(move |answer| match answer {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(err)) => Err(map_error(operation, lock, err)),
         Err(_) => Err(LockError::Timeout {
@@ -27,7 +38,7 @@ pub(crate) async fn call<T>(
             lock: lock.map(str::to_owned),
             after: timeout,
         }),
-    }
+    })
 }
 
 /// Like [`call`], but retries a request that found its member unreachable (connection

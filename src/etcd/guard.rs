@@ -167,7 +167,9 @@ impl Detached {
     async fn close_own_session(&self) {
         if self.owns_session {
             // This lease served this lock alone; its key is gone or was never ours.
-            let _ = self.key.session.close().await;
+            // Boxed: a revoke's future (about 11 KiB) would otherwise sit in every
+            // release's future, copied on every release of a renewed lock too.
+            let _ = Box::pin(self.key.session.close()).await;
         }
     }
 }

@@ -155,8 +155,7 @@ impl EtcdLocker {
     /// The renewed session used for locks of this `ttl`, opened if there is none yet (or
     /// the previous one was lost).
     pub async fn session(&self, ttl: Duration) -> Result<Session, LockError> {
-        let seconds = ttl.as_millis().div_ceil(1000);
-        let seconds = u64::try_from(seconds).unwrap_or(u64::MAX);
+        let seconds = whole_seconds(ttl);
         if let Some(session) = self.live_session(seconds) {
             return Ok(session);
         }
@@ -310,18 +309,25 @@ impl EtcdLocker {
         F: FnOnce(Session, bool) -> Fut,
         Fut: std::future::Future<Output = Result<Option<T>, LockError>>,
     {
+        // Opening a session is boxed: it happens once per TTL (or once per lock without
+        // renewal, beside a lease grant's round trip), and its future (about 19 KiB, a
+        // lease grant and the keep-alive's start) would otherwise sit in every lock's
+        // future, copied from frame to frame on every acquisition.
         let work = async {
             if options.renews() {
-                let session = self.session(options.ttl()).await?;
+                let session = match self.live_session(whole_seconds(options.ttl())) {
+                    Some(session) => session,
+                    None => Box::pin(self.session(options.ttl())).await?,
+                };
                 acquire(session, false).await
             } else {
-                let session = Session::open(
+                let session = Box::pin(Session::open(
                     self.inner.client.clone(),
                     self.inner.config.clone(),
                     options.ttl(),
                     self.inner.hub.clone(),
                     None,
-                )
+                ))
                 .await?;
                 acquire(session, true).await
             }
@@ -482,6 +488,12 @@ impl LockBackend for EtcdLocker {
     ) -> Result<Option<MultiGuard<EtcdGuard>>, LockError> {
         EtcdLocker::try_lock_all(self, names, options).await
     }
+}
+
+/// A TTL in whole seconds, rounded up: etcd's leases are whole seconds, and sessions are
+/// shared by locks whose TTLs round to the same number.
+fn whole_seconds(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis().div_ceil(1000)).unwrap_or(u64::MAX)
 }
 
 /// The endpoints of `config`, as [`crate::tls::explain`] takes them.

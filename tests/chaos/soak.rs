@@ -1,6 +1,7 @@
 //! The request-level fault soak (`fencelock chaos --soak`), short: its checker finds no
-//! violation, and it really injected faults and checked grants (a soak that did nothing
-//! would pass too). CI runs it again for two minutes with a fresh seed.
+//! violation, and it really injected faults and checked grants, of single locks and of
+//! several at once (a soak that did nothing would pass too). CI runs it again for two
+//! minutes with a fresh seed.
 
 use std::process::Command;
 
@@ -24,6 +25,10 @@ fn a_short_soak_finds_no_violation() {
     assert!(faults >= 20, "{stdout}");
     assert!(count("faults", "late requests") >= 1, "{stdout}");
     assert!(count("checked", "exclusion") >= 50, "{stdout}");
+    // Several locks at once among the single ones: taken, and granted.
+    assert!(count("operations", "multi acquisitions") >= 20, "{stdout}");
+    assert!(count("operations", "multi grants") >= 1, "{stdout}");
+    assert!(count("checked", "multi join") >= 10, "{stdout}");
     assert!(output.status.success(), "{stdout}");
     assert_eq!(
         report["violations"].as_array().map_or(1, Vec::len),

@@ -15,6 +15,7 @@ mod contended_cells;
 mod cut_off_waiter;
 mod election;
 mod fifo_order;
+mod future_sizes;
 mod group_commit;
 mod guarded_txn;
 mod harness;

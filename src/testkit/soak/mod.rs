@@ -3,7 +3,7 @@
 //! holds and later delivers, or cuts their requests, kills members, deletes keys as an
 //! operator would, compacts and takes the clients' write permission away for a while, all on a schedule drawn from a seed; and an independent
 //! checker that rebuilds the truth from etcd's own history and compares it with what
-//! every client was told (`checker.rs` lists the checks).
+//! every client was told (`checker/mod.rs` lists the checks, one file per group).
 //!
 //! Scenario tests find the cases someone thought of; this finds the others. A failure
 //! prints the seed (run it again with it: the schedule of choices repeats, the timing
@@ -115,7 +115,9 @@ pub struct SoakReport {
     /// How long the workload ran, in seconds.
     pub seconds: f64,
     /// What the clients did: acquisitions attempted, granted, busy (a `try` that found the
-    /// lock taken), timed out, failed; releases by outcome; losses heard.
+    /// lock taken), timed out, failed; releases by outcome; losses heard; of the
+    /// acquisitions and grants, those of several locks at once (`multi acquisitions`,
+    /// `multi grants`).
     pub operations: BTreeMap<String, u64>,
     /// Failed acquisitions by their error (lock names, numbers and durations left out),
     /// the most frequent first (at most eight).
@@ -394,6 +396,9 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
         ("released, unconfirmed", &tally.unconfirmed),
         ("dropped", &tally.dropped),
         ("losses heard", &tally.losses),
+        // Of the acquisitions and grants: several locks at once (`lock_all`).
+        ("multi acquisitions", &tally.multi_attempts),
+        ("multi grants", &tally.multi_grants),
     ]
     .into_iter()
     .map(|(name, counter)| (name.to_owned(), counter.load(Ordering::Relaxed)))

@@ -1,6 +1,7 @@
 //! The soak's clients: each an [`EtcdLocker`] whose every member is behind a fault proxy
 //! of its own, running several tasks that take locks, semaphore permits, read and write
-//! locks and leadership on a few shared names, hold them (a few milliseconds, or longer
+//! locks, leadership and several locks at once (`lock_all`: 2 to 4 of the shared names,
+//! in a random order) on a few shared names, hold them (a few milliseconds, or longer
 //! than their lease, sampling `is_held()` and listening to `lost()`), and release or drop
 //! them. Everything a task is told is recorded for the checker.
 
@@ -14,7 +15,9 @@ use tokio::time::Instant;
 use super::checker::{Event, Grant, Outcome};
 use super::rng::Rng;
 use crate::etcd::{EtcdGuard, EtcdLocker, Leadership};
-use crate::{LockBackend, LockError, LockGuard, LockOptions, LossReason, ReleaseOutcome};
+use crate::{
+    LockBackend, LockError, LockGuard, LockOptions, LossReason, MultiGuard, ReleaseOutcome,
+};
 
 /// What the clients did, in counts.
 #[derive(Debug, Default)]
@@ -29,6 +32,10 @@ pub(crate) struct Tally {
     pub(crate) unconfirmed: AtomicU64,
     pub(crate) dropped: AtomicU64,
     pub(crate) losses: AtomicU64,
+    /// Acquisitions of several locks at once (`lock_all`, `try_lock_all`), and their
+    /// grants (also counted in `attempts` and `grants`).
+    pub(crate) multi_attempts: AtomicU64,
+    pub(crate) multi_grants: AtomicU64,
 }
 
 impl Tally {
@@ -72,19 +79,50 @@ enum Primitive {
     Read,
     Write,
     Leader,
+    /// Several locks at once: this name and 1 to 3 others (`lock_all`).
+    Multi,
 }
 
 /// A grant of any primitive.
 enum Held {
     Guard(EtcdGuard),
     Leader(Leadership),
+    Multi(MultiGuard<EtcdGuard>),
 }
 
 impl Held {
-    fn guard(&self) -> &EtcdGuard {
+    /// The guard of every lock held (one but for a `lock_all`).
+    fn guards(&self) -> &[EtcdGuard] {
         match self {
-            Self::Guard(guard) => guard,
-            Self::Leader(leadership) => leadership.guard(),
+            Self::Guard(guard) => std::slice::from_ref(guard),
+            Self::Leader(leadership) => std::slice::from_ref(leadership.guard()),
+            Self::Multi(multi) => multi.guards(),
+        }
+    }
+
+    /// What the application would ask: the multi guard's own answer for a `lock_all`.
+    fn is_held(&self) -> bool {
+        match self {
+            Self::Multi(multi) => multi.is_held(),
+            _ => self.guards().iter().all(LockGuard::is_held),
+        }
+    }
+
+    /// Resolves when the grant may be lost: why, and for a `lock_all` the key of the lock
+    /// its guard names (`lost_which`).
+    async fn lost(&self) -> (Option<String>, LossReason) {
+        match self {
+            Self::Guard(guard) => (None, guard.lost().await),
+            Self::Leader(leadership) => (None, leadership.lost().await),
+            Self::Multi(multi) => {
+                let (name, reason) = multi.lost_which().await;
+                let key = multi
+                    .guards()
+                    .iter()
+                    .find(|guard| guard.name() == name)
+                    .map(|guard| guard.key().to_owned());
+                (key, reason)
+            }
         }
     }
 
@@ -92,6 +130,7 @@ impl Held {
         match self {
             Self::Guard(guard) => guard.release().await,
             Self::Leader(leadership) => leadership.resign().await,
+            Self::Multi(multi) => multi.release().await,
         }
     }
 }
@@ -141,7 +180,7 @@ pub(crate) async fn task(
             _ => Crowd::Queue(8 + rng.index(9)),
         };
         match crowd {
-            Crowd::Alone => one(&client, &name, &mut rng, false, None).await,
+            Crowd::Alone => one(&client, &name, &names, &mut rng, false, None).await,
             Crowd::Few(n) | Crowd::Queue(n) => {
                 round += 1;
                 let queue = matches!(crowd, Crowd::Queue(_));
@@ -160,7 +199,7 @@ pub(crate) async fn task(
                 let mut rngs: Vec<Rng> = (0..n as u64).map(|i| rng.fork(round * 64 + i)).collect();
                 futures_util::future::join_all(
                     rngs.iter_mut()
-                        .map(|r| one(&client, &name, r, queue, Some(ttl))),
+                        .map(|r| one(&client, &name, &names, r, queue, Some(ttl))),
                 )
                 .await;
             }
@@ -169,8 +208,16 @@ pub(crate) async fn task(
 }
 
 /// One acquisition of `name` (a plain, briefly held lock if `queue`; of the crowd's TTL,
-/// renewed, if in a crowd), its hold and its release or drop, all journalled.
-async fn one(client: &Client, name: &str, rng: &mut Rng, queue: bool, crowd_ttl: Option<Duration>) {
+/// renewed, if in a crowd; with others of `pool` if it takes several locks), its hold and
+/// its release or drop, all journalled.
+async fn one(
+    client: &Client,
+    name: &str,
+    pool: &[String],
+    rng: &mut Rng,
+    queue: bool,
+    crowd_ttl: Option<Duration>,
+) {
     let Client {
         client,
         locker,
@@ -187,7 +234,15 @@ async fn one(client: &Client, name: &str, rng: &mut Rng, queue: bool, crowd_ttl:
             Primitive::Read,
             Primitive::Write,
             Primitive::Leader,
-        ][rng.weighted(&[40, 15, 15, 15, 15])]
+            Primitive::Multi,
+        ][rng.weighted(&[32, 12, 12, 12, 12, 20])]
+    };
+    // Several locks: this one and others of the pool (overlapping every other client's
+    // names), in a random order (the library sorts them: the order given must not
+    // matter).
+    let names = match primitive {
+        Primitive::Multi => several(name, pool, rng),
+        _ => vec![name.to_owned()],
     };
     let ttl = crowd_ttl.unwrap_or_else(|| ttl(rng));
     let wait = if queue {
@@ -210,7 +265,14 @@ async fn one(client: &Client, name: &str, rng: &mut Rng, queue: bool, crowd_ttl:
         .with_holder_label(label(id));
     let try_only = !queue && rng.chance(20);
     Tally::add(&tally.attempts);
-    let acquired = acquire(locker, name, primitive, try_only, &options, id).await;
+    if let Primitive::Multi = primitive {
+        Tally::add(&tally.multi_attempts);
+        journal.push(Event::Multi {
+            id,
+            names: names.clone(),
+        });
+    }
+    let acquired = acquire(locker, &names, primitive, try_only, &options, id).await;
     let held = match acquired {
         Ok(Some(held)) => held,
         Ok(None) => {
@@ -239,13 +301,22 @@ async fn one(client: &Client, name: &str, rng: &mut Rng, queue: bool, crowd_ttl:
                     ..
                 }
             );
+            // Which lock's key a `lock_all` was told was deleted (the error names it).
+            let deleted_lock = match &err {
+                LockError::LeaseLost {
+                    lock,
+                    reason: LossReason::KeyDeleted,
+                } if matches!(primitive, Primitive::Multi) => lock.clone(),
+                _ => None,
+            };
             journal.push(Event::Failed {
                 id,
                 client,
-                name: name.to_owned(),
+                name: label_of(&names),
                 at: Instant::now(),
                 error: err.to_string(),
                 key_deleted,
+                deleted_lock,
             });
             // A failing member or path: do not spin.
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -253,16 +324,23 @@ async fn one(client: &Client, name: &str, rng: &mut Rng, queue: bool, crowd_ttl:
         }
     };
     Tally::add(&tally.grants);
-    let guard = held.guard();
-    journal.push(Event::Grant(Grant {
-        id,
-        client,
-        key: guard.key().to_owned(),
-        token: guard.token().as_revision(),
-        admitted: guard.admitted_revision(),
-        ttl,
-        at: Instant::now(),
-    }));
+    if let Held::Multi(_) = held {
+        Tally::add(&tally.multi_grants);
+    }
+    // A grant per lock: a `lock_all`'s keys are each its name's holder (each with its
+    // own admitted revision), told at one moment.
+    let at = Instant::now();
+    for guard in held.guards() {
+        journal.push(Event::Grant(Grant {
+            id,
+            client,
+            key: guard.key().to_owned(),
+            token: guard.token().as_revision(),
+            admitted: guard.admitted_revision(),
+            ttl,
+            at,
+        }));
+    }
     let hold = match rng.weighted(&[70, 25, 5]) {
         _ if queue => rng.millis(0, 20),
         0 => rng.millis(0, 20),
@@ -272,13 +350,13 @@ async fn one(client: &Client, name: &str, rng: &mut Rng, queue: bool, crowd_ttl:
         // time to show whether it noticed (the holding check's bound is a TTL).
         _ => ttl.mul_f64(2.5) + rng.millis(0, 2000),
     };
-    hold_for(id, guard, hold, journal, tally).await;
+    hold_for(id, &held, hold, journal, tally).await;
     let started = Instant::now();
     if rng.chance(85) {
         // What the guard believed just before: a guard that knew itself lost (its key
         // gone, or its lease run out by the local clock) says NotHeld whatever its delete
         // then finds, and that delete may be the one that removes the key.
-        let believed_held = held.guard().is_held();
+        let believed_held = held.is_held();
         let outcome = match held.release().await {
             Ok(ReleaseOutcome::Released) => {
                 Tally::add(&tally.released);
@@ -316,16 +394,50 @@ async fn one(client: &Client, name: &str, rng: &mut Rng, queue: bool, crowd_ttl:
     }
 }
 
+/// `name` and 1 to 3 other names of `pool` (2 to 4 in all, as many as the pool has), in
+/// a random order.
+fn several(name: &str, pool: &[String], rng: &mut Rng) -> Vec<String> {
+    let mut others: Vec<&String> = pool.iter().filter(|other| *other != name).collect();
+    let wanted = (1 + rng.index(3)).min(others.len());
+    let mut names = vec![name.to_owned()];
+    for _ in 0..wanted {
+        names.push(others.swap_remove(rng.index(others.len())).clone());
+    }
+    // Fisher-Yates: the name of the crowd is not always first.
+    for i in (1..names.len()).rev() {
+        names.swap(i, rng.index(i + 1));
+    }
+    names
+}
+
+/// What the library calls an acquisition of `names` in its errors: the names sorted,
+/// joined by commas (one name: itself).
+fn label_of(names: &[String]) -> String {
+    let mut sorted: Vec<&str> = names.iter().map(String::as_str).collect();
+    sorted.sort_unstable();
+    sorted.join(",")
+}
+
+/// Takes `names` (one, but for [`Primitive::Multi`]) as `primitive`.
 async fn acquire(
     locker: &EtcdLocker,
-    name: &str,
+    names: &[String],
     primitive: Primitive,
     try_only: bool,
     options: &LockOptions,
     id: u64,
 ) -> Result<Option<Held>, LockError> {
     let guard = |g: EtcdGuard| Held::Guard(g);
+    let name = names.first().map_or("", String::as_str);
     match primitive {
+        Primitive::Multi => {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            if try_only {
+                Ok(locker.try_lock_all(&names, options).await?.map(Held::Multi))
+            } else {
+                Ok(Some(Held::Multi(locker.lock_all(&names, options).await?)))
+            }
+        }
         Primitive::Lock if try_only => Ok(locker.try_lock(name, options).await?.map(guard)),
         Primitive::Lock => Ok(Some(guard(locker.lock(name, options).await?))),
         Primitive::Permit => {
@@ -370,16 +482,16 @@ pub(crate) fn label(id: u64) -> String {
 /// Holds for `hold`, sampling `is_held()` every 50 ms (so before and after every fault
 /// that lands meanwhile) until the guard is let go, and listening to `lost()`: a guard
 /// that heard of its loss is still sampled, since `is_held()` must say false from then on.
-async fn hold_for(id: u64, guard: &EtcdGuard, hold: Duration, journal: &Journal, tally: &Tally) {
+async fn hold_for(id: u64, held: &Held, hold: Duration, journal: &Journal, tally: &Tally) {
     let until = Instant::now() + hold;
-    let lost = guard.lost();
+    let lost = held.lost();
     tokio::pin!(lost);
     let mut heard = false;
     loop {
         journal.push(Event::Held {
             id,
             at: Instant::now(),
-            held: guard.is_held(),
+            held: held.is_held(),
         });
         let now = Instant::now();
         if now >= until {
@@ -393,10 +505,10 @@ async fn hold_for(id: u64, guard: &EtcdGuard, hold: Duration, journal: &Journal,
         }
         tokio::select! {
             () = tokio::time::sleep(step) => {}
-            reason = &mut lost => {
+            (key, reason) = &mut lost => {
                 heard = true;
                 Tally::add(&tally.losses);
-                journal.push(Event::Lost { id, at: Instant::now(), reason });
+                journal.push(Event::Lost { id, at: Instant::now(), reason, key });
             }
         }
     }
