@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
 use tokio::sync::futures::Notified;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -43,12 +44,15 @@ fn per_master_timeout(request_timeout: Duration, ttl: Duration) -> Duration {
 ///
 /// # Cancel safety
 ///
-/// Every attempt uses the same random owner value, and a lock key can only ever hold that
-/// value if one of our attempts set it. If this future is dropped (while an attempt is in
-/// flight, or between attempts), a compare-and-delete with that owner value of every key
-/// the target may have taken is sent in the background: on each connection it queues
-/// behind the attempt, so it removes a key if the attempt set it and does nothing
-/// otherwise. No task is spawned on the way in.
+/// The attempts use a random owner value, and a lock key can only ever hold that value if
+/// one of our attempts set it. If this future is dropped (while an attempt is in flight,
+/// or between attempts), a compare-and-delete with that owner value of every key the
+/// target may have taken is sent in the background, on every server: on each connection
+/// it queues behind the attempt, so it removes a key if the attempt set it and does
+/// nothing otherwise. The value changes only once what the old one may have set is seen
+/// to (undone; or left to the task that reads a Redlock attempt's late masters and undoes
+/// what they granted; or, on a master that answered neither the attempt nor its undo, to
+/// the TTL). No task is spawned on the way in.
 pub(crate) async fn acquire<T: Target>(
     core: Arc<Core>,
     subscriber: Option<Arc<Subscriber>>,
@@ -82,6 +86,7 @@ async fn acquire_uncounted<T: Target>(
         value,
         options: options.clone(),
         started: Instant::now(),
+        waits: wait,
         armed: true,
         registration: Registration::default(),
         uncertain: false,
@@ -137,6 +142,8 @@ struct Acquisition<T: Target> {
     value: Vec<u8>,
     options: LockOptions,
     started: Instant,
+    /// Whether it waits until granted (`lock`), or answers after one attempt (`try_lock`).
+    waits: bool,
     /// Whether dropping this must clean up after a possibly applied attempt.
     armed: bool,
     /// Our registration in the lock's waiters' set (several locks: in the set of each
@@ -200,15 +207,13 @@ impl<T: Target> Acquisition<T> {
             }
             if self.uncertain {
                 // An earlier attempt failed and may have been applied: the lock may hold
-                // our owner value, and we would wait out our own TTL. Undo it first.
+                // our owner value, and we would wait out our own TTL. Undo it first
+                // (single Redis: a Redlock attempt cleans up after itself).
                 match self.undo().await {
                     Ok(()) => {
                         self.uncertain = false;
-                        // Redlock's undo answers at a quorum and finishes in the
-                        // background; one master's compare-and-delete can even run after
-                        // our next SET (a reconnect, a NOSCRIPT reload): with the same
-                        // owner value it would delete our fresh key. A new value per
-                        // attempt after an undo makes a late undo harmless.
+                        // A new value after an undo: whatever of the old one might still
+                        // land later can never delete a key of the next attempt's.
                         self.new_owner();
                     }
                     Err(err) => {
@@ -253,7 +258,8 @@ impl<T: Target> Acquisition<T> {
                 // A waiting acquisition rides out a server restart or a dropped
                 // connection: it retries, with a backoff, within its wait timeout.
                 Err(err) if wait && err.is_unavailable() => {
-                    self.uncertain = true;
+                    // (A Redlock attempt cleaned up after itself already.)
+                    self.uncertain = self.core.nodes.len() == 1;
                     self.registration.unsure();
                     self.retry_after(err, deadline).await?;
                     continue;
@@ -324,77 +330,80 @@ impl<T: Target> Acquisition<T> {
     }
 
     /// One attempt: on a single server, one script call; with Redlock, one on every
-    /// master at once, granted only with a majority within the lock's validity.
-    ///
-    /// Redlock decides as soon as the answers settle it (a majority granted, a majority
-    /// refused, or too many failed for a majority to grant), each master's answer
-    /// awaited at most [`per_master_timeout`]: a master that stops answering costs
-    /// neither time nor the lock (issue 21). What it may still apply later is undone in
-    /// the background when the attempt is refused, and is ours anyway when granted.
+    /// master at once, granted only with a majority within the lock's validity
+    /// ([`redlock_attempt`](Self::redlock_attempt)).
     ///
     /// `listening`: we are subscribed to the release channel(s), and a refused attempt on
     /// a single Redis registers us as a waiter when due (see [`Waiter`]).
     async fn attempt(&mut self, listening: bool) -> Result<Attempt<T::Grant>, LockError> {
-        let ttl = self.options.ttl();
         let nodes = &self.core.nodes;
-        if let [node] = &nodes[..] {
-            let config = &self.core.config;
-            let registering = listening.then(|| {
-                let in_script = self.target.registers_in_script();
-                self.registration
-                    .attempt(config.max_wait_sleep, config.request_timeout, in_script)
-            });
-            let waiter = registering.as_ref().map(waiter);
-            return self
-                .target
-                .attempt(node, &self.value, ttl, &self.name, waiter)
-                .await;
-        }
-        let backend = self.core.backend;
+        let [node] = &nodes[..] else {
+            return self.redlock_attempt().await;
+        };
+        let config = &self.core.config;
+        let registering = listening.then(|| {
+            let in_script = self.target.registers_in_script();
+            self.registration
+                .attempt(config.max_wait_sleep, config.request_timeout, in_script)
+        });
+        let waiter = registering.as_ref().map(waiter);
+        self.target
+            .attempt(node, &self.value, self.options.ttl(), &self.name, waiter)
+            .await
+    }
+
+    /// One Redlock attempt: the target's attempt on every master at once.
+    ///
+    /// It decides as soon as the answers settle it (a majority granted, a majority
+    /// refused, or too many failed for a majority to grant), each master's answer awaited
+    /// at most [`per_master_timeout`]: a master that stops answering costs neither time
+    /// nor the lock (issue 21). Granted, whatever the masters not yet read may still
+    /// apply is ours, released with the lock.
+    ///
+    /// Refused, it cleans up where something of this attempt may be, and only there
+    /// ([`clean_up`](Self::clean_up)): a master that refused wrote nothing.
+    async fn redlock_attempt(&mut self) -> Result<Attempt<T::Grant>, LockError> {
+        let masters = self.core.nodes.len();
         let quorum = self.core.quorum;
+        let ttl = self.options.ttl();
         let per_master = per_master_timeout(self.core.config.request_timeout, ttl);
         let sent = Instant::now();
-        let this: &Self = self;
-        let value = &this.value;
-        let mut pending: FuturesUnordered<_> = nodes
-            .iter()
-            .map(|node| {
-                let attempt = this.target.attempt(node, value, ttl, &this.name, None);
-                async move {
-                    tokio::time::timeout(per_master, attempt)
-                        .await
-                        .unwrap_or_else(|_| {
-                            Err(LockError::Timeout {
-                                backend,
-                                operation: "acquire",
-                                lock: Some(this.name.to_string()),
-                                after: per_master,
-                            })
-                        })
-                }
-                .instrument(tracing::debug_span!("acquire", node = %node.address))
-            })
+        let mut pending: FuturesUnordered<_> = (0..masters)
+            .map(|master| self.ask(master, ttl, per_master))
             .collect();
         let mut granted = Vec::new();
         let mut refused = Vec::new();
         let mut errors = Vec::new();
-        while let Some(reply) = pending.next().await {
+        // The masters that granted or failed: where this attempt may have set keys.
+        let mut written = Vec::new();
+        let mut settled = false;
+        loop {
+            // Once settled, the answers already in are read too (a master read is a
+            // master that needs no cleanup if it refused), none awaited.
+            let next = if settled {
+                match pending.next().now_or_never() {
+                    Some(next) => next,
+                    None => break,
+                }
+            } else {
+                pending.next().await
+            };
+            let Some((master, reply)) = next else { break };
             match reply {
-                Ok(Attempt::Granted(grant)) => granted.push(grant),
+                Ok(Attempt::Granted(grant)) => {
+                    granted.push(grant);
+                    written.push(master);
+                }
                 Ok(Attempt::Held { remaining, .. }) => refused.push(remaining),
-                Err(err) => errors.push(err),
+                Err(err) => {
+                    errors.push(err);
+                    written.push(master);
+                }
             }
-            if granted.len() >= quorum
+            settled |= granted.len() >= quorum
                 || refused.len() >= quorum
-                || errors.len() > nodes.len() - quorum
-            {
-                break;
-            }
+                || errors.len() > masters - quorum;
         }
-        // Requests still unanswered are dropped; one already sent may still be applied,
-        // after this (on each connection, a later request queues behind it).
-        let unanswered = !pending.is_empty();
-        drop(pending);
         let validity = ttl
             .saturating_sub(sent.elapsed())
             .saturating_sub(self.core.renewer.drift(ttl));
@@ -403,31 +412,13 @@ impl<T: Target> Acquisition<T> {
                 return Ok(Attempt::Granted(grant));
             }
             return Err(LockError::Backend {
-                backend,
+                backend: self.core.backend,
                 operation: "acquire",
                 lock: Some(self.name.to_string()),
                 source: "a majority granted, and no grant was counted".into(),
             });
         }
-        // No majority in time: undo the partial grants, and whatever an unanswered or
-        // failed request may have set (compare-and-delete, so only ours), in the
-        // background: a stalled master must not hold up the next attempt.
-        if !granted.is_empty() || unanswered || !errors.is_empty() {
-            let (core, target, owner, name) = (
-                self.core.clone(),
-                self.target.clone(),
-                self.owner.clone(),
-                self.name.clone(),
-            );
-            tokio::spawn(async move {
-                if let Err(err) = target.undo(&core, &owner, &name).await {
-                    tracing::debug!(%err, "undoing a partial Redlock grant failed; TTLs will");
-                }
-            });
-            // That undo may run after our next attempt's SET on some master (nothing
-            // orders it before): the next attempt uses an owner value of its own.
-            self.new_owner();
-        }
+        self.clean_up(written, pending, per_master).await;
         let remaining = refused
             .iter()
             .copied()
@@ -443,6 +434,116 @@ impl<T: Target> Acquisition<T> {
             remaining,
             registered: false,
         })
+    }
+
+    /// The target's attempt on Redlock master `master`, within `per_master`, owning what it
+    /// needs (a master not read when the attempt is decided is read in the background).
+    fn ask(
+        &self,
+        master: usize,
+        ttl: Duration,
+        per_master: Duration,
+    ) -> impl Future<Output = (usize, Result<Attempt<T::Grant>, LockError>)> + Send + 'static {
+        let (core, target, value, name) = (
+            self.core.clone(),
+            self.target.clone(),
+            self.value.clone(),
+            self.name.clone(),
+        );
+        let span = tracing::debug_span!("acquire", node = %core.nodes[master].address);
+        async move {
+            let node = &core.nodes[master];
+            let attempt = target.attempt(node, &value, ttl, &name, None);
+            let reply = tokio::time::timeout(per_master, attempt)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(LockError::Timeout {
+                        backend: node.backend,
+                        operation: "acquire",
+                        lock: Some(name.to_string()),
+                        after: per_master,
+                    })
+                });
+            (master, reply)
+        }
+        .instrument(span)
+    }
+
+    /// After a refused Redlock attempt: compare-and-deletes (with the attempt's owner
+    /// value) on each master in `written` (it granted, or failed and may have applied the
+    /// attempt), awaited within `per_master`, so that the next attempt does not find our
+    /// own keys in its way; and on each master still `pending` once it answers, unless it
+    /// refused: in the background when waiting (a stalled master must not hold up the
+    /// next attempt), awaited too for a `try_lock` (within `per_master` of the sending),
+    /// whose caller may try again at once. A master that refused is left alone: it wrote
+    /// nothing.
+    ///
+    /// Something that may still run later with this owner value (the background, an undo
+    /// not answered) could delete a key of the next attempt's: the next attempts then use
+    /// an owner value of their own.
+    ///
+    /// Cancel safe: dropped before the owner value changes, the acquisition's own cleanup
+    /// compare-and-deletes with it everywhere.
+    async fn clean_up<F>(
+        &mut self,
+        mut written: Vec<usize>,
+        mut pending: FuturesUnordered<F>,
+        per_master: Duration,
+    ) where
+        F: Future<Output = (usize, Result<Attempt<T::Grant>, LockError>)> + Send + 'static,
+    {
+        if !self.waits {
+            // A `try_lock` answers with nothing of its own left: the masters not read yet
+            // are awaited (each answers within `per_master` of the sending, or counts as
+            // failed), so that a caller trying again at once does not meet its own keys.
+            while let Some((master, reply)) = pending.next().await {
+                if !matches!(reply, Ok(Attempt::Held { .. })) {
+                    written.push(master);
+                }
+            }
+        }
+        let late = !pending.is_empty();
+        if late {
+            let (core, target, owner, name) = (
+                self.core.clone(),
+                self.target.clone(),
+                self.owner.clone(),
+                self.name.clone(),
+            );
+            tokio::spawn(async move {
+                while let Some((master, reply)) = pending.next().await {
+                    if matches!(reply, Ok(Attempt::Held { .. })) {
+                        continue;
+                    }
+                    let node = &core.nodes[master];
+                    if let Err(err) = target.undo_on(node, &owner, &name).await {
+                        tracing::debug!(%err, node = %node.address, "undoing a late Redlock answer failed; TTLs will");
+                    }
+                }
+            });
+        }
+        let mut undone = true;
+        if !written.is_empty() {
+            let nodes = &self.core.nodes;
+            let (target, owner, name) = (&self.target, &*self.owner, &*self.name);
+            let undos = join_all(
+                written
+                    .iter()
+                    .map(|&master| target.undo_on(&nodes[master], owner, name)),
+            );
+            match tokio::time::timeout(per_master, undos).await {
+                Ok(answers) => {
+                    for err in answers.into_iter().filter_map(Result::err) {
+                        tracing::debug!(%err, "undoing a partial Redlock grant failed; TTLs will");
+                        undone = false;
+                    }
+                }
+                Err(_) => undone = false,
+            }
+        }
+        if late || !undone {
+            self.new_owner();
+        }
     }
 
     /// A fresh owner value for the next attempts, in the value written too.

@@ -43,7 +43,8 @@
 //! The same script on every master: granted when a majority of masters took every lock
 //! within the validity (TTL minus the time the attempt took minus drift), each lock's
 //! token the largest of those masters'; otherwise every lock is compare-and-deleted on
-//! every master, in the background, as for one lock.
+//! each master that granted or failed (awaited) or had not answered yet (once it answers),
+//! never on one that refused, as for one lock (`acquire.rs`).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -186,8 +187,8 @@ impl Target for LockSet {
         })
     }
 
-    async fn undo(&self, core: &Core, owner: &str, _label: &str) -> Result<(), LockError> {
-        self.each(|name, keys| async move { core.release(keys, owner, name, None).await.map(drop) })
+    async fn undo_on(&self, node: &Node, owner: &str, _label: &str) -> Result<(), LockError> {
+        self.each(|name, keys| async move { node.release(keys, owner, name, None).await.map(drop) })
             .await
     }
 

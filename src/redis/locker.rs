@@ -252,9 +252,10 @@ impl LockBackend for RedlockLocker {
     /// Takes every lock of `names` together, all or none, as [`RedisLocker`]'s
     /// `lock_all` does, on every master: granted when a majority of masters took every
     /// lock within the validity (each lock's token the largest of those masters');
-    /// otherwise every lock is compare-and-deleted on every master and the attempt is
-    /// repeated after a jittered sleep (at least every 100 ms: Redlock waiters poll). The
-    /// wait holds nothing, so it cannot deadlock. Not fair; 1 to [`MAX_LOCK_ALL`](super::MAX_LOCK_ALL) names.
+    /// otherwise every lock is compare-and-deleted on each master that granted (or failed,
+    /// or had not answered yet: once it answers), never on one that refused, and the
+    /// attempt is repeated after a jittered sleep (at least every 100 ms: Redlock waiters
+    /// poll). The wait holds nothing, so it cannot deadlock. Not fair; 1 to [`MAX_LOCK_ALL`](super::MAX_LOCK_ALL) names.
     ///
     /// # Cancel safety
     ///
@@ -270,7 +271,11 @@ impl LockBackend for RedlockLocker {
     }
 
     /// Takes every lock of `names` together if a majority of masters finds every one free
-    /// right now; `Ok(None)` otherwise, with nothing left taken.
+    /// right now; `Ok(None)` otherwise, with nothing of this call's left taken: it awaits
+    /// every master's answer (each within the per-master timeout: the request timeout,
+    /// at most a tenth of the TTL) and compare-and-deletes on each that granted before it
+    /// answers, so a caller trying again at once does not meet its own keys. (A master
+    /// that answers neither in time keeps what it may have set until the TTL ends it.)
     ///
     /// # Cancel safety
     ///

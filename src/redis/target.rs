@@ -6,6 +6,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::join_all;
+
 use super::core::Core;
 use super::guard::RedisGuard;
 use super::keys::LockKeys;
@@ -47,15 +49,34 @@ pub(crate) trait Target: Clone + Send + Sync + 'static {
     /// token); `None` for no grant at all.
     fn agreed(grants: Vec<Self::Grant>) -> Option<Self::Grant>;
 
-    /// Compare-and-delete, with `owner`, of every key an attempt may have set: what an
-    /// attempt whose answer was lost (or that was abandoned) may have taken. Tries every
+    /// Compare-and-delete, with `owner`, of every key an attempt may have set on `node`
+    /// (one server, one Redlock master): what an attempt whose answer was lost (or that
+    /// was abandoned, or granted on too few masters) may have taken there. Tries every
     /// key; the first error, if any.
+    fn undo_on<'a>(
+        &'a self,
+        node: &'a Node,
+        owner: &'a str,
+        label: &'a str,
+    ) -> impl Future<Output = Result<(), LockError>> + Send + 'a;
+
+    /// [`undo_on`](Self::undo_on) every server of `core` at once, each answer awaited
+    /// (each request within the request timeout); the first error, if any.
     fn undo<'a>(
         &'a self,
         core: &'a Core,
         owner: &'a str,
         label: &'a str,
-    ) -> impl Future<Output = Result<(), LockError>> + Send + 'a;
+    ) -> impl Future<Output = Result<(), LockError>> + Send + 'a {
+        async move {
+            let undone = join_all(
+                core.nodes
+                    .iter()
+                    .map(|node| self.undo_on(node, owner, label)),
+            );
+            undone.await.into_iter().collect()
+        }
+    }
 
     /// Removes `waiter` from every waiters' set it may be in. Tries every set; the first
     /// error, if any.
@@ -189,12 +210,12 @@ impl Target for One {
             .map(|t| (t, 0))
     }
 
-    async fn undo(&self, core: &Core, owner: &str, label: &str) -> Result<(), LockError> {
+    async fn undo_on(&self, node: &Node, owner: &str, label: &str) -> Result<(), LockError> {
         // The attempt may have taken any slot: compare-and-delete each.
         let mut first = Ok(());
         for slot in 0..self.keys.slots().len() {
             let keys = self.keys.granted(slot);
-            if let Err(err) = core.release(&keys, owner, label, None).await {
+            if let Err(err) = node.release(&keys, owner, label, None).await {
                 first = first.and(Err(err));
             }
         }

@@ -20,6 +20,7 @@ mod loss_during_renewal;
 mod publish_only_when_waited;
 mod redlock;
 mod redlock_lock_all;
+mod redlock_refusal_undo;
 mod redlock_slow_master;
 mod release_not_owner;
 mod renewal_traffic;
