@@ -270,11 +270,9 @@ impl<T: Target> Acquisition<T> {
                 return Ok(None);
             }
             if let (true, Some(subscriber)) = (interests.is_empty(), &self.subscriber) {
-                // Subscribe (to every lock's channel), then try again at once: a holder
-                // may have released between our attempt and the subscription.
-                for channel in self.target.channels() {
-                    interests.push(subscriber.interest(channel).await);
-                }
+                // Subscribe (to every lock's channel, at once), then try again at once: a
+                // holder may have released between our attempt and the subscription.
+                interests = subscriber.interests(&self.target.channels()).await;
                 continue;
             }
             // Never past the holder's expiry, never longer than the configured bound; with no
