@@ -1,6 +1,7 @@
 //! Taking a Redis or Redlock lock (a semaphore's permit, several locks at once: what is
 //! taken is a [`Target`]): attempt, and while taken, wait for a release message (on any
-//! of the target's channels) or a bounded, jittered sleep, whichever comes first.
+//! of the target's channels; several locks: on the channel of the lock the refusal
+//! registered with) or a bounded, jittered sleep, whichever comes first.
 //!
 //! Cancel safety comes from the owner value rather than a task: see [`acquire`].
 
@@ -146,9 +147,9 @@ struct Acquisition<T: Target> {
     waits: bool,
     /// Whether dropping this must clean up after a possibly applied attempt.
     armed: bool,
-    /// Our registration in the lock's waiters' set (several locks: in the set of each
-    /// lock an attempt found held; single Redis only: Redlock waiters poll and never
-    /// register).
+    /// Our registration in the lock's waiters' set (several locks: in the set of the
+    /// held lock the last refusal found expiring last; single Redis only: Redlock waiters
+    /// poll and never register).
     registration: Registration,
     /// Whether a failed attempt may have set the lock with our owner value (undone
     /// before the next attempt).
@@ -228,7 +229,7 @@ impl<T: Target> Acquisition<T> {
             let listening = !interests.is_empty();
             // The registration is counted from the sending: it reached the server later.
             let attempt_sent = Instant::now();
-            let remaining = match self.attempt(listening).await {
+            let (remaining, wake_on) = match self.attempt(listening).await {
                 Ok(Attempt::Granted(grant)) => {
                     // A lock's holder stays registered until its release unregisters it;
                     // a grant in one script unregistered it already.
@@ -247,13 +248,14 @@ impl<T: Target> Acquisition<T> {
                 Ok(Attempt::Held {
                     remaining,
                     registered,
+                    wake_on,
                 }) => {
                     self.failures = 0;
                     self.last_error = None;
                     if registered {
-                        self.registration.registered(attempt_sent);
+                        self.registration.registered(attempt_sent, wake_on);
                     }
-                    remaining
+                    (remaining, wake_on)
                 }
                 // A waiting acquisition rides out a server restart or a dropped
                 // connection: it retries, with a backoff, within its wait timeout.
@@ -275,13 +277,20 @@ impl<T: Target> Acquisition<T> {
                 interests = subscriber.interests(&self.target.channels()).await;
                 continue;
             }
-            // Never past the holder's expiry, never longer than the configured bound; with no
+            // Never past the holder's expiry (a set's: that of the lock registered with,
+            // the one that expires last), never longer than the configured bound; with no
             // release message to wake us (Redlock), retry at least every RETRY_DELAY.
             let bound = match &self.subscriber {
                 Some(_) => self.core.config.max_wait_sleep,
                 None => self.core.config.max_wait_sleep.min(RETRY_DELAY),
             };
             let sleep = jittered(remaining.min(bound).max(Duration::from_millis(1)));
+            // A set registered with one lock: only that lock's release can let the next
+            // attempt succeed (the others' messages are other waiters').
+            if let Some(lock) = wake_on.filter(|&lock| lock < notified.len()) {
+                notified.swap(0, lock);
+                notified.truncate(1);
+            }
             tokio::select! {
                 () = any_notified(&mut notified) => {}
                 () = tokio::time::sleep(sleep) => {}
@@ -431,6 +440,7 @@ impl<T: Target> Acquisition<T> {
         Ok(Attempt::Held {
             remaining,
             registered: false,
+            wake_on: None,
         })
     }
 

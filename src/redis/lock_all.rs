@@ -5,16 +5,30 @@
 //!
 //! One script call looks at every lock key; if every one is free it takes them all with
 //! one owner value (`SET NX PX`, and `INCR` of each lock's own token counter), otherwise
-//! it writes nothing and registers the waiter in the waiters' set of every lock it found
-//! held, in that same step. So an attempt never holds some of the locks, and a release of
-//! any held lock after the refusal sees the registration and publishes.
+//! it writes nothing and registers the waiter in the waiters' set of ONE lock it found
+//! held, the one that expires last, in that same step. So an attempt never holds some of
+//! the locks, and a release of that lock after the refusal sees the registration and
+//! publishes.
 //!
 //! # Waiting
 //!
 //! As one lock's wait (`acquire.rs`): the first refusal subscribes to every lock's release
-//! channel and tries again at once; after that, each refusal sleeps until a release
-//! message on any of the channels, or a bounded, jittered sleep (never past the soonest
-//! expiry of the held locks), whichever comes first. It holds **nothing** while it waits.
+//! channel (at once) and tries again at once; after that, each refusal sleeps until a
+//! release message on the channel of the lock it registered with, or a bounded, jittered
+//! sleep (never past that lock's expiry), whichever comes first. It holds **nothing**
+//! while it waits.
+//!
+//! Why one registration loses no wake-up: no attempt can be granted while the lock
+//! registered with is held. It stops being held by its release, which sees the
+//! registration and publishes (the waiter, subscribed before it tried, hears it), or by
+//! its expiry, which the sleep does not outlast (a renewal only makes the waiter try
+//! early), or by someone deleting the key outright (then, as for one lock, the bounded
+//! sleep). Woken while another lock is still held, the next refusal registers with that
+//! one, in the same step as it finds it held, and leaves the first lock's set. Registering
+//! with every held lock, as before, made every release of any of them publish and wake
+//! the waiter for an attempt of the whole set that could not succeed while the others
+//! were held: a set with one lock held long and others busy was woken by every cycle of
+//! the busy ones.
 //!
 //! # Why it cannot deadlock
 //!
@@ -36,7 +50,10 @@
 //!
 //! Each lock's token comes from its own counter, as for a single lock: the locks of one
 //! grant carry different tokens (unlike etcd's and ZooKeeper's, which share one
-//! revision), each larger than every earlier grant's of the same lock.
+//! revision). On a single Redis each is larger than every earlier grant's of the same
+//! lock (as far as the counter survives: see docs/redis.md on failover and eviction).
+//! Not on Redlock: each lock's token is the largest of the granting masters' counters,
+//! which promises no order (docs/redis.md's table).
 //!
 //! # Redlock
 //!
@@ -157,8 +174,17 @@ impl Target for LockSet {
                 .key(keys.counter())
                 .key(keys.waiters());
         }
-        let (id, lease) = waiter.map_or(("", 0), |w| (w.id, millis(w.lease)));
-        invocation.arg(value).arg(millis(ttl)).arg(id).arg(lease);
+        let (id, lease, previous) = waiter.map_or(("", 0, 0), |w| {
+            // (The script counts locks from 1; 0: none.)
+            let previous = w.previous.map_or(0, |lock| lock + 1);
+            (w.id, millis(w.lease), previous)
+        });
+        invocation
+            .arg(value)
+            .arg(millis(ttl))
+            .arg(id)
+            .arg(lease)
+            .arg(previous);
         let mut conn = node.connection();
         let reply: Vec<i64> = node
             .call("acquire", Some(label), invocation.invoke_async(&mut conn))
@@ -170,9 +196,13 @@ impl Target for LockSet {
                 .collect::<Result<_, _>>()
                 .map(Attempt::Granted)
                 .map_err(|_| malformed(node.backend, "acquire", label)),
-            Some((0, [pttl])) => Ok(Attempt::Held {
+            Some((0, [pttl, on])) => Ok(Attempt::Held {
                 remaining: remaining(*pttl),
                 registered: waiter.is_some(),
+                wake_on: usize::try_from(*on)
+                    .ok()
+                    .and_then(|on| on.checked_sub(1))
+                    .filter(|&on| on < self.locks.len()),
             }),
             _ => Err(malformed(node.backend, "acquire", label)),
         }

@@ -22,13 +22,17 @@ pub(crate) const RENEW_CHUNK: usize = 1000;
 pub(crate) enum Attempt<G = (FencingToken, usize)> {
     /// The lock (this slot of it; every lock of the set) was free and is now ours.
     Granted(G),
-    /// Someone holds it (one of the set); it expires in this long unless renewed (the
-    /// soonest of those held). `registered`: the waiter was registered in the lock's
-    /// waiters' set (in every held lock's) by this attempt, in the same step as the
-    /// refusal (see [`Waiter`]).
+    /// Someone holds it (some of the set); it expires in this long unless renewed (a
+    /// semaphore: the soonest of its permits; a set: the held lock that expires last,
+    /// which no grant can come before). `registered`: the waiter was registered in the
+    /// lock's waiters' set by this attempt, in the same step as the refusal (see
+    /// [`Waiter`]). `wake_on`: a set's refusal registers in one held lock's set, this one
+    /// (its index in the set): only its release message can let the next attempt succeed
+    /// (`None`: any of the target's channels).
     Held {
         remaining: Duration,
         registered: bool,
+        wake_on: Option<usize>,
     },
 }
 
@@ -44,6 +48,9 @@ pub(crate) struct Waiter<'a> {
     /// Whether this attempt must (re-)register if refused: a lock's attempts refresh the
     /// registration only when it is due, a semaphore's script always does.
     pub(crate) register: bool,
+    /// Several locks (`lock_all`): the lock (index in the set) whose waiters' set the
+    /// last refusal registered in, which a refusal that registers in another's leaves.
+    pub(crate) previous: Option<usize>,
 }
 
 /// A connection to one Redis server (one master of a Redlock set).
@@ -287,6 +294,7 @@ impl Node {
             [0, pttl, _] => Ok(Attempt::Held {
                 remaining: remaining(*pttl),
                 registered: waiter.is_some(),
+                wake_on: None,
             }),
             _ => Err(malformed(self.backend, "acquire", lock)),
         }
@@ -356,6 +364,7 @@ impl Node {
                 return Ok(Attempt::Held {
                     remaining: remaining(pttl),
                     registered: pttl != -2,
+                    wake_on: None,
                 });
             }
             None => {
@@ -370,6 +379,7 @@ impl Node {
         Ok(Attempt::Held {
             remaining: remaining(pttl),
             registered: false,
+            wake_on: None,
         })
     }
 

@@ -41,6 +41,10 @@ pub(crate) struct Registration {
     /// Whether the set may hold our id: set before an attempt that may register (its
     /// answer may be lost), cleared when someone else takes over unregistering it.
     maybe: bool,
+    /// Several locks: the one (index in the set) whose waiters' set the last refusal
+    /// registered us in (a set's refusal registers in one held lock's set: the next
+    /// refusal that registers elsewhere leaves it).
+    on: Option<usize>,
 }
 
 impl Registration {
@@ -54,16 +58,22 @@ impl Registration {
         max_wait_sleep: Duration,
         request_timeout: Duration,
         in_script: bool,
-    ) -> (Arc<str>, Duration, bool) {
+    ) -> (Arc<str>, Duration, bool, Option<usize>) {
         let register = in_script || self.at.is_none_or(|at| at.elapsed() >= max_wait_sleep);
         self.maybe |= register;
         let id = self.id.get_or_insert_with(owner_value).clone();
-        (id, lease(max_wait_sleep, request_timeout), register)
+        (
+            id,
+            lease(max_wait_sleep, request_timeout),
+            register,
+            self.on,
+        )
     }
 
-    /// The attempt sent at `sent` registered us.
-    pub(crate) fn registered(&mut self, sent: Instant) {
+    /// The attempt sent at `sent` registered us (several locks: with lock `on`).
+    pub(crate) fn registered(&mut self, sent: Instant, on: Option<usize>) {
         self.at = Some(sent);
+        self.on = on;
     }
 
     /// An attempt failed without an answer (a restart may have emptied the set): the
@@ -93,11 +103,12 @@ impl Registration {
 }
 
 /// `attempt`'s answer as the node takes it.
-pub(crate) fn waiter(parts: &(Arc<str>, Duration, bool)) -> Waiter<'_> {
+pub(crate) fn waiter(parts: &(Arc<str>, Duration, bool, Option<usize>)) -> Waiter<'_> {
     Waiter {
         id: &parts.0,
         lease: parts.1,
         register: parts.2,
+        previous: parts.3,
     }
 }
 
@@ -110,12 +121,12 @@ mod tests {
         let sleep = Duration::from_secs(60);
         let mut lock = Registration::default();
         assert!(lock.attempt(sleep, Duration::from_secs(1), false).2);
-        lock.registered(Instant::now());
+        lock.registered(Instant::now(), None);
         assert!(!lock.attempt(sleep, Duration::from_secs(1), false).2);
         lock.unsure();
         assert!(lock.attempt(sleep, Duration::from_secs(1), false).2);
         let mut semaphore = Registration::default();
-        semaphore.registered(Instant::now());
+        semaphore.registered(Instant::now(), None);
         assert!(semaphore.attempt(sleep, Duration::from_secs(1), true).2);
         assert_eq!(
             semaphore.for_guard(true),
@@ -129,6 +140,20 @@ mod tests {
         assert!(lock.clone().take_for_cleanup().is_some());
         lock.handed();
         assert_eq!(lock.take_for_cleanup(), None);
+    }
+
+    #[test]
+    fn a_set_tells_the_next_attempt_which_set_it_registered_in() {
+        let (sleep, request) = (Duration::from_secs(60), Duration::from_secs(1));
+        let mut set = Registration::default();
+        assert_eq!(set.attempt(sleep, request, true).3, None);
+        set.registered(Instant::now(), Some(2));
+        assert_eq!(set.attempt(sleep, request, true).3, Some(2));
+        // An answer lost: still possibly there (and maybe elsewhere: that one expires).
+        set.unsure();
+        assert_eq!(set.attempt(sleep, request, true).3, Some(2));
+        set.registered(Instant::now(), Some(0));
+        assert_eq!(set.attempt(sleep, request, true).3, Some(0));
     }
 
     #[test]

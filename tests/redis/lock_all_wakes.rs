@@ -1,15 +1,18 @@
-//! A waiting `lock_all` on Redis is woken by the release of any lock of its set: its
-//! refused attempt registers it in the waiters' set of every lock it found held, in the
-//! same step, and it listens on every lock's release channel. Also when the release comes
-//! right after a refusal: before the waiter subscribed, or right after its subscribed
-//! attempt (the race `publish_only_when_waited.rs` runs for one lock).
+//! A waiting `lock_all` on Redis is woken by the release of the lock in its way: its
+//! refused attempt registers it, in the same step, in the waiters' set of the held lock
+//! that expires last (no grant can come before that one is free), and it listens on every
+//! lock's release channel. Woken while another lock is still held, its next refusal
+//! registers with that one (and leaves the first): no wake-up is lost on the way. Also
+//! when the release comes right after a refusal: before the waiter subscribed, or right
+//! after its subscribed attempt (the race `publish_only_when_waited.rs` runs for one lock).
 //!
 //! Every waiter here sleeps a minute between attempts without a message (the locks have a
-//! minute's TTL): a missed wake-up shows as a wait of a minute, far past what is allowed.
+//! minute's TTL or more): a missed wake-up shows as a wait of a minute, far past what is
+//! allowed.
 
 use std::time::Duration;
 
-use fencelock::{LockBackend, LockGuard};
+use fencelock::{LockBackend, LockGuard, LockOptions};
 
 use crate::support::{
     Listener, Monitor, PROMPT, direct, exists, locker, long_held, prefix, redis, released,
@@ -17,69 +20,61 @@ use crate::support::{
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_of_any_held_lock_wakes_the_waiter() {
+async fn the_release_of_the_lock_in_its_way_wakes_the_waiter() {
     let server = redis().await;
     let prefix = prefix("all-woken");
     let holder = locker(&server, &prefix).await;
     let waiter_locks = sleepy_locker(&server, &prefix).await;
     let mut conn = direct(&server).await;
     let mut b_channel = Listener::new(&server, &format!("{prefix}:released:b")).await;
-    let b = holder.lock("b", &long_held()).await.expect("b");
-    let c = holder.lock("c", &long_held()).await.expect("c");
+    let mut d_channel = Listener::new(&server, &format!("{prefix}:released:d")).await;
+    let ttl = |secs| LockOptions::new().with_ttl(Duration::from_secs(secs));
+    // b expires last, then c, then d.
+    let b = holder.lock("b", &ttl(180)).await.expect("b");
+    let c = holder.lock("c", &ttl(120)).await.expect("c");
+    let d = holder.lock("d", &ttl(60)).await.expect("d");
+    let set = |name: &str| format!("{prefix}:waiters:{name}");
 
-    let waiter =
-        tokio::spawn(async move { waiter_locks.lock_all(&["c", "a", "b"], &long_held()).await });
-    // Registered where it found a lock held, and only there; nothing taken.
-    until_waiters(&mut conn, &format!("{prefix}:waiters:b"), 1).await;
-    until_waiters(&mut conn, &format!("{prefix}:waiters:c"), 1).await;
-    assert_eq!(waiters(&mut conn, &format!("{prefix}:waiters:a")).await, 0);
+    let waiter = tokio::spawn(async move {
+        waiter_locks
+            .lock_all(&["d", "c", "a", "b"], &long_held())
+            .await
+    });
+    // Registered with b alone; nothing taken.
+    until_waiters(&mut conn, &set("b"), 1).await;
+    for name in ["a", "c", "d"] {
+        assert_eq!(waiters(&mut conn, &set(name)).await, 0, "{name}");
+    }
     assert!(!exists(&mut conn, &format!("{prefix}:lock:a")).await);
 
-    // b's release wakes it; c still held: it tries again (refreshing its registration
-    // in c's set: the sign that it woke), takes nothing, and waits on.
-    let c_waiters = format!("{prefix}:waiters:c");
-    let registered = registration_expiry(&mut conn, &c_waiters).await;
+    // d's release publishes nothing: nobody waits for d (the waiter could not be granted
+    // with b held).
+    released(d.release().await);
+    assert_eq!(d_channel.published(&mut conn).await, Vec::<String>::new());
+
+    // b's release wakes it; c still held: it tries again, registers with c and leaves
+    // b's set, takes nothing, and waits on.
     released(b.release().await);
     assert_eq!(b_channel.published(&mut conn).await, vec!["released"]);
-    within(PROMPT, "the waiter tries again", async {
-        while registration_expiry(&mut conn, &c_waiters).await <= registered {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
+    until_waiters(&mut conn, &set("c"), 1).await;
+    assert_eq!(waiters(&mut conn, &set("b")).await, 0);
     assert!(!waiter.is_finished());
     assert!(!exists(&mut conn, &format!("{prefix}:lock:a")).await);
     assert!(!exists(&mut conn, &format!("{prefix}:lock:b")).await);
-    released(c.release().await);
 
+    // c's release wakes it again: every lock free, granted.
+    released(c.release().await);
     let all = within(PROMPT, "woken by the last release", waiter)
         .await
         .expect("task")
         .expect("lock_all");
-    assert_eq!(all.guards().len(), 3);
+    assert_eq!(all.guards().len(), 4);
     // The grant unregistered it everywhere: releases tell no one.
-    for name in ["a", "b", "c"] {
-        assert!(
-            !exists(&mut conn, &format!("{prefix}:waiters:{name}")).await,
-            "{name}"
-        );
+    for name in ["a", "b", "c", "d"] {
+        assert!(!exists(&mut conn, &set(name)).await, "{name}");
     }
     released(all.release().await);
     assert_eq!(b_channel.published(&mut conn).await, Vec::<String>::new());
-}
-
-/// When the one registration in the waiters' set `key` expires (server ms).
-async fn registration_expiry(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> f64 {
-    let found: Vec<(String, f64)> = redis::cmd("ZRANGE")
-        .arg(key)
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(conn)
-        .await
-        .expect("ZRANGE");
-    assert_eq!(found.len(), 1, "{key}: {found:?}");
-    found[0].1
 }
 
 /// When the holder's release of `b` lands, relative to the waiter's attempts.

@@ -15,6 +15,7 @@ mod lock_all;
 mod lock_all_all_or_nothing;
 mod lock_all_bounds;
 mod lock_all_cancel;
+mod lock_all_registers_on_one;
 mod lock_all_subscribes_at_once;
 mod lock_all_wakes;
 mod loss_during_renewal;
