@@ -479,12 +479,12 @@ impl<T: Target> Acquisition<T> {
 
     /// After a refused Redlock attempt: compare-and-deletes (with the attempt's owner
     /// value) on each master in `written` (it granted, or failed and may have applied the
-    /// attempt), awaited within `per_master`, so that the next attempt does not find our
-    /// own keys in its way; and on each master still `pending` once it answers, unless it
-    /// refused: in the background when waiting (a stalled master must not hold up the
-    /// next attempt), awaited too for a `try_lock` (within `per_master` of the sending),
-    /// whose caller may try again at once. A master that refused is left alone: it wrote
-    /// nothing.
+    /// attempt), awaited within `per_master` (and finished past it), so that the next
+    /// attempt does not find our own keys in its way; and on each master still `pending`
+    /// once it answers, unless it refused: in the background when waiting (a stalled
+    /// master must not hold up the next attempt), awaited too for a `try_lock` (within
+    /// `per_master` of the sending), whose caller may try again at once. A master that
+    /// refused is left alone: it wrote nothing.
     ///
     /// Something that may still run later with this owner value (the background, an undo
     /// not answered) could delete a key of the next attempt's: the next attempts then use
@@ -532,22 +532,33 @@ impl<T: Target> Acquisition<T> {
         }
         let mut undone = true;
         if !written.is_empty() {
-            let nodes = &self.core.nodes;
-            let (target, owner, name) = (&self.target, &*self.owner, &*self.name);
-            let undos = join_all(
-                written
-                    .iter()
-                    .map(|&master| target.undo_on(&nodes[master], owner, name)),
+            // A task of its own, so that an undo not answered within `per_master` (or an
+            // acquisition dropped meanwhile) still finishes.
+            let (core, target, owner, name) = (
+                self.core.clone(),
+                self.target.clone(),
+                self.owner.clone(),
+                self.name.clone(),
             );
-            match tokio::time::timeout(per_master, undos).await {
-                Ok(answers) => {
-                    for err in answers.into_iter().filter_map(Result::err) {
-                        tracing::debug!(%err, "undoing a partial Redlock grant failed; TTLs will");
-                        undone = false;
-                    }
+            let mut undo = tokio::spawn(async move {
+                let nodes = &core.nodes;
+                let answers = join_all(
+                    written
+                        .iter()
+                        .map(|&master| target.undo_on(&nodes[master], &owner, &name)),
+                )
+                .await;
+                let mut all = true;
+                for err in answers.into_iter().filter_map(Result::err) {
+                    tracing::debug!(%err, "undoing a partial Redlock grant failed; TTLs will");
+                    all = false;
                 }
-                Err(_) => undone = false,
-            }
+                all
+            });
+            undone = matches!(
+                tokio::time::timeout(per_master, &mut undo).await,
+                Ok(Ok(true))
+            );
         }
         if late || !undone {
             self.new_owner();

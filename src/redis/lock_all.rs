@@ -202,7 +202,7 @@ impl Target for LockSet {
                 wake_on: usize::try_from(*on)
                     .ok()
                     .and_then(|on| on.checked_sub(1))
-                    .filter(|&on| on < self.locks.len()),
+                    .filter(|&on| waiter.is_some() && on < self.locks.len()),
             }),
             _ => Err(malformed(node.backend, "acquire", label)),
         }
