@@ -62,7 +62,9 @@ pub trait LockBackend: Send + Sync {
     /// multi-lock acquisition on it must be that one: the two kinds mixed on the same
     /// names can deadlock. So a wrapper that implements this trait around such a backend
     /// must forward `lock_all` and [`try_lock_all`](Self::try_lock_all), not leave them to
-    /// these defaults.
+    /// these defaults. Redis and Redlock override it too (all or none in one script,
+    /// waiting while holding nothing), which mixes safely with the default; a wrapper
+    /// should still forward it there, or its sets are taken one by one.
     ///
     /// # Cancel safety
     ///

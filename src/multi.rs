@@ -1,7 +1,8 @@
 //! Several locks at once on any backend: [`lock_all`] takes them through the backend's
-//! [`LockBackend::lock_all`], and holds them in a [`MultiGuard`]. Backends without a way
-//! of their own (Redis, Redlock, PostgreSQL, MariaDB) take them one by one in name order;
-//! etcd and ZooKeeper queue in every lock with one transaction.
+//! [`LockBackend::lock_all`], and holds them in a [`MultiGuard`]. etcd and ZooKeeper queue
+//! in every lock with one transaction; Redis and Redlock take them all or none in one
+//! script (`RedisLocker`'s and `RedlockLocker`'s `lock_all`); backends without a way of
+//! their own (PostgreSQL, MariaDB) take them one by one in name order.
 //!
 //! # Why no two such acquisitions deadlock
 //!
@@ -15,15 +16,24 @@
 //! another costs (one wait per name, earlier locks held meanwhile), and each lock keeps
 //! its own token.
 //!
+//! All or none (Redis, Redlock): an attempt either finds every lock free and takes them
+//! all in one atomic step, or takes none; the taker waits holding **nothing**, so it is in
+//! no cycle at all, and it mixes safely with single locks and with takers one by one on
+//! the same names. Each lock keeps its own token. It is not fair: a set is granted only
+//! when all its locks are free at once, so under steady contention on its names a large
+//! set may wait long (see `docs/redis.md`, "Several locks at once").
+//!
 //! In one transaction (etcd: `EtcdLocker::lock_all`; ZooKeeper:
 //! `ZooKeeperLocker::lock_all`): every key of one acquisition shares one revision (zxid),
 //! each queue is ordered by it, and a waiter waits only for lower ones in each queue, so
 //! waiting follows the commit order, which has no cycle; the locks share one token.
 //!
-//! The two kinds must **not** be mixed on the same names: an ordered taker holding `a`
-//! (revision `r_a`) and queued for `b` (revision `r_b`, later) and a one-transaction
-//! waiter at `r_a < r < r_b` wait for each other. That is why on etcd and ZooKeeper every
-//! [`lock_all`] is the one-transaction kind: the ordered one is only the trait's default.
+//! The one-transaction kind and the one-by-one kind must **not** be mixed on the same
+//! names: a queued waiter holds its place in each queue while it waits, so an ordered
+//! taker holding `a` (revision `r_a`) and queued for `b` (revision `r_b`, later) and a
+//! one-transaction waiter at `r_a < r < r_b` wait for each other. That is why on etcd and
+//! ZooKeeper every [`lock_all`] is the one-transaction kind: the ordered one is only the
+//! trait's default.
 
 use std::future::Future;
 use std::task::Poll;
@@ -34,8 +44,9 @@ use tokio::time::Instant;
 use crate::{FencingToken, LockBackend, LockError, LockGuard, LockOptions, LossReason};
 use crate::{ReleaseOutcome, name::distinct_names};
 
-/// The most locks one [`lock_all`] takes one by one (etcd's and ZooKeeper's own have
-/// limits of their own: `etcd::MAX_LOCK_ALL`, `zookeeper::MAX_LOCK_ALL`).
+/// The most locks one [`lock_all`] takes one by one (etcd's, ZooKeeper's and Redis's own
+/// have limits of their own: `etcd::MAX_LOCK_ALL`, `zookeeper::MAX_LOCK_ALL`,
+/// `redis::MAX_LOCK_ALL`).
 pub const MAX_LOCKS: usize = 256;
 
 /// Several locks held together: one guard per lock, in name order.
@@ -54,8 +65,8 @@ pub struct MultiGuard<G> {
 
 impl<G: LockGuard> MultiGuard<G> {
     /// The guards of locks taken together (in name order), named `names` (joined by
-    /// commas). (The backends that take them in one transaction build it.)
-    #[cfg(any(feature = "etcd", feature = "zookeeper"))]
+    /// commas). (The backends that take them in one transaction or script build it.)
+    #[cfg(any(feature = "etcd", feature = "zookeeper", feature = "redis"))]
     pub(crate) fn new(guards: Vec<G>, names: String) -> Self {
         Self { guards, names }
     }
@@ -163,9 +174,10 @@ pub(crate) async fn release_all<G: LockGuard>(guards: Vec<G>) -> Result<ReleaseO
 }
 
 /// Takes every lock of `names` on `backend` together, each name once, through
-/// [`LockBackend::lock_all`]: one transaction on etcd and ZooKeeper, one by one in name
-/// order elsewhere (see the module docs for why neither can deadlock). A wait timeout in
-/// `options` bounds the whole call.
+/// [`LockBackend::lock_all`]: one transaction on etcd and ZooKeeper, all or none in one
+/// script on Redis and Redlock, one by one in name order elsewhere (see the module docs
+/// for why none of them can deadlock). A wait timeout in `options` bounds the whole
+/// call.
 ///
 /// ```no_run
 /// use fencelock::{LockGuard, LockOptions, etcd::EtcdLocker};

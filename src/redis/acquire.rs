@@ -1,27 +1,33 @@
-//! Taking a Redis or Redlock lock: attempt, and while taken, wait for the release message
-//! or a bounded, jittered sleep, whichever comes first.
+//! Taking a Redis or Redlock lock (a semaphore's permit, several locks at once: what is
+//! taken is a [`Target`]): attempt, and while taken, wait for a release message (on any
+//! of the target's channels; several locks: on the channel of the lock the refusal
+//! registered with) or a bounded, jittered sleep, whichever comes first.
 //!
 //! Cancel safety comes from the owner value rather than a task: see [`acquire`].
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
+use tokio::sync::futures::Notified;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::core::Core;
-use super::guard::RedisGuard;
-use super::keys::LockKeys;
 use super::node::Attempt;
 use super::owner::{jittered, owner_value};
 use super::subscriber::{Interest, Subscriber};
+use super::target::{Grantee, Target};
 use super::value::{lock_value, set_owner};
 use super::waiter::{Registration, waiter};
-use crate::lease_clock::{Clock, ClockInstant};
+use crate::lease_clock::Clock;
 use crate::retry::backoff;
-use crate::{Backend, FencingToken, LockError, LockOptions};
+use crate::{LockError, LockOptions};
 
 /// How often a waiter without release messages (Redlock) retries at most: the usual
 /// Redlock client behaviour of a short random delay between attempts.
@@ -35,49 +41,53 @@ fn per_master_timeout(request_timeout: Duration, ttl: Duration) -> Duration {
     request_timeout.min(ttl / 10)
 }
 
-/// Runs one acquisition. `wait`: queue up (`lock`) or not (`try_lock`).
+/// Runs one acquisition of `target`. `wait`: queue up (`lock`) or not (`try_lock`).
 ///
 /// # Cancel safety
 ///
-/// Every attempt uses the same random owner value, and the lock can only ever hold that
-/// value if one of our attempts set it. If this future is dropped (while an attempt is in
-/// flight, or between attempts), a compare-and-delete with that owner value is sent in the
-/// background: on each connection it queues behind the attempt, so it removes the lock if
-/// the attempt set it and does nothing otherwise. No task is spawned on the way in.
-pub(crate) async fn acquire(
+/// The attempts use a random owner value, and a lock key can only ever hold that value if
+/// one of our attempts set it. If this future is dropped (while an attempt is in flight,
+/// or between attempts), a compare-and-delete with that owner value of every key the
+/// target may have taken is sent in the background, on every server: on each connection
+/// it queues behind the attempt, so it removes a key if the attempt set it and does
+/// nothing otherwise. The value changes only once what the old one may have set is seen
+/// to (undone; or left to the task that reads a Redlock attempt's late masters and undoes
+/// what they granted; or, on a master that answered neither the attempt nor its undo, to
+/// the TTL). No task is spawned on the way in.
+pub(crate) async fn acquire<T: Target>(
     core: Arc<Core>,
     subscriber: Option<Arc<Subscriber>>,
-    name: &str,
-    keys: LockKeys,
+    target: T,
     options: &LockOptions,
     wait: bool,
-) -> Result<Option<RedisGuard>, LockError> {
+) -> Result<Option<T::Taken>, LockError> {
     let backend = core.backend;
+    let name = target.label().clone();
     let counted = std::time::Instant::now();
-    let result = acquire_uncounted(core, subscriber, name, keys, options, wait).await;
-    crate::metrics::acquisition(backend, name, counted, &result);
+    let result = acquire_uncounted(core, subscriber, target, options, wait).await;
+    crate::metrics::acquisition(backend, &name, counted, &result);
     result
 }
 
-async fn acquire_uncounted(
+async fn acquire_uncounted<T: Target>(
     core: Arc<Core>,
     subscriber: Option<Arc<Subscriber>>,
-    name: &str,
-    keys: LockKeys,
+    target: T,
     options: &LockOptions,
     wait: bool,
-) -> Result<Option<RedisGuard>, LockError> {
+) -> Result<Option<T::Taken>, LockError> {
     let owner = owner_value();
     let value = lock_value(&owner, options.holder_record().as_deref());
     let mut acquisition = Acquisition {
-        keys,
+        name: target.label().clone(),
+        target,
         core,
         subscriber,
-        name: Arc::from(name),
         owner,
         value,
         options: options.clone(),
         started: Instant::now(),
+        waits: wait,
         armed: true,
         registration: Registration::default(),
         uncertain: false,
@@ -102,8 +112,8 @@ async fn acquire_uncounted(
                     acquisition
                         .last_error
                         .take()
-                        .unwrap_or(LockError::WaitTimeout {
-                            name: name.to_owned(),
+                        .unwrap_or_else(|| LockError::WaitTimeout {
+                            name: acquisition.name.to_string(),
                             waited: timeout,
                         })
                 }),
@@ -121,20 +131,24 @@ async fn acquire_uncounted(
     outcome
 }
 
-struct Acquisition {
+struct Acquisition<T: Target> {
     core: Arc<Core>,
     subscriber: Option<Arc<Subscriber>>,
+    /// The lock's name (several locks: their names joined by commas).
     name: Arc<str>,
-    keys: LockKeys,
+    target: T,
     owner: Arc<str>,
     /// What the key gets: the owner value, then the holder record if any (`value.rs`).
     /// Dropped with the acquisition: the guard keeps only the owner.
     value: Vec<u8>,
     options: LockOptions,
     started: Instant,
+    /// Whether it waits until granted (`lock`), or answers after one attempt (`try_lock`).
+    waits: bool,
     /// Whether dropping this must clean up after a possibly applied attempt.
     armed: bool,
-    /// Our registration in the lock's waiters' set (single Redis only: Redlock waiters
+    /// Our registration in the lock's waiters' set (several locks: in the set of the
+    /// held lock the last refusal found expiring last; single Redis only: Redlock waiters
     /// poll and never register).
     registration: Registration,
     /// Whether a failed attempt may have set the lock with our owner value (undone
@@ -146,7 +160,7 @@ struct Acquisition {
     last_error: Option<LockError>,
 }
 
-impl Drop for Acquisition {
+impl<T: Target> Drop for Acquisition<T> {
     fn drop(&mut self) {
         // A waiter that gives up (timed out, failed, dropped) leaves the waiters' set, so
         // that releases stop publishing for it; best effort: its registration expires.
@@ -157,22 +171,21 @@ impl Drop for Acquisition {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (core, keys, owner, name, armed) = (
+        let (core, target, owner, name, armed) = (
             self.core.clone(),
-            self.keys.clone(),
+            self.target.clone(),
             std::mem::take(&mut self.owner),
             std::mem::take(&mut self.name),
             self.armed,
         );
         runtime.spawn(async move {
-            // The attempt may have taken any slot: compare-and-delete each.
-            for slot in (0..keys.slots().len()).filter(|_| armed) {
-                if let Err(err) = core.release(&keys.granted(slot), &owner, &name, None).await {
+            if armed {
+                if let Err(err) = target.undo(&core, &owner, &name).await {
                     tracing::debug!(%err, lock = %name, "cleanup after an abandoned attempt failed; the TTL will");
                 }
             }
             if let Some(waiter) = waiter {
-                if let Err(err) = core.unregister(&keys, &waiter, &name).await {
+                if let Err(err) = target.unregister(&core, &waiter, &name).await {
                     tracing::debug!(%err, lock = %name, "unregistering a waiter that gave up failed; its registration expires");
                 }
             }
@@ -180,29 +193,28 @@ impl Drop for Acquisition {
     }
 }
 
-impl Acquisition {
-    async fn run(&mut self, wait: bool) -> Result<Option<RedisGuard>, LockError> {
+impl<T: Target> Acquisition<T> {
+    async fn run(&mut self, wait: bool) -> Result<Option<T::Taken>, LockError> {
         let deadline = self.options.wait_timeout().map(|t| self.started + t);
-        let mut interest: Option<Interest> = None;
+        // One per release channel of the target, once subscribed (none before).
+        let mut interests: Vec<Interest> = Vec::new();
         loop {
             // Armed before the attempt: a release published while it runs still wakes us.
-            let notify = interest.as_ref().map(Interest::notify);
-            let notified = notify.as_ref().map(|n| n.notified());
-            let mut notified = std::pin::pin!(notified);
-            if let Some(n) = notified.as_mut().as_pin_mut() {
-                n.enable();
+            let notifies: Vec<_> = interests.iter().map(Interest::notify).collect();
+            let mut notified: Vec<Pin<Box<Notified<'_>>>> =
+                notifies.iter().map(|n| Box::pin(n.notified())).collect();
+            for n in &mut notified {
+                n.as_mut().enable();
             }
             if self.uncertain {
                 // An earlier attempt failed and may have been applied: the lock may hold
-                // our owner value, and we would wait out our own TTL. Undo it first.
+                // our owner value, and we would wait out our own TTL. Undo it first
+                // (single Redis: a Redlock attempt cleans up after itself).
                 match self.undo().await {
                     Ok(()) => {
                         self.uncertain = false;
-                        // Redlock's undo answers at a quorum and finishes in the
-                        // background; one master's compare-and-delete can even run after
-                        // our next SET (a reconnect, a NOSCRIPT reload): with the same
-                        // owner value it would delete our fresh key. A new value per
-                        // attempt after an undo makes a late undo harmless.
+                        // A new value after an undo: whatever of the old one might still
+                        // land later can never delete a key of the next attempt's.
                         self.new_owner();
                     }
                     Err(err) => {
@@ -214,40 +226,42 @@ impl Acquisition {
             let sent = Clock::BOOT.now();
             // Registered only while subscribed: a release that sees the registration
             // publishes, and the subscription (armed above) hears it.
-            let listening = interest.is_some();
+            let listening = !interests.is_empty();
             // The registration is counted from the sending: it reached the server later.
             let attempt_sent = Instant::now();
-            let remaining = match self.attempt(listening).await {
-                Ok(Attempt::Granted(token, slot)) => {
-                    // A single Redis lock's token is checked against those this client
-                    // saw (a semaphore's permits and Redlock's largest-of-the-masters
-                    // token have no such order to check).
-                    let token =
-                        if self.core.backend == Backend::Redis && self.keys.slots().len() == 1 {
-                            let key = self.keys.granted(slot).lock.clone();
-                            self.core
-                                .checked_token(&self.keys, &key, &self.owner, token, &self.name)
-                                .await?
-                        } else {
-                            token
-                        };
-                    return Ok(Some(self.guard(token, slot, sent)));
+            let (remaining, wake_on) = match self.attempt(listening).await {
+                Ok(Attempt::Granted(grant)) => {
+                    // A lock's holder stays registered until its release unregisters it;
+                    // a grant in one script unregistered it already.
+                    let in_script = self.target.registers_in_script();
+                    let grantee = Grantee {
+                        core: &self.core,
+                        owner: &self.owner,
+                        waiter: self.registration.for_guard(in_script),
+                        options: &self.options,
+                        sent,
+                    };
+                    let taken = self.target.taken(grant, grantee).await?;
+                    self.registration.handed();
+                    return Ok(Some(taken));
                 }
                 Ok(Attempt::Held {
                     remaining,
                     registered,
+                    wake_on,
                 }) => {
                     self.failures = 0;
                     self.last_error = None;
                     if registered {
-                        self.registration.registered(attempt_sent);
+                        self.registration.registered(attempt_sent, wake_on);
                     }
-                    remaining
+                    (remaining, wake_on)
                 }
                 // A waiting acquisition rides out a server restart or a dropped
                 // connection: it retries, with a backoff, within its wait timeout.
                 Err(err) if wait && err.is_unavailable() => {
-                    self.uncertain = true;
+                    // (A Redlock attempt cleaned up after itself already.)
+                    self.uncertain = self.core.nodes.len() == 1;
                     self.registration.unsure();
                     self.retry_after(err, deadline).await?;
                     continue;
@@ -257,21 +271,28 @@ impl Acquisition {
             if !wait {
                 return Ok(None);
             }
-            if let (None, Some(subscriber)) = (&interest, &self.subscriber) {
-                // Subscribe, then try again at once: the holder may have released
-                // between our attempt and the subscription.
-                interest = Some(subscriber.interest(self.keys.channel()).await);
+            if let (true, Some(subscriber)) = (interests.is_empty(), &self.subscriber) {
+                // Subscribe (to every lock's channel, at once), then try again at once: a
+                // holder may have released between our attempt and the subscription.
+                interests = subscriber.interests(&self.target.channels()).await;
                 continue;
             }
-            // Never past the holder's expiry, never longer than the configured bound; with no
+            // Never past the holder's expiry (a set's: that of the lock registered with,
+            // the one that expires last), never longer than the configured bound; with no
             // release message to wake us (Redlock), retry at least every RETRY_DELAY.
             let bound = match &self.subscriber {
                 Some(_) => self.core.config.max_wait_sleep,
                 None => self.core.config.max_wait_sleep.min(RETRY_DELAY),
             };
             let sleep = jittered(remaining.min(bound).max(Duration::from_millis(1)));
+            // A set registered with one lock: only that lock's release can let the next
+            // attempt succeed (the others' messages are other waiters').
+            if let Some(lock) = wake_on.filter(|&lock| lock < notified.len()) {
+                notified.swap(0, lock);
+                notified.truncate(1);
+            }
             tokio::select! {
-                () = async { if let Some(n) = notified.as_mut().as_pin_mut() { n.await } else { std::future::pending().await } } => {}
+                () = any_notified(&mut notified) => {}
                 () = tokio::time::sleep(sleep) => {}
                 () = sleep_until_opt(deadline) => return Err(self.wait_ended()),
             }
@@ -309,116 +330,102 @@ impl Acquisition {
             })
     }
 
-    /// Compare-and-delete of every slot with our owner value: removes what an attempt
+    /// Compare-and-delete of every key with our owner value: removes what an attempt
     /// whose answer was lost may have set.
     async fn undo(&self) -> Result<(), LockError> {
-        for slot in 0..self.keys.slots().len() {
-            self.core
-                .release(&self.keys.granted(slot), &self.owner, &self.name, None)
-                .await?;
-        }
-        Ok(())
+        self.target.undo(&self.core, &self.owner, &self.name).await
     }
 
     /// One attempt: on a single server, one script call; with Redlock, one on every
-    /// master at once, granted only with a majority within the lock's validity.
+    /// master at once, granted only with a majority within the lock's validity
+    /// ([`redlock_attempt`](Self::redlock_attempt)).
     ///
-    /// Redlock decides as soon as the answers settle it (a majority granted, a majority
-    /// refused, or too many failed for a majority to grant), each master's answer
-    /// awaited at most [`per_master_timeout`]: a master that stops answering costs
-    /// neither time nor the lock (issue 21). What it may still apply later is undone in
-    /// the background when the attempt is refused, and is ours anyway when granted.
-    ///
-    /// `listening`: we are subscribed to the release channel, and a refused attempt on a
-    /// single Redis registers us as a waiter when due (see [`Waiter`]).
-    async fn attempt(&mut self, listening: bool) -> Result<Attempt, LockError> {
-        let ttl = self.options.ttl();
+    /// `listening`: we are subscribed to the release channel(s), and a refused attempt on
+    /// a single Redis registers us as a waiter when due (see [`Waiter`]).
+    async fn attempt(&mut self, listening: bool) -> Result<Attempt<T::Grant>, LockError> {
         let nodes = &self.core.nodes;
-        if let [node] = &nodes[..] {
-            let config = &self.core.config;
-            let registering = listening.then(|| {
-                let slots = self.keys.slots().len();
-                self.registration
-                    .attempt(config.max_wait_sleep, config.request_timeout, slots)
-            });
-            let waiter = registering.as_ref().map(waiter);
-            return node
-                .acquire(&self.keys, &self.value, ttl, &self.name, waiter)
-                .await;
-        }
-        let backend = self.core.backend;
+        let [node] = &nodes[..] else {
+            return self.redlock_attempt().await;
+        };
+        let config = &self.core.config;
+        let registering = listening.then(|| {
+            let in_script = self.target.registers_in_script();
+            self.registration
+                .attempt(config.max_wait_sleep, config.request_timeout, in_script)
+        });
+        let waiter = registering.as_ref().map(waiter);
+        self.target
+            .attempt(node, &self.value, self.options.ttl(), &self.name, waiter)
+            .await
+    }
+
+    /// One Redlock attempt: the target's attempt on every master at once.
+    ///
+    /// It decides as soon as the answers settle it (a majority granted, a majority
+    /// refused, or too many failed for a majority to grant), each master's answer awaited
+    /// at most [`per_master_timeout`]: a master that stops answering costs neither time
+    /// nor the lock (issue 21). Granted, whatever the masters not yet read may still
+    /// apply is ours, released with the lock.
+    ///
+    /// Refused, it cleans up where something of this attempt may be, and only there
+    /// ([`clean_up`](Self::clean_up)): a master that refused wrote nothing.
+    async fn redlock_attempt(&mut self) -> Result<Attempt<T::Grant>, LockError> {
+        let masters = self.core.nodes.len();
         let quorum = self.core.quorum;
+        let ttl = self.options.ttl();
         let per_master = per_master_timeout(self.core.config.request_timeout, ttl);
         let sent = Instant::now();
-        let this: &Self = self;
-        let value = &this.value;
-        let mut pending: FuturesUnordered<_> = nodes
-            .iter()
-            .map(|node| {
-                let attempt = node.acquire(&this.keys, value, ttl, &this.name, None);
-                async move {
-                    tokio::time::timeout(per_master, attempt)
-                        .await
-                        .unwrap_or_else(|_| {
-                            Err(LockError::Timeout {
-                                backend,
-                                operation: "acquire",
-                                lock: Some(this.name.to_string()),
-                                after: per_master,
-                            })
-                        })
-                }
-                .instrument(tracing::debug_span!("acquire", node = %node.address))
-            })
+        let mut pending: FuturesUnordered<_> = (0..masters)
+            .map(|master| self.ask(master, ttl, per_master))
             .collect();
         let mut granted = Vec::new();
         let mut refused = Vec::new();
         let mut errors = Vec::new();
-        while let Some(reply) = pending.next().await {
+        // The masters that granted or failed: where this attempt may have set keys.
+        let mut written = Vec::new();
+        let mut settled = false;
+        loop {
+            // Once settled, the answers already in are read too (a master read is a
+            // master that needs no cleanup if it refused), none awaited.
+            let next = if settled {
+                match pending.next().now_or_never() {
+                    Some(next) => next,
+                    None => break,
+                }
+            } else {
+                pending.next().await
+            };
+            let Some((master, reply)) = next else { break };
             match reply {
-                Ok(Attempt::Granted(token, _)) => granted.push(token),
+                Ok(Attempt::Granted(grant)) => {
+                    granted.push(grant);
+                    written.push(master);
+                }
                 Ok(Attempt::Held { remaining, .. }) => refused.push(remaining),
-                Err(err) => errors.push(err),
+                Err(err) => {
+                    errors.push(err);
+                    written.push(master);
+                }
             }
-            if granted.len() >= quorum
+            settled |= granted.len() >= quorum
                 || refused.len() >= quorum
-                || errors.len() > nodes.len() - quorum
-            {
-                break;
-            }
+                || errors.len() > masters - quorum;
         }
-        // Requests still unanswered are dropped; one already sent may still be applied,
-        // after this (on each connection, a later request queues behind it).
-        let unanswered = !pending.is_empty();
-        drop(pending);
         let validity = ttl
             .saturating_sub(sent.elapsed())
             .saturating_sub(self.core.renewer.drift(ttl));
         if granted.len() >= quorum && !validity.is_zero() {
-            return Ok(Attempt::Granted(
-                granted.into_iter().max().unwrap_or(FencingToken::new(0)),
-                0,
-            ));
-        }
-        // No majority in time: undo the partial grants, and whatever an unanswered or
-        // failed request may have set (compare-and-delete, so only ours), in the
-        // background: a stalled master must not hold up the next attempt.
-        if !granted.is_empty() || unanswered || !errors.is_empty() {
-            let (core, keys, owner, name) = (
-                self.core.clone(),
-                self.keys.clone(),
-                self.owner.clone(),
-                self.name.clone(),
-            );
-            tokio::spawn(async move {
-                if let Err(err) = core.release(&keys, &owner, &name, None).await {
-                    tracing::debug!(%err, "undoing a partial Redlock grant failed; TTLs will");
-                }
+            if let Some(grant) = T::agreed(granted) {
+                return Ok(Attempt::Granted(grant));
+            }
+            return Err(LockError::Backend {
+                backend: self.core.backend,
+                operation: "acquire",
+                lock: Some(self.name.to_string()),
+                source: "a majority granted, and no grant was counted".into(),
             });
-            // That undo may run after our next attempt's SET on some master (nothing
-            // orders it before): the next attempt uses an owner value of its own.
-            self.new_owner();
         }
+        self.clean_up(written, pending, per_master).await;
         let remaining = refused
             .iter()
             .copied()
@@ -433,7 +440,129 @@ impl Acquisition {
         Ok(Attempt::Held {
             remaining,
             registered: false,
+            wake_on: None,
         })
+    }
+
+    /// The target's attempt on Redlock master `master`, within `per_master`, owning what it
+    /// needs (a master not read when the attempt is decided is read in the background).
+    fn ask(
+        &self,
+        master: usize,
+        ttl: Duration,
+        per_master: Duration,
+    ) -> impl Future<Output = (usize, Result<Attempt<T::Grant>, LockError>)> + Send + 'static {
+        let (core, target, value, name) = (
+            self.core.clone(),
+            self.target.clone(),
+            self.value.clone(),
+            self.name.clone(),
+        );
+        let span = tracing::debug_span!("acquire", node = %core.nodes[master].address);
+        async move {
+            let node = &core.nodes[master];
+            let attempt = target.attempt(node, &value, ttl, &name, None);
+            let reply = tokio::time::timeout(per_master, attempt)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(LockError::Timeout {
+                        backend: node.backend,
+                        operation: "acquire",
+                        lock: Some(name.to_string()),
+                        after: per_master,
+                    })
+                });
+            (master, reply)
+        }
+        .instrument(span)
+    }
+
+    /// After a refused Redlock attempt: compare-and-deletes (with the attempt's owner
+    /// value) on each master in `written` (it granted, or failed and may have applied the
+    /// attempt), awaited within `per_master` (and finished past it), so that the next
+    /// attempt does not find our own keys in its way; and on each master still `pending`
+    /// once it answers, unless it refused: in the background when waiting (a stalled
+    /// master must not hold up the next attempt), awaited too for a `try_lock` (within
+    /// `per_master` of the sending), whose caller may try again at once. A master that
+    /// refused is left alone: it wrote nothing.
+    ///
+    /// Something that may still run later with this owner value (the background, an undo
+    /// not answered) could delete a key of the next attempt's: the next attempts then use
+    /// an owner value of their own.
+    ///
+    /// Cancel safe: dropped before the owner value changes, the acquisition's own cleanup
+    /// compare-and-deletes with it everywhere.
+    async fn clean_up<F>(
+        &mut self,
+        mut written: Vec<usize>,
+        mut pending: FuturesUnordered<F>,
+        per_master: Duration,
+    ) where
+        F: Future<Output = (usize, Result<Attempt<T::Grant>, LockError>)> + Send + 'static,
+    {
+        if !self.waits {
+            // A `try_lock` answers with nothing of its own left: the masters not read yet
+            // are awaited (each answers within `per_master` of the sending, or counts as
+            // failed), so that a caller trying again at once does not meet its own keys.
+            while let Some((master, reply)) = pending.next().await {
+                if !matches!(reply, Ok(Attempt::Held { .. })) {
+                    written.push(master);
+                }
+            }
+        }
+        let late = !pending.is_empty();
+        if late {
+            let (core, target, owner, name) = (
+                self.core.clone(),
+                self.target.clone(),
+                self.owner.clone(),
+                self.name.clone(),
+            );
+            tokio::spawn(async move {
+                while let Some((master, reply)) = pending.next().await {
+                    if matches!(reply, Ok(Attempt::Held { .. })) {
+                        continue;
+                    }
+                    let node = &core.nodes[master];
+                    if let Err(err) = target.undo_on(node, &owner, &name).await {
+                        tracing::debug!(%err, node = %node.address, "undoing a late Redlock answer failed; TTLs will");
+                    }
+                }
+            });
+        }
+        let mut undone = true;
+        if !written.is_empty() {
+            // A task of its own, so that an undo not answered within `per_master` (or an
+            // acquisition dropped meanwhile) still finishes.
+            let (core, target, owner, name) = (
+                self.core.clone(),
+                self.target.clone(),
+                self.owner.clone(),
+                self.name.clone(),
+            );
+            let mut undo = tokio::spawn(async move {
+                let nodes = &core.nodes;
+                let answers = join_all(
+                    written
+                        .iter()
+                        .map(|&master| target.undo_on(&nodes[master], &owner, &name)),
+                )
+                .await;
+                let mut all = true;
+                for err in answers.into_iter().filter_map(Result::err) {
+                    tracing::debug!(%err, "undoing a partial Redlock grant failed; TTLs will");
+                    all = false;
+                }
+                all
+            });
+            undone = matches!(
+                tokio::time::timeout(per_master, &mut undo).await,
+                Ok(Ok(true))
+            );
+        }
+        if late || !undone {
+            self.new_owner();
+        }
     }
 
     /// A fresh owner value for the next attempts, in the value written too.
@@ -441,29 +570,19 @@ impl Acquisition {
         self.owner = owner_value();
         set_owner(&mut self.value, &self.owner);
     }
+}
 
-    fn guard(&mut self, token: FencingToken, slot: usize, sent: ClockInstant) -> RedisGuard {
-        let keys = self.keys.granted(slot);
-        // A lock's holder stays registered until its release unregisters it.
-        let waiter = self.registration.hand_to_guard(self.keys.slots().len());
-        let registration = self.core.renewer.register(
-            keys.lock.clone(),
-            self.owner.clone(),
-            self.options.ttl(),
-            self.options.renews(),
-            sent,
-        );
-        tracing::debug!(%token, "lock acquired");
-        RedisGuard::new(
-            self.core.clone(),
-            self.name.clone(),
-            keys,
-            self.owner.clone(),
-            waiter,
-            token,
-            registration,
-        )
-    }
+/// Resolves when any of `notified` does (never, for none: a waiter not subscribed).
+async fn any_notified(notified: &mut [Pin<Box<Notified<'_>>>]) {
+    std::future::poll_fn(|cx| {
+        for n in notified.iter_mut() {
+            if n.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+        }
+        Poll::Pending
+    })
+    .await;
 }
 
 async fn sleep_until_opt(deadline: Option<Instant>) {

@@ -7,9 +7,11 @@ use redis::aio::ConnectionManager;
 
 use super::acquire::acquire;
 use super::core::Core;
+use super::lock_all::take_all;
 use super::subscriber::Subscriber;
+use super::target::One;
 use super::{RedisConfig, RedisGuard, RedisSemaphore};
-use crate::{Backend, LockBackend, LockError, LockOptions, validate_name};
+use crate::{Backend, LockBackend, LockError, LockOptions, MultiGuard, validate_name};
 
 /// The smallest TTL the Redis backends accept.
 pub const MIN_TTL: Duration = Duration::from_millis(100);
@@ -113,6 +115,69 @@ impl LockBackend for RedisLocker {
     ) -> Result<Option<RedisGuard>, LockError> {
         try_lock_on(&self.core, name, options).await
     }
+
+    /// Takes every lock of `names` together, **all or none in one script**, waiting until
+    /// every one is free at once: an attempt that finds any of them held takes none and
+    /// registers for the release of each one held; the wait holds nothing, and retries on
+    /// a release message of any of the locks (or after a bounded, jittered sleep). No two
+    /// such acquisitions deadlock, nor any mix with single locks or with locks taken one
+    /// by one in name order on the same names: a waiter that holds nothing is in no cycle.
+    ///
+    /// **Not fair**: the locks are granted only to an attempt that finds all of them
+    /// free at once, so under steady contention on its names a large set may wait long
+    /// (single-name takers of any of them can keep overtaking it). Each lock gets its own
+    /// token from its own counter (not one shared token as on etcd and ZooKeeper):
+    /// fence each resource with the token of the lock that guards it
+    /// ([`MultiGuard::tokens`]). Each lock is an ordinary [`RedisGuard`] (renewed by the
+    /// client's renewal task, released by compare-and-delete); losing any one is losing
+    /// the guard ([`MultiGuard::lost_which`] names it).
+    ///
+    /// Names are taken once each, in any order given; 1 to [`MAX_LOCK_ALL`](super::MAX_LOCK_ALL) of them
+    /// (`LockError::InvalidOption` otherwise). A wait timeout bounds the whole call. The
+    /// locks' keys must be on the one server (no Redis Cluster: see `docs/redis.md`).
+    ///
+    /// ```no_run
+    /// use fencelock::redis::{RedisConfig, RedisLocker};
+    /// use fencelock::{LockBackend, LockGuard, LockOptions};
+    ///
+    /// # async fn run() -> Result<(), fencelock::LockError> {
+    /// let locks = RedisLocker::connect(RedisConfig::new("redis://127.0.0.1:6379/")).await?;
+    /// let both = locks.lock_all(&["warehouse-b", "warehouse-a"], &LockOptions::new()).await?;
+    /// for (name, token) in both.tokens() {
+    ///     println!("{name}: fence with {token}");
+    /// }
+    /// both.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`lock`](LockBackend::lock): a dropped or timed-out call
+    /// compare-and-deletes every lock with its owner value in the background (so a grant
+    /// that raced with the drop is undone) and leaves every waiters' set.
+    #[tracing::instrument(skip(self, options), fields(backend = "redis"))]
+    async fn lock_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+    ) -> Result<MultiGuard<RedisGuard>, LockError> {
+        lock_all_on(&self.core, Some(&self.subscriber), names, options).await
+    }
+
+    /// Takes every lock of `names` together if every one is free right now (one script,
+    /// as [`lock_all`](Self::lock_all)); `Ok(None)` otherwise, with nothing taken.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`lock_all`](Self::lock_all).
+    #[tracing::instrument(skip(self, options), fields(backend = "redis"))]
+    async fn try_lock_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+    ) -> Result<Option<MultiGuard<RedisGuard>>, LockError> {
+        take_all(&self.core, None, names, options, false).await
+    }
 }
 
 /// Redlock: the same lock on N independent Redis masters, granted when a majority agrees
@@ -183,6 +248,62 @@ impl LockBackend for RedlockLocker {
     ) -> Result<Option<RedisGuard>, LockError> {
         try_lock_on(&self.core, name, options).await
     }
+
+    /// Takes every lock of `names` together, all or none, as [`RedisLocker`]'s
+    /// `lock_all` does, on every master: granted when a majority of masters took every
+    /// lock within the validity (each lock's token the largest of those masters');
+    /// otherwise every lock is compare-and-deleted on each master that granted (or failed,
+    /// or had not answered yet: once it answers), never on one that refused, and the
+    /// attempt is repeated after a jittered sleep (at least every 100 ms: Redlock waiters
+    /// poll). The wait holds nothing, so it cannot deadlock. Not fair; 1 to [`MAX_LOCK_ALL`](super::MAX_LOCK_ALL) names.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`lock`](LockBackend::lock): a dropped call compare-and-deletes
+    /// every lock on every master in the background.
+    #[tracing::instrument(skip(self, options), fields(backend = "redlock"))]
+    async fn lock_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+    ) -> Result<MultiGuard<RedisGuard>, LockError> {
+        lock_all_on(&self.core, None, names, options).await
+    }
+
+    /// Takes every lock of `names` together if a majority of masters finds every one free
+    /// right now; `Ok(None)` otherwise, with nothing of this call's left taken: it awaits
+    /// every master's answer (each within the per-master timeout: the request timeout,
+    /// at most a tenth of the TTL) and compare-and-deletes on each that granted before it
+    /// answers, so a caller trying again at once does not meet its own keys. (A master
+    /// that answers neither in time keeps what it may have set until the TTL ends it.)
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`lock_all`](Self::lock_all).
+    #[tracing::instrument(skip(self, options), fields(backend = "redlock"))]
+    async fn try_lock_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+    ) -> Result<Option<MultiGuard<RedisGuard>>, LockError> {
+        take_all(&self.core, None, names, options, false).await
+    }
+}
+
+/// `lock_all` for both lockers: [`take_all`], waiting.
+async fn lock_all_on(
+    core: &Arc<Core>,
+    subscriber: Option<&Arc<Subscriber>>,
+    names: &[&str],
+    options: &LockOptions,
+) -> Result<MultiGuard<RedisGuard>, LockError> {
+    let taken = take_all(core, subscriber, names, options, true).await?;
+    taken.ok_or_else(|| LockError::Backend {
+        backend: core.backend,
+        operation: "acquire",
+        lock: Some(names.join(",")),
+        source: "a waiting acquisition returned without the locks".into(),
+    })
 }
 
 /// `lock` for both lockers; `subscriber` wakes waiters on release messages (single Redis).
@@ -193,8 +314,8 @@ async fn lock_on(
     options: &LockOptions,
 ) -> Result<RedisGuard, LockError> {
     validate(name, options)?;
-    let keys = core.keys(name);
-    let guard = acquire(core.clone(), subscriber.cloned(), name, keys, options, true).await?;
+    let one = One::new(core, name);
+    let guard = acquire(core.clone(), subscriber.cloned(), one, options, true).await?;
     guard.ok_or_else(|| LockError::Backend {
         backend: core.backend,
         operation: "acquire",
@@ -210,7 +331,7 @@ async fn try_lock_on(
     options: &LockOptions,
 ) -> Result<Option<RedisGuard>, LockError> {
     validate(name, options)?;
-    acquire(core.clone(), None, name, core.keys(name), options, false).await
+    acquire(core.clone(), None, One::new(core, name), options, false).await
 }
 
 fn validate(name: &str, options: &LockOptions) -> Result<(), LockError> {

@@ -15,17 +15,24 @@ use crate::{Backend, FencingToken, LockError};
 /// in one pipeline.
 pub(crate) const RENEW_CHUNK: usize = 1000;
 
-/// What one acquire attempt on one server found.
+/// What one acquire attempt on one server found. `G`: what a grant hands over: a lock's
+/// (or a semaphore's) token and the slot taken, or each lock's token for several locks
+/// taken together (`lock_all.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Attempt {
-    /// The lock (this slot of it) was free and is now ours.
-    Granted(FencingToken, usize),
-    /// Someone holds it; it expires in this long unless renewed. `registered`: the
-    /// waiter was registered in the lock's waiters' set by this attempt, in the same step
-    /// as the refusal (see [`Waiter`]).
+pub(crate) enum Attempt<G = (FencingToken, usize)> {
+    /// The lock (this slot of it; every lock of the set) was free and is now ours.
+    Granted(G),
+    /// Someone holds it (some of the set); it expires in this long unless renewed (a
+    /// semaphore: the soonest of its permits; a set: the held lock that expires last,
+    /// which no grant can come before). `registered`: the waiter was registered in the
+    /// lock's waiters' set by this attempt, in the same step as the refusal (see
+    /// [`Waiter`]). `wake_on`: a set's refusal registers in one held lock's set, this one
+    /// (its index in the set): only its release message can let the next attempt succeed
+    /// (`None`: any of the target's channels).
     Held {
         remaining: Duration,
         registered: bool,
+        wake_on: Option<usize>,
     },
 }
 
@@ -41,6 +48,9 @@ pub(crate) struct Waiter<'a> {
     /// Whether this attempt must (re-)register if refused: a lock's attempts refresh the
     /// registration only when it is due, a semaphore's script always does.
     pub(crate) register: bool,
+    /// Several locks (`lock_all`): the lock (index in the set) whose waiters' set the
+    /// last refusal registered in, which a refusal that registers in another's leaves.
+    pub(crate) previous: Option<usize>,
 }
 
 /// A connection to one Redis server (one master of a Redlock set).
@@ -49,7 +59,7 @@ pub(crate) struct Node {
     pub(crate) address: String,
     conn: ConnectionManager,
     timeout: Duration,
-    backend: Backend,
+    pub(crate) backend: Backend,
 }
 
 impl std::fmt::Debug for Node {
@@ -278,12 +288,13 @@ impl Node {
             .await?;
         match reply.as_slice() {
             [1, token, slot] => match (u64::try_from(*token), usize::try_from(*slot)) {
-                (Ok(token), Ok(slot)) => Ok(Attempt::Granted(FencingToken::new(token), slot)),
+                (Ok(token), Ok(slot)) => Ok(Attempt::Granted((FencingToken::new(token), slot))),
                 _ => Err(malformed(self.backend, "acquire", lock)),
             },
             [0, pttl, _] => Ok(Attempt::Held {
                 remaining: remaining(*pttl),
                 registered: waiter.is_some(),
+                wake_on: None,
             }),
             _ => Err(malformed(self.backend, "acquire", lock)),
         }
@@ -335,7 +346,7 @@ impl Node {
         };
         if set_granted(&set).ok_or_else(unexpected)? {
             return match u64::try_from(token) {
-                Ok(token) => Ok(Attempt::Granted(FencingToken::new(token), 0)),
+                Ok(token) => Ok(Attempt::Granted((FencingToken::new(token), 0))),
                 Err(_) => Err(malformed(self.backend, "acquire", lock)),
             };
         }
@@ -353,6 +364,7 @@ impl Node {
                 return Ok(Attempt::Held {
                     remaining: remaining(pttl),
                     registered: pttl != -2,
+                    wake_on: None,
                 });
             }
             None => {
@@ -367,6 +379,7 @@ impl Node {
         Ok(Attempt::Held {
             remaining: remaining(pttl),
             registered: false,
+            wake_on: None,
         })
     }
 
@@ -460,18 +473,18 @@ impl Node {
 /// retry at once; -1 (a key without expiry, written by someone else: not ours to fix)
 /// means it may never expire, so a waiter sleeps its longest (until a release message or
 /// its bound), never spinning every millisecond.
-fn remaining(pttl: i64) -> Duration {
+pub(crate) fn remaining(pttl: i64) -> Duration {
     match pttl {
         -1 => Duration::MAX,
         pttl => Duration::from_millis(u64::try_from(pttl).unwrap_or(0)),
     }
 }
 
-fn millis(d: Duration) -> u64 {
+pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn malformed(backend: Backend, operation: &'static str, lock: &str) -> LockError {
+pub(crate) fn malformed(backend: Backend, operation: &'static str, lock: &str) -> LockError {
     LockError::Backend {
         backend,
         operation,

@@ -109,6 +109,62 @@ return {0, soonest, -1}
     )
 });
 
+/// Several locks taken together, all or none (`lock_all.rs`). `KEYS`: for each lock in
+/// turn, its key, its token counter and its waiters' set (`3 * i - 2`, `3 * i - 1`,
+/// `3 * i`); `ARGV` as [`ACQUIRE`]'s: the value to set (one owner value for every lock,
+/// and the holder record), TTL in ms, the waiter's id (empty for an acquisition that does
+/// not wait on release messages), how long its registration lasts in ms; then `ARGV[5]`,
+/// the lock (1 to n) whose set the waiter's last refusal registered it in, 0 for none.
+///
+/// First looks at every lock (`PTTL`: -2 is no key). If every one is free, takes each as
+/// [`ACQUIRE`] takes one (`SET NX PX`, `INCR` of its counter: each lock's token from its
+/// own counter), unregisters the waiter from every lock's set (it may have registered in
+/// any of them before), and returns `{1, token of lock 1, token of lock 2, ...}`. If any is
+/// held, writes no lock and no counter, picks the held lock that expires last (one
+/// without expiry before any other; the first of equals), registers the waiter in that
+/// lock's set alone (`register`, in this same step: its release after this sees the
+/// registration and publishes, one before it left the lock free for this look), leaves
+/// the set of `ARGV[5]` if that is another lock's, and returns `{0, that lock's remaining
+/// ttl in ms (-1: no expiry), its number}`. One set is enough: no grant can come while
+/// that lock is held, its release publishes, and the waiter sleeps no longer than its
+/// expiry; woken, its next refusal registers with whichever lock then stands in its way.
+/// Registering with every held lock made every release of any of them publish and wake
+/// the waiter, for nothing while the others were held. The look comes before any write,
+/// so a refusal changes nothing but the registrations. (Redis runs a script alone: no
+/// other command falls between the look and the writes; the lock keys must be on one
+/// server, which they are: no Redis Cluster.)
+pub(crate) static LOCK_ALL: LazyLock<Script> = LazyLock::new(|| {
+    waiters_script(
+        r"
+local locks = #KEYS / 3
+local last, last_ttl = 0, -2
+for i = 1, locks do
+  local pttl = redis.call('PTTL', KEYS[3 * i - 2])
+  if pttl ~= -2 and last_ttl ~= -1 and (pttl == -1 or pttl > last_ttl) then
+    last, last_ttl = i, pttl
+  end
+end
+if last > 0 then
+  if ARGV[3] ~= '' then
+    local previous = tonumber(ARGV[5]) or 0
+    if previous >= 1 and previous <= locks and previous ~= last then
+      unregister(KEYS[3 * previous], ARGV[3])
+    end
+    register(KEYS[3 * last], ARGV[3], ARGV[4])
+  end
+  return {0, last_ttl, last}
+end
+local granted = {1}
+for i = 1, locks do
+  redis.call('SET', KEYS[3 * i - 2], ARGV[1], 'NX', 'PX', ARGV[2])
+  unregister(KEYS[3 * i], ARGV[3])
+  granted[i + 1] = redis.call('INCR', KEYS[3 * i - 1])
+end
+return granted
+",
+    )
+});
+
 /// `KEYS[1]` lock, `KEYS[2]` its waiters' set; `ARGV[1]` owner value, `ARGV[2]` release
 /// channel, `ARGV[3]` the holder's own waiter id if it waited for the lock (else empty).
 /// Unregisters the holder's id, then deletes the lock only if it still holds our owner
@@ -217,6 +273,8 @@ return 0
 });
 
 /// All scripts, for loading them once at connect.
-pub(crate) fn all() -> [&'static Script; 6] {
-    [&ACQUIRE, &RELEASE, &REGISTER, &RENEW, &ADVANCE, &BREAK]
+pub(crate) fn all() -> [&'static Script; 7] {
+    [
+        &ACQUIRE, &LOCK_ALL, &RELEASE, &REGISTER, &RENEW, &ADVANCE, &BREAK,
+    ]
 }

@@ -8,6 +8,7 @@ use super::core::Core;
 use super::keys::LockKeys;
 use super::locker::MIN_TTL;
 use super::subscriber::Subscriber;
+use super::target::One;
 use crate::options::validate_permits;
 use crate::{Backend, LockError, LockOptions, validate_name};
 
@@ -53,8 +54,11 @@ impl RedisSemaphore {
         })
     }
 
-    fn keys(&self) -> LockKeys {
-        LockKeys::permits(&self.core.config.prefix, &self.name, self.permits)
+    fn permit(&self) -> One {
+        One {
+            name: Arc::from(self.name.as_str()),
+            keys: LockKeys::permits(&self.core.config.prefix, &self.name, self.permits),
+        }
     }
 
     /// Takes a permit, waiting (on release messages, or a bounded sleep) until one is free.
@@ -66,21 +70,14 @@ impl RedisSemaphore {
     pub async fn acquire(&self, options: &LockOptions) -> Result<RedisGuard, LockError> {
         options.validate(MIN_TTL)?;
         let subscriber = Some(self.subscriber.clone());
-        acquire(
-            self.core.clone(),
-            subscriber,
-            &self.name,
-            self.keys(),
-            options,
-            true,
-        )
-        .await?
-        .ok_or_else(|| LockError::Backend {
-            backend: Backend::Redis,
-            operation: "acquire",
-            lock: Some(self.name.clone()),
-            source: "a waiting acquisition returned without a permit".into(),
-        })
+        acquire(self.core.clone(), subscriber, self.permit(), options, true)
+            .await?
+            .ok_or_else(|| LockError::Backend {
+                backend: Backend::Redis,
+                operation: "acquire",
+                lock: Some(self.name.clone()),
+                source: "a waiting acquisition returned without a permit".into(),
+            })
     }
 
     /// Takes a permit if one is free now.
@@ -90,14 +87,6 @@ impl RedisSemaphore {
         options: &LockOptions,
     ) -> Result<Option<RedisGuard>, LockError> {
         options.validate(MIN_TTL)?;
-        acquire(
-            self.core.clone(),
-            None,
-            &self.name,
-            self.keys(),
-            options,
-            false,
-        )
-        .await
+        acquire(self.core.clone(), None, self.permit(), options, false).await
     }
 }

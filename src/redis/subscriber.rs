@@ -1,7 +1,8 @@
 //! One pub/sub connection per client, shared by all of its waits.
 //!
-//! Waiters register interest in a lock's release channel; the first interest subscribes,
-//! the last one to go unsubscribes. Messages wake every waiter of that channel (Redis
+//! Waiters register interest in a lock's release channel (in the channels of every lock of
+//! a `lock_all`, at once); the first interest subscribes (later ones wait until that
+//! subscription is done), the last one to go unsubscribes. Messages wake every waiter of that channel (Redis
 //! locks are not fair: whoever retries first wins). A broken connection only costs
 //! waiters their wake-ups until the next interest reconnects: they still retry after
 //! their bounded sleep.
@@ -16,8 +17,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use futures_util::future::join_all;
 use redis::aio::PubSubSink;
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::{Notify, oneshot, watch};
 
 #[derive(Default)]
 struct Channels {
@@ -27,6 +29,29 @@ struct Channels {
 struct Channel {
     notify: Arc<Notify>,
     interests: usize,
+    subscription: Subscription,
+}
+
+/// Where a channel's subscription stands.
+enum Subscription {
+    /// Not subscribed yet: the next interest subscribes it.
+    Unsubscribed,
+    /// An interest is subscribing it: `true` is sent when that is done. Closed without
+    /// it, whoever was subscribing was dropped on the way, and the next interest takes
+    /// over.
+    InFlight(watch::Receiver<bool>),
+    /// Subscribed, or the attempt failed (waiters then rely on their sleep).
+    Settled,
+}
+
+/// What an interest does about a channel's subscription.
+enum Part {
+    /// Nothing: it is settled.
+    Done,
+    /// Subscribe it.
+    Mine,
+    /// Wait for the subscription another interest has in flight.
+    Wait(watch::Receiver<bool>),
 }
 
 /// The sending half of the pub/sub connection, and the handle whose drop stops the task
@@ -65,53 +90,123 @@ impl Subscriber {
         lock(&self.channels)
     }
 
-    /// Registers interest in `channel`, subscribing if this is the first. When this
-    /// returns, releases published on `channel` wake the returned interest (unless the
-    /// connection failed: then waiters rely on their sleep).
+    /// Registers interest in each of `channels` (one per name: a lock's, or the locks' of
+    /// a `lock_all`), subscribing those nobody listens to yet **at once**: one round trip
+    /// for the whole set (pipelined, see [`subscribe_all`]), bounded once by the request
+    /// timeout, and by the connect timeout if the pub/sub connection must be opened.
+    /// When this returns, releases published on any of `channels` wake the returned
+    /// interests (unless the subscription failed: then waiters rely on their sleep),
+    /// also where another interest's subscription was still on its way: that is awaited,
+    /// not taken for done.
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: the interest is counted by the [`Interest`] built before the
-    /// subscription is awaited, so a call dropped meanwhile (a wait timeout while the
-    /// pub/sub connection opens) takes its count with it, and the next interest in the
-    /// channel subscribes. (Counted and never built, it would leave the channel with an
-    /// interest nobody holds: every later waiter "not first", none subscribing, every
-    /// release heard by no one for as long as the process lives.)
-    pub(crate) async fn interest(self: &Arc<Self>, channel: &str) -> Interest {
-        let (notify, first) = {
-            let mut channels = self.channels();
-            let entry = channels
-                .by_name
-                .entry(channel.to_owned())
-                .or_insert_with(|| Channel {
-                    notify: Arc::new(Notify::new()),
-                    interests: 0,
-                });
-            entry.interests += 1;
-            (entry.notify.clone(), entry.interests == 1)
+    /// Cancel safe: the interests are counted by the [`Interest`]s built before anything
+    /// is awaited, so a call dropped meanwhile (a wait timeout while the pub/sub
+    /// connection opens) takes its counts with it, and the next interest in a channel
+    /// subscribes it. (Counted and never built, a channel would keep an interest nobody
+    /// holds: every later waiter "not first", none subscribing, every release heard by no
+    /// one for as long as the process lives.) A subscription dropped on its way is taken
+    /// over by the interests waiting for it, and by the next one.
+    pub(crate) async fn interests(self: &Arc<Self>, channels: &[&str]) -> Vec<Interest> {
+        let interests: Vec<Interest> = {
+            let mut all = self.channels();
+            channels
+                .iter()
+                .map(|&channel| {
+                    let entry = all
+                        .by_name
+                        .entry(channel.to_owned())
+                        .or_insert_with(|| Channel {
+                            notify: Arc::new(Notify::new()),
+                            interests: 0,
+                            subscription: Subscription::Unsubscribed,
+                        });
+                    entry.interests += 1;
+                    Interest {
+                        subscriber: self.clone(),
+                        channel: channel.to_owned(),
+                        notify: entry.notify.clone(),
+                    }
+                })
+                .collect()
         };
-        let interest = Interest {
-            subscriber: self.clone(),
-            channel: channel.to_owned(),
-            notify,
-        };
-        if first {
-            if let Err(err) = self.subscribe(channel).await {
-                tracing::debug!(%err, channel, "subscribe failed; waiters fall back to sleeping");
+        loop {
+            let (done, _) = watch::channel(false);
+            let (mine, theirs) = self.claim(channels, &done);
+            if !mine.is_empty() {
+                if let Err(err) = self.subscribe(&mine).await {
+                    tracing::debug!(%err, channels = mine.len(), "subscribe failed; waiters fall back to sleeping");
+                }
+                done.send_replace(true);
+                self.settle(&mine);
+            }
+            let mut abandoned = false;
+            for mut subscribing in theirs {
+                abandoned |= subscribing.wait_for(|done| *done).await.is_err();
+            }
+            if !abandoned {
+                return interests;
             }
         }
-        interest
     }
 
-    async fn subscribe(&self, channel: &str) -> redis::RedisResult<()> {
-        let mut connection = self.connection.lock().await;
-        if connection.is_none() {
-            *connection = Some(self.reconnect().await?);
+    /// Sorts `channels` (each with an interest of ours) into those this interest
+    /// subscribes (marked in flight with `done`), and the subscriptions in flight it
+    /// waits for.
+    fn claim(
+        &self,
+        channels: &[&str],
+        done: &watch::Sender<bool>,
+    ) -> (Vec<String>, Vec<watch::Receiver<bool>>) {
+        let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+        let mut all = self.channels();
+        for &channel in channels {
+            let Some(entry) = all.by_name.get_mut(channel) else {
+                continue;
+            };
+            let part = match &entry.subscription {
+                Subscription::Settled => Part::Done,
+                Subscription::InFlight(subscribing) if *subscribing.borrow() => Part::Done,
+                // Still on its way (its sender alive): wait for it.
+                Subscription::InFlight(subscribing) if subscribing.has_changed().is_ok() => {
+                    Part::Wait(subscribing.clone())
+                }
+                // Not yet, or dropped on its way.
+                Subscription::InFlight(_) | Subscription::Unsubscribed => Part::Mine,
+            };
+            match part {
+                Part::Done => entry.subscription = Subscription::Settled,
+                Part::Mine => {
+                    entry.subscription = Subscription::InFlight(done.subscribe());
+                    mine.push(channel.to_owned());
+                }
+                Part::Wait(subscribing) => theirs.push(subscribing),
+            }
         }
+        (mine, theirs)
+    }
+
+    /// Marks the subscriptions of `channels` that are done as settled.
+    fn settle(&self, channels: &[String]) {
+        let mut all = self.channels();
+        for channel in channels {
+            if let Some(entry) = all.by_name.get_mut(channel) {
+                if matches!(&entry.subscription, Subscription::InFlight(done) if *done.borrow()) {
+                    entry.subscription = Subscription::Settled;
+                }
+            }
+        }
+    }
+
+    async fn subscribe(&self, channels: &[String]) -> redis::RedisResult<()> {
+        let mut connection = self.connection.lock().await;
         let Some(open) = connection.as_mut() else {
+            // A new connection subscribes to every channel wanted: these among them.
+            *connection = Some(self.reconnect().await?);
             return Ok(());
         };
-        let subscribed = bounded(self.request_timeout, open.sink.subscribe(channel)).await;
+        let subscribed = bounded(self.request_timeout, subscribe_all(&open.sink, channels)).await;
         if subscribed.is_err() {
             // No answer: the connection is of no use; the next interest opens another.
             *connection = None;
@@ -119,15 +214,13 @@ impl Subscriber {
         subscribed
     }
 
-    /// Opens a new pub/sub connection, resubscribes to every channel still wanted, and
-    /// starts the task that turns messages into wake-ups.
+    /// Opens a new pub/sub connection, resubscribes to every channel still wanted (at
+    /// once: one round trip), and starts the task that turns messages into wake-ups.
     async fn reconnect(&self) -> redis::RedisResult<Connection> {
         let pubsub = bounded(self.connect_timeout, self.client.get_async_pubsub()).await?;
-        let (mut sink, mut stream) = pubsub.split();
+        let (sink, mut stream) = pubsub.split();
         let wanted: Vec<String> = self.channels().by_name.keys().cloned().collect();
-        for channel in wanted {
-            bounded(self.request_timeout, sink.subscribe(channel)).await?;
-        }
+        bounded(self.request_timeout, subscribe_all(&sink, &wanted)).await?;
         let channels = Arc::downgrade(&self.channels);
         let slot = Arc::downgrade(&self.connection);
         let (reader, mut stop) = oneshot::channel::<()>();
@@ -162,43 +255,69 @@ impl Subscriber {
         })
     }
 
-    fn drop_interest(self: &Arc<Self>, channel: &str) {
-        let last = {
-            let mut channels = self.channels();
-            match channels.by_name.get_mut(channel) {
-                Some(entry) if entry.interests > 1 => {
-                    entry.interests -= 1;
-                    false
-                }
-                Some(_) => {
-                    channels.by_name.remove(channel);
-                    true
-                }
-                None => false,
+    /// Uncounts one interest in `channel`; `true` if it was the last (the channel is
+    /// forgotten).
+    fn uncount(&self, channel: &str) -> bool {
+        let mut channels = self.channels();
+        match channels.by_name.get_mut(channel) {
+            Some(entry) if entry.interests > 1 => {
+                entry.interests -= 1;
+                false
             }
-        };
-        if last {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                let (this, channel) = (self.clone(), channel.to_owned());
-                runtime.spawn(async move {
-                    // Someone may have become interested again in the meantime.
-                    if this.channels().by_name.contains_key(&channel) {
-                        return;
-                    }
-                    let mut connection = this.connection.lock().await;
-                    if let Some(open) = connection.as_mut() {
-                        let timeout = this.request_timeout;
-                        if bounded(timeout, open.sink.unsubscribe(&channel))
-                            .await
-                            .is_err()
-                        {
-                            *connection = None;
-                        }
-                    }
-                });
+            Some(_) => {
+                channels.by_name.remove(channel);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn drop_interest(self: &Arc<Self>, channel: &str) {
+        if !self.uncount(channel) {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (this, channel) = (self.clone(), channel.to_owned());
+            runtime.spawn(async move { this.unsubscribe_unwanted(&channel).await });
+        }
+    }
+
+    /// Unsubscribes `channel` if no interest wants it by the time the connection is ours.
+    ///
+    /// Checked with the connection held, not before taking it: an interest that came
+    /// meanwhile is counted by then (and the channel, subscribed by it or still by the
+    /// old one, stays), or it comes later and its subscription waits for the connection,
+    /// so goes out after this unsubscription. Checked before, a waiter could subscribe
+    /// between the check and this `UNSUBSCRIBE`, and be left unsubscribed with its
+    /// interest counted: every later waiter "not first", none subscribing.
+    async fn unsubscribe_unwanted(&self, channel: &str) {
+        let mut connection = self.connection.lock().await;
+        if self.channels().by_name.contains_key(channel) {
+            return;
+        }
+        if let Some(open) = connection.as_mut() {
+            let timeout = self.request_timeout;
+            if bounded(timeout, open.sink.unsubscribe(channel))
+                .await
+                .is_err()
+            {
+                *connection = None;
             }
         }
     }
+}
+
+/// Subscribes `sink` to every one of `channels` in one round trip: one `SUBSCRIBE` per
+/// channel, pipelined. (Not one `SUBSCRIBE` of them all: redis-rs takes one reply per
+/// request, and a `SUBSCRIBE` of k channels answers k confirmations, the k - 1 extra of
+/// which would be taken as the answers of the requests sent after it, which would then
+/// seem done before the server ran them.)
+async fn subscribe_all(sink: &PubSubSink, channels: &[String]) -> redis::RedisResult<()> {
+    let requests = channels.iter().map(|channel| {
+        let mut sink = sink.clone();
+        async move { sink.subscribe(channel).await }
+    });
+    join_all(requests).await.into_iter().collect()
 }
 
 /// A waiter's interest in one release channel; dropping it may unsubscribe.
@@ -237,4 +356,119 @@ async fn bounded<T>(
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(all(test, feature = "testkit"))]
+mod tests {
+    //! Against a real `redis-server`. The races are set up by holding the connection (its
+    //! mutex) and polling the futures by hand: deterministic, no timing.
+
+    use std::pin::pin;
+
+    use futures_util::FutureExt;
+
+    use super::*;
+    use crate::testkit::RedisServer;
+
+    async fn subscriber(server: &RedisServer) -> Arc<Subscriber> {
+        let client = redis::Client::open(server.url()).expect("client");
+        Arc::new(Subscriber::new(
+            client,
+            Duration::from_secs(2),
+            Duration::from_secs(1),
+        ))
+    }
+
+    /// How many subscribers the server counts on `channel`.
+    async fn subscribers(server: &RedisServer, channel: &str) -> u64 {
+        let mut conn = server.connection().await.expect("connect");
+        let (_, count): (String, u64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query_async(&mut conn)
+            .await
+            .expect("PUBSUB NUMSUB");
+        count
+    }
+
+    #[tokio::test]
+    async fn a_later_interest_waits_for_the_subscription_in_flight() {
+        let server = RedisServer::start().await.expect("redis");
+        let sub = subscriber(&server).await;
+        // The first interest's subscription cannot go out while we hold the connection.
+        let held = sub.connection.lock().await;
+        let mut first = pin!(sub.interests(&["a", "b"]));
+        assert!((&mut first).now_or_never().is_none());
+        // A second interest in `a` must not return before `a` is subscribed: a release
+        // published meanwhile would wake no one.
+        let mut second = pin!(sub.interests(&["a"]));
+        assert!(
+            (&mut second).now_or_never().is_none(),
+            "returned while the subscription was in flight"
+        );
+        drop(held);
+        let first = first.await;
+        let second = second.await;
+        assert_eq!(subscribers(&server, "a").await, 1);
+        assert_eq!(subscribers(&server, "b").await, 1);
+        drop((first, second));
+    }
+
+    #[tokio::test]
+    async fn a_subscription_dropped_on_its_way_is_taken_over() {
+        let server = RedisServer::start().await.expect("redis");
+        let sub = subscriber(&server).await;
+        let held = sub.connection.lock().await;
+        let mut first = Box::pin(sub.interests(&["a"]));
+        assert!((&mut first).now_or_never().is_none());
+        let mut second = pin!(sub.interests(&["a"]));
+        assert!((&mut second).now_or_never().is_none());
+        // The first waiter gives up (a wait timeout) while subscribing: the second, which
+        // waited for it, subscribes itself.
+        drop(first);
+        assert!(
+            (&mut second).now_or_never().is_none(),
+            "waits for the connection"
+        );
+        drop(held);
+        let second = second.await;
+        assert_eq!(subscribers(&server, "a").await, 1);
+        drop(second);
+    }
+
+    /// The task that unsubscribes a channel whose last interest went checks, once the
+    /// connection is its own, that nobody wants the channel again: here someone does
+    /// (counted and subscribed, the channel having stayed subscribed) by then.
+    #[tokio::test]
+    async fn an_unsubscription_rechecks_once_the_connection_is_its_own() {
+        let server = RedisServer::start().await.expect("redis");
+        let sub = subscriber(&server).await;
+        let interest = sub.interests(&["a"]).await;
+        assert_eq!(subscribers(&server, "a").await, 1);
+        let held = sub.connection.lock().await;
+        // The last interest goes: the channel is forgotten, and the unsubscription (its
+        // task's future, polled here by hand) waits for the connection.
+        assert!(sub.uncount("a"));
+        let mut unsubscribing = pin!(sub.unsubscribe_unwanted("a"));
+        assert!((&mut unsubscribing).now_or_never().is_none());
+        // Meanwhile a waiter is interested again, its subscription done (the server still
+        // has the channel subscribed).
+        sub.channels().by_name.insert(
+            "a".to_owned(),
+            Channel {
+                notify: Arc::new(Notify::new()),
+                interests: 1,
+                subscription: Subscription::Settled,
+            },
+        );
+        drop(held);
+        unsubscribing.await;
+        assert_eq!(
+            subscribers(&server, "a").await,
+            1,
+            "unsubscribed while wanted"
+        );
+        // (Its drop uncounts what the waiter above counted: nothing is left.)
+        drop(interest);
+    }
 }

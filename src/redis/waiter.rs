@@ -1,5 +1,5 @@
 //! A waiting acquisition's registration in its lock's waiters' set: what makes a release
-//! publish (`scripts.rs`: `REGISTER`, `RELEASE`, `ACQUIRE`; issue 38).
+//! publish (`scripts.rs`: `REGISTER`, `RELEASE`, `ACQUIRE`, `LOCK_ALL`; issue 38).
 //!
 //! The order that keeps every waiter woken: the waiter subscribes (armed before the
 //! attempt: `acquire.rs`), then a refused attempt registers it in the same server-side
@@ -30,7 +30,7 @@ fn lease(max_wait_sleep: Duration, request_timeout: Duration) -> Duration {
 }
 
 /// One acquisition's registration state.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Registration {
     /// Our id in the set, drawn at the first attempt made while subscribed (not the
     /// owner value: the set is readable by anyone who reads keys).
@@ -41,27 +41,39 @@ pub(crate) struct Registration {
     /// Whether the set may hold our id: set before an attempt that may register (its
     /// answer may be lost), cleared when someone else takes over unregistering it.
     maybe: bool,
+    /// Several locks: the one (index in the set) whose waiters' set the last refusal
+    /// registered us in (a set's refusal registers in one held lock's set: the next
+    /// refusal that registers elsewhere leaves it).
+    on: Option<usize>,
 }
 
 impl Registration {
-    /// What the next attempt tells the server, made while subscribed, on a lock of
-    /// `slots` slots: a semaphore's acquire script registers on every refusal (it costs
-    /// no extra request), a lock's refusal only when the registration is due.
+    /// What the next attempt tells the server, made while subscribed. `in_script`: the
+    /// attempt is one script that registers on every refusal (it costs no extra
+    /// request) and unregisters at the grant: a semaphore's of several permits, several
+    /// locks taken together. A lock's refusal registers (a request of its own) only when
+    /// the registration is due.
     pub(crate) fn attempt(
         &mut self,
         max_wait_sleep: Duration,
         request_timeout: Duration,
-        slots: usize,
-    ) -> (Arc<str>, Duration, bool) {
-        let register = slots > 1 || self.at.is_none_or(|at| at.elapsed() >= max_wait_sleep);
+        in_script: bool,
+    ) -> (Arc<str>, Duration, bool, Option<usize>) {
+        let register = in_script || self.at.is_none_or(|at| at.elapsed() >= max_wait_sleep);
         self.maybe |= register;
         let id = self.id.get_or_insert_with(owner_value).clone();
-        (id, lease(max_wait_sleep, request_timeout), register)
+        (
+            id,
+            lease(max_wait_sleep, request_timeout),
+            register,
+            self.on,
+        )
     }
 
-    /// The attempt sent at `sent` registered us.
-    pub(crate) fn registered(&mut self, sent: Instant) {
+    /// The attempt sent at `sent` registered us (several locks: with lock `on`).
+    pub(crate) fn registered(&mut self, sent: Instant, on: Option<usize>) {
         self.at = Some(sent);
+        self.on = on;
     }
 
     /// An attempt failed without an answer (a restart may have emptied the set): the
@@ -70,12 +82,17 @@ impl Registration {
         self.at = None;
     }
 
-    /// The id the guard of a lock (one slot) unregisters with its release; a semaphore's
-    /// grant unregistered it already, in the acquire script. Either way it is no longer
-    /// ours to unregister.
-    pub(crate) fn hand_to_guard(&mut self, slots: usize) -> Option<Arc<str>> {
-        let maybe = std::mem::take(&mut self.maybe);
-        self.id.clone().filter(|_| maybe && slots == 1)
+    /// The id the guard of a lock (one slot) unregisters with its release; `None` for a
+    /// grant made `in_script` (see [`attempt`](Self::attempt)), which unregistered it
+    /// already. Ours to unregister until [`handed`](Self::handed).
+    pub(crate) fn for_guard(&self, in_script: bool) -> Option<Arc<str>> {
+        self.id.clone().filter(|_| self.maybe && !in_script)
+    }
+
+    /// The grant's guard exists: the id is no longer ours to unregister (the guard's
+    /// release does it, or the granting script did).
+    pub(crate) fn handed(&mut self) {
+        self.maybe = false;
     }
 
     /// The id to unregister when the acquisition ends without a guard, if it may be in
@@ -86,11 +103,12 @@ impl Registration {
 }
 
 /// `attempt`'s answer as the node takes it.
-pub(crate) fn waiter(parts: &(Arc<str>, Duration, bool)) -> Waiter<'_> {
+pub(crate) fn waiter(parts: &(Arc<str>, Duration, bool, Option<usize>)) -> Waiter<'_> {
     Waiter {
         id: &parts.0,
         lease: parts.1,
         register: parts.2,
+        previous: parts.3,
     }
 }
 
@@ -99,23 +117,43 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_lock_registers_again_only_when_due_a_semaphore_always() {
+    fn a_lock_registers_again_only_when_due_a_script_always() {
         let sleep = Duration::from_secs(60);
         let mut lock = Registration::default();
-        assert!(lock.attempt(sleep, Duration::from_secs(1), 1).2);
-        lock.registered(Instant::now());
-        assert!(!lock.attempt(sleep, Duration::from_secs(1), 1).2);
+        assert!(lock.attempt(sleep, Duration::from_secs(1), false).2);
+        lock.registered(Instant::now(), None);
+        assert!(!lock.attempt(sleep, Duration::from_secs(1), false).2);
         lock.unsure();
-        assert!(lock.attempt(sleep, Duration::from_secs(1), 1).2);
+        assert!(lock.attempt(sleep, Duration::from_secs(1), false).2);
         let mut semaphore = Registration::default();
-        semaphore.registered(Instant::now());
-        assert!(semaphore.attempt(sleep, Duration::from_secs(1), 3).2);
+        semaphore.registered(Instant::now(), None);
+        assert!(semaphore.attempt(sleep, Duration::from_secs(1), true).2);
         assert_eq!(
-            semaphore.hand_to_guard(3),
+            semaphore.for_guard(true),
             None,
             "the script unregistered it"
         );
+        semaphore.handed();
         assert_eq!(semaphore.take_for_cleanup(), None);
+        // A lock's guard gets the id; until it exists, a cleanup would unregister it.
+        assert!(lock.for_guard(false).is_some());
+        assert!(lock.clone().take_for_cleanup().is_some());
+        lock.handed();
+        assert_eq!(lock.take_for_cleanup(), None);
+    }
+
+    #[test]
+    fn a_set_tells_the_next_attempt_which_set_it_registered_in() {
+        let (sleep, request) = (Duration::from_secs(60), Duration::from_secs(1));
+        let mut set = Registration::default();
+        assert_eq!(set.attempt(sleep, request, true).3, None);
+        set.registered(Instant::now(), Some(2));
+        assert_eq!(set.attempt(sleep, request, true).3, Some(2));
+        // An answer lost: still possibly there (and maybe elsewhere: that one expires).
+        set.unsure();
+        assert_eq!(set.attempt(sleep, request, true).3, Some(2));
+        set.registered(Instant::now(), Some(0));
+        assert_eq!(set.attempt(sleep, request, true).3, Some(0));
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub mod conformance;
 #[cfg(feature = "containers")]
 mod containers;
 mod etcd;
+mod holders;
 mod mariadb;
 mod peer;
 mod pki;
@@ -47,6 +48,7 @@ pub use containers::{
 pub use etcd::{
     ETCD_BIN_ENV, EtcdCluster, EtcdClusterBuilder, compact_now, fetch_metrics, metric_sum,
 };
+pub use holders::{Holders, random_set};
 pub use mariadb::{MARIADB_BIN_ENV, MariaDbServer};
 pub use peer::{CURATOR_JAR_ENV, JAVAC_BIN_ENV, LockPeer, PYTHON_ENV, python_with_kazoo};
 pub use pki::{CertPair, ServerTls, TestPki};

@@ -16,6 +16,7 @@ mod run_member_down;
 mod run_metrics;
 mod run_redis;
 mod run_redis_blips;
+mod run_redis_several;
 mod run_sigchld_ignored;
 mod run_signals_inherited;
 mod run_start_failure;

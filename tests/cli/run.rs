@@ -8,7 +8,7 @@ use fencelock::testkit::EtcdCluster;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-use crate::support::assert_one_at_a_time;
+use crate::support::{assert_one_at_a_time, run_in_opposite_orders};
 
 fn fencelock(etcd: &EtcdCluster) -> Command {
     crate::support::fencelock_run(&etcd.endpoints(), "cli-test")
@@ -60,21 +60,14 @@ async fn several_locks_are_held_together_whatever_their_order() {
         log = log.display(),
         tokens = tokens.display()
     );
-    let mut runs = Vec::new();
-    for order in [["a", "b"], ["b", "a"], ["a", "b"], ["b", "a"]] {
+    run_in_opposite_orders(|order| {
         let mut command = fencelock(&etcd);
         command
             .args(["--lock", order[0], "--lock", order[1], "--"])
             .args(["sh", "-c", &script]);
-        runs.push(command.status());
-    }
-    for run in runs {
-        let status = tokio::time::timeout(Duration::from_secs(30), run)
-            .await
-            .expect("no deadlock: every run finishes")
-            .expect("runs");
-        assert!(status.success(), "{status}");
-    }
+        command
+    })
+    .await;
     let text = std::fs::read_to_string(&log).expect("log");
     assert_one_at_a_time(&text, 4, "etcd, two locks");
     let tokens = std::fs::read_to_string(&tokens).expect("tokens");

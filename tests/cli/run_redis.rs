@@ -15,7 +15,7 @@ use crate::support::{assert_one_at_a_time, last_sign_of_life, life_script, next_
 
 /// `fencelock run --backend <backend> <servers…> --namespace <ns>`, killed if the test
 /// drops it.
-fn fencelock_on(backend: &str, servers: &[String], ns: &str) -> Command {
+pub fn fencelock_on(backend: &str, servers: &[String], ns: &str) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_fencelock"));
     command.args(["run", "--backend", backend, "--namespace", ns]);
     match backend {

@@ -12,7 +12,9 @@ use fencelock::{LockBackend, LockGuard, LockOptions};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-use crate::support::{assert_one_at_a_time, last_sign_of_life, life_script, next_line, now_ns};
+use crate::support::{
+    assert_one_at_a_time, last_sign_of_life, life_script, next_line, now_ns, run_in_opposite_orders,
+};
 
 /// The standalone server these tests share (none of them breaks it).
 fn zookeeper() -> &'static ZooKeeperCluster {
@@ -431,24 +433,17 @@ async fn on_zookeeper_several_locks_are_held_together() {
         sections = sections.display()
     );
     // Two runs in opposite orders, twice each, at once.
-    let mut runs = Vec::new();
-    for order in [["a", "b"], ["b", "a"], ["a", "b"], ["b", "a"]] {
+    run_in_opposite_orders(|order| {
         let mut command = fencelock_on("run", &hosts, ns);
         command.args([
             "--lock", order[0], "--lock", order[1], "--ttl", "4s", "--", "sh", "-c", &script,
         ]);
-        runs.push(command.status());
-    }
+        command
+    })
+    .await;
     let locks = ZooKeeperLocker::connect(zookeeper().config(ns))
         .await
         .expect("connect");
-    for run in runs {
-        let status = tokio::time::timeout(Duration::from_secs(30), run)
-            .await
-            .expect("no deadlock: every run finishes")
-            .expect("runs");
-        assert!(status.success(), "{status}");
-    }
     let lines = std::fs::read_to_string(&log).expect("log");
     let lines: Vec<&str> = lines.lines().collect();
     assert_eq!(lines.len(), 4, "{lines:?}");

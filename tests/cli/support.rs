@@ -110,6 +110,23 @@ pub fn last_sign_of_life(log: &std::path::Path) -> u128 {
 /// Checks a log of `start <token>` / `end <token>` lines written by `runs` commands under
 /// one lock: each start is followed by its own end (never two at once), and tokens
 /// increase from run to run.
+/// Starts `run(order)` for {a, b}, {b, a}, {a, b}, {b, a}, all at once (each a `fencelock
+/// run` taking the two locks in that order), and asserts that every one finishes, and
+/// succeeds, within 30 s: no two deadlock.
+pub async fn run_in_opposite_orders(mut run: impl FnMut([&str; 2]) -> Command) {
+    let runs: Vec<_> = [["a", "b"], ["b", "a"], ["a", "b"], ["b", "a"]]
+        .into_iter()
+        .map(|order| run(order).status())
+        .collect();
+    for run in runs {
+        let status = tokio::time::timeout(Duration::from_secs(30), run)
+            .await
+            .expect("no deadlock: every run finishes")
+            .expect("runs");
+        assert!(status.success(), "{status}");
+    }
+}
+
 pub fn assert_one_at_a_time(text: &str, runs: usize, what: &str) {
     let lines: Vec<(&str, u64)> = text
         .lines()

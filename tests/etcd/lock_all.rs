@@ -5,11 +5,10 @@
 //! and each name's tokens grow; a dropped or refused acquisition leaves no key; too many
 //! names is a typed error.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use fencelock::testkit::{Holders, random_set};
 use fencelock::{LockBackend, LockGuard, LockOptions, lock_all, try_lock_all};
 use tokio::time::Instant;
 
@@ -17,59 +16,11 @@ use crate::support::{PrefixWatch, etcd, keys, locker, namespace, within};
 
 const NAMES: [&str; 8] = ["n0", "n1", "n2", "n3", "n4", "n5", "n6", "n7"];
 
-/// Who holds what, checked by every holder: no name held twice at once, and each name's
-/// tokens strictly increasing over all clients.
-struct Held {
-    now: HashMap<&'static str, AtomicBool>,
-    last: Mutex<HashMap<String, u64>>,
-}
-
-impl Held {
-    fn new() -> Self {
-        Self {
-            now: NAMES.iter().map(|n| (*n, AtomicBool::new(false))).collect(),
-            last: Mutex::new(HashMap::new()),
-        }
-    }
-
-    fn enter(&self, name: &str, token: u64) {
-        assert!(
-            !self.now[name].swap(true, Ordering::SeqCst),
-            "{name} held twice at once"
-        );
-        let mut last = self.last.lock().unwrap();
-        let previous = last.insert(name.to_owned(), token).unwrap_or(0);
-        assert!(token > previous, "{name}: token {token} after {previous}");
-    }
-
-    fn leave(&self, name: &str) {
-        self.now[name].store(false, Ordering::SeqCst);
-    }
-}
-
-/// The next pseudo-random set of `NAMES` (never empty), sometimes reversed.
-fn random_set(seed: &mut u64) -> Vec<&'static str> {
-    *seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-    let mut set: Vec<&str> = NAMES
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| (*seed >> (i + 20)) & 1 == 1)
-        .map(|(_, n)| *n)
-        .collect();
-    if set.is_empty() {
-        set.push("n3");
-    }
-    if *seed & 1 == 1 {
-        set.reverse();
-    }
-    set
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opposite_orders_random_sets_and_single_locks_neither_deadlock_nor_overlap() {
     let cluster = etcd().await;
     let ns = namespace("lock-all");
-    let held = Arc::new(Held::new());
+    let held = Arc::new(Holders::new(&NAMES));
     let options = LockOptions::new()
         .with_ttl(Duration::from_secs(10))
         .with_wait_timeout(Duration::from_secs(20));
@@ -87,15 +38,15 @@ async fn opposite_orders_random_sets_and_single_locks_neither_deadlock_nor_overl
                 let names: Vec<&str> = match client {
                     0 => vec!["n0", "n1"],
                     1 => vec!["n1", "n0"],
-                    5 => vec![random_set(&mut seed)[0]],
-                    _ => random_set(&mut seed),
+                    5 => vec![random_set(&mut seed, &NAMES)[0]],
+                    _ => random_set(&mut seed, &NAMES),
                 };
                 if client == 5 {
                     let one = locks
                         .lock(names[0], &options)
                         .await
                         .expect("no deadlock (a single lock)");
-                    held.enter(names[0], one.token().get());
+                    held.enter(names[0], one.token());
                     tokio::task::yield_now().await;
                     held.leave(names[0]);
                     crate::support::released(one.release().await);
@@ -108,7 +59,7 @@ async fn opposite_orders_random_sets_and_single_locks_neither_deadlock_nor_overl
                     let shared = tokens[0].1;
                     for (name, token) in &tokens {
                         assert_eq!(*token, shared, "one transaction, one token: {tokens:?}");
-                        held.enter(name, token.get());
+                        held.enter(name, *token);
                     }
                     assert!(all.is_held());
                     tokio::task::yield_now().await;

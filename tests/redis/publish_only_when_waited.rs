@@ -11,119 +11,12 @@
 use std::time::Duration;
 
 use fencelock::redis::{RedisLocker, RedisSemaphore};
-use fencelock::testkit::RedisServer;
-use fencelock::{LockBackend, LockGuard, LockOptions};
-use futures_util::{Stream, StreamExt};
-use redis::aio::MultiplexedConnection;
+use fencelock::{LockBackend, LockGuard};
 
-use crate::support::{locker, prefix, proxy_to, redis, released, within};
-
-/// Longer than any bound a test allows for a wake-up.
-const LONG: Duration = Duration::from_secs(60);
-/// How long a woken waiter may take to hold the lock.
-const PROMPT: Duration = Duration::from_secs(10);
-
-fn long_held() -> LockOptions {
-    LockOptions::new().with_ttl(LONG)
-}
-
-/// A locker whose waiters, without a release message, sleep a minute between attempts.
-async fn sleepy_locker(server: &RedisServer, prefix: &str) -> RedisLocker {
-    RedisLocker::connect(server.config(prefix).with_max_wait_sleep(LONG))
-        .await
-        .expect("connect")
-}
-
-async fn direct(server: &RedisServer) -> MultiplexedConnection {
-    server.connection().await.expect("connect")
-}
-
-/// How many waiters the lock's (or semaphore's) waiters' set holds.
-async fn waiters(conn: &mut MultiplexedConnection, key: &str) -> u64 {
-    redis::cmd("ZCARD")
-        .arg(key)
-        .query_async(conn)
-        .await
-        .expect("ZCARD")
-}
-
-async fn exists(conn: &mut MultiplexedConnection, key: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(key)
-        .query_async::<u64>(conn)
-        .await
-        .expect("EXISTS")
-        == 1
-}
-
-/// Waits until the waiters' set `key` holds `count` waiters (a condition the server
-/// reports, polled: there is no event for it).
-async fn until_waiters(conn: &mut MultiplexedConnection, key: &str, count: u64) {
-    within(
-        Duration::from_secs(10),
-        &format!("{count} waiters in {key}"),
-        async {
-            while waiters(conn, key).await != count {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        },
-    )
-    .await;
-}
-
-/// A raw subscriber of one channel, to count what releases publish.
-struct Listener {
-    channel: String,
-    messages: std::pin::Pin<Box<dyn Stream<Item = String> + Send>>,
-}
-
-impl Listener {
-    async fn new(server: &RedisServer, channel: &str) -> Self {
-        let mut pubsub = redis::Client::open(server.url())
-            .expect("client")
-            .get_async_pubsub()
-            .await
-            .expect("pubsub");
-        // Subscribed once this returns: every later publish is delivered.
-        pubsub.subscribe(channel).await.expect("subscribe");
-        let messages = pubsub
-            .into_on_message()
-            .map(|message| message.get_payload::<String>().expect("payload"));
-        Self {
-            channel: channel.to_owned(),
-            messages: Box::pin(messages),
-        }
-    }
-
-    /// Everything published on the channel until now: publishes a marker and reads up to
-    /// it (the server delivers in order, so whatever was published before the marker
-    /// arrives before it; no waiting for messages that might come).
-    async fn published(&mut self, conn: &mut MultiplexedConnection) -> Vec<String> {
-        let marker = format!("marker-{}", rand_suffix());
-        redis::cmd("PUBLISH")
-            .arg(&self.channel)
-            .arg(&marker)
-            .query_async::<u64>(conn)
-            .await
-            .expect("PUBLISH");
-        let mut seen = Vec::new();
-        loop {
-            let message = within(Duration::from_secs(10), "the marker", self.messages.next())
-                .await
-                .expect("subscription open");
-            if message == marker {
-                return seen;
-            }
-            seen.push(message);
-        }
-    }
-}
-
-fn rand_suffix() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos())
-}
+use crate::support::{
+    LONG, Listener, Monitor, PROMPT, client_of, direct, exists, locker, long_held, prefix,
+    proxy_to, redis, released, sleepy_locker, slow_sleepy_locker, until_waiters, within,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_without_waiters_publishes_nothing() {
@@ -209,36 +102,17 @@ async fn released_while_the_waiter_looks(after: ReleaseAfter) {
     let server = redis().await;
     let prefix = prefix("race");
     let holder = locker(&server, &prefix).await;
-    let proxy = proxy_to(&server).await;
-    let config = fencelock::redis::RedisConfig::new(format!("redis://{}/", proxy.address()))
-        .with_prefix(&prefix)
-        .with_connect_timeout(Duration::from_secs(30))
-        .with_request_timeout(Duration::from_secs(5))
-        .with_max_wait_sleep(LONG);
-    let waiter_locks = RedisLocker::connect(config).await.expect("connect");
-    // Connected at full speed; from now on a slow link.
-    proxy.delay(Duration::from_millis(300));
+    let (_proxy, waiter_locks) = slow_sleepy_locker(&server, &prefix).await;
 
     let held = holder.lock("door", &long_held()).await.expect("lock");
-    let monitor = redis::Client::open(server.url())
-        .expect("client")
-        .get_async_monitor()
-        .await
-        .expect("monitor");
-    let mut commands = monitor.into_on_message::<String>();
+    let mut commands = Monitor::start(&server).await;
     let waiter = tokio::spawn(async move { waiter_locks.lock("door", &long_held()).await });
 
     // The waiter tries, subscribes, tries again (subscribed): its second `SET` is the
     // refusal after which it registers.
     let mut sets = 0;
     let waiter_client = loop {
-        let line = within(
-            Duration::from_secs(10),
-            "the waiter's attempts",
-            commands.next(),
-        )
-        .await
-        .expect("monitor stream");
+        let line = commands.next("the waiter's attempts").await;
         if line.contains("\"SET\"") {
             sets += 1;
             if sets == 2 {
@@ -248,13 +122,7 @@ async fn released_while_the_waiter_looks(after: ReleaseAfter) {
     };
     if let ReleaseAfter::NextRequest = after {
         loop {
-            let line = within(
-                Duration::from_secs(10),
-                "the waiter's next request",
-                commands.next(),
-            )
-            .await
-            .expect("monitor stream");
+            let line = commands.next("the waiter's next request").await;
             if client_of(&line) == waiter_client && !line.contains("\"INCR\"") {
                 break;
             }
@@ -269,14 +137,6 @@ async fn released_while_the_waiter_looks(after: ReleaseAfter) {
     released(guard.release().await);
     let mut conn = direct(&server).await;
     assert!(!exists(&mut conn, &format!("{prefix}:waiters:door")).await);
-}
-
-/// The client a MONITOR line names: `1700000000.000000 [0 127.0.0.1:4567] "SET" ...`.
-fn client_of(line: &str) -> String {
-    line.split_once('[')
-        .and_then(|(_, rest)| rest.split_once(']'))
-        .map(|(client, _)| client.to_owned())
-        .unwrap_or_default()
 }
 
 /// (A registration that does not look at the lock in the same step, registering and then

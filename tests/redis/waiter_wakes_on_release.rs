@@ -3,10 +3,8 @@
 
 use std::time::Duration;
 
+use crate::support::{Monitor, locker, prefix, redis, released, within};
 use fencelock::{LockBackend, LockGuard, LockOptions};
-use futures_util::StreamExt;
-
-use crate::support::{locker, prefix, redis, released, within};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_wakes_on_the_release_message_without_polling() {
@@ -24,13 +22,7 @@ async fn a_waiter_wakes_on_the_release_message_without_polling() {
 
     let held = holder_locks.lock("door", &options).await.expect("lock");
     server.reset_stats().await.expect("reset");
-    // MONITOR is on once this returns: every later command is seen.
-    let monitor = redis::Client::open(server.url())
-        .expect("client")
-        .get_async_monitor()
-        .await
-        .expect("monitor");
-    let mut commands = monitor.into_on_message::<String>();
+    let mut commands = Monitor::start(&server).await;
 
     let waiter = {
         let options = options.clone();
@@ -40,9 +32,7 @@ async fn a_waiter_wakes_on_the_release_message_without_polling() {
     // then waits: await those two attempts as the server sees them.
     let mut attempts = 0;
     while attempts < 2 {
-        let line = within(Duration::from_secs(5), "waiter attempts", commands.next())
-            .await
-            .expect("monitor stream");
+        let line = commands.next("waiter attempts").await;
         // An attempt is a `SET NX PX` (with its `INCR`, and when refused a `PTTL`, or the
         // script that reads it and registers the waiter, once subscribed).
         if line.contains("\"SET\"") || line.contains("\"set\"") {

@@ -225,6 +225,49 @@ async fn a_redis_acl_user_with_the_minimal_rules_can_lock_wait_renew_and_use_red
         fencelock::ReleaseOutcome::Released
     );
 
+    // Several locks at once, waiting for one that is held: the all-or-none script
+    // refuses and registers the waiter, then grants (and unregisters) after the release.
+    let x = locks.lock("x", &LockOptions::new()).await.expect("x");
+    let both = {
+        let locks = locks.clone();
+        tokio::spawn(async move { locks.lock_all(&["y", "x"], &LockOptions::new()).await })
+    };
+    // (The default user is off: read the waiters' set as the lock user, which may.)
+    let mut conn = redis::Client::open(as_locker(&masters[0]))
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect as locker");
+    tokio::time::timeout(Duration::from_secs(5), async {
+        // Registered (or failed: its error is reported below).
+        while !both.is_finished() {
+            let waiting: u64 = redis::cmd("ZCARD")
+                .arg("jobs:waiters:x")
+                .query_async(&mut conn)
+                .await
+                .expect("ZCARD");
+            if waiting == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the lock_all waiter registers");
+    assert_eq!(
+        x.release().await.expect("release"),
+        fencelock::ReleaseOutcome::Released
+    );
+    let both = tokio::time::timeout(Duration::from_secs(5), both)
+        .await
+        .expect("the lock_all waiter is woken")
+        .expect("task")
+        .expect("lock_all under the ACL user");
+    assert_eq!(
+        both.release().await.expect("release"),
+        fencelock::ReleaseOutcome::Released
+    );
+
     // Keys outside the prefix are refused.
     let other = RedisLocker::connect(RedisConfig::new(as_locker(&masters[0])).with_prefix("other"))
         .await
@@ -251,6 +294,14 @@ async fn a_redis_acl_user_with_the_minimal_rules_can_lock_wait_renew_and_use_red
         .expect("redlock");
     assert_eq!(
         guard.release().await.expect("release"),
+        fencelock::ReleaseOutcome::Released
+    );
+    let all = redlock
+        .lock_all(&["batch", "other-batch"], &LockOptions::new())
+        .await
+        .expect("redlock lock_all");
+    assert_eq!(
+        all.release().await.expect("release"),
         fencelock::ReleaseOutcome::Released
     );
 }

@@ -71,9 +71,9 @@ pub struct RunArgs {
     /// - _ . : @ = (no '/').
     ///
     /// Given more than once, every lock is taken together, without deadlock whatever the
-    /// order (etcd, ZooKeeper: one transaction and one token; Redis: one by one in name
-    /// order); the command gets each lock's token in `FENCELOCK_TOKENS` (`a=T1,b=T2`) and
-    /// the smallest in `FENCELOCK_TOKEN`.
+    /// order (etcd, ZooKeeper: one transaction and one token; Redis, Redlock: all or none
+    /// in one script, a token per lock); the command gets each lock's token in
+    /// `FENCELOCK_TOKENS` (`a=T1,b=T2`) and the smallest in `FENCELOCK_TOKEN`.
     #[arg(long = "lock", required = true)]
     locks: Vec<String>,
     /// The lock's name, or the names joined by ',' (set from `locks`).
@@ -678,7 +678,8 @@ async fn on_guard<G: LockGuard>(
 }
 
 /// Every lock of `--lock` on `locks`, taken together (`fencelock::lock_all`: one
-/// transaction on etcd, one by one in name order on Redis), in time to start the command.
+/// transaction on etcd, all or none in one script on Redis and Redlock), in time to start
+/// the command.
 async fn take_all_in_time<B: LockBackend>(
     locks: &B,
     args: &RunArgs,
