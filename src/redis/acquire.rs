@@ -198,6 +198,8 @@ impl<T: Target> Acquisition<T> {
         let deadline = self.options.wait_timeout().map(|t| self.started + t);
         // One per release channel of the target, once subscribed (none before).
         let mut interests: Vec<Interest> = Vec::new();
+        // How many pub/sub connections the subscriber had opened at the last attempt.
+        let mut connections: Option<u64> = None;
         loop {
             // Armed before the attempt: a release published while it runs still wakes us.
             let notifies: Vec<_> = interests.iter().map(Interest::notify).collect();
@@ -221,6 +223,15 @@ impl<T: Target> Acquisition<T> {
                         self.retry_after(err, deadline).await?;
                         continue;
                     }
+                }
+            }
+            if let Some(interest) = interests.first() {
+                // A new pub/sub connection since the last attempt: the old one was lost,
+                // maybe with the server's data (a restart empties the waiters' sets). The
+                // next refusal registers again, or releases might publish for no one.
+                let opened = interest.connections_opened();
+                if connections.replace(opened).is_some_and(|was| was != opened) {
+                    self.registration.unsure();
                 }
             }
             let sent = Clock::BOOT.now();
