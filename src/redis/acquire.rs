@@ -374,21 +374,24 @@ impl<T: Target> Acquisition<T> {
     ///
     /// It decides as soon as the answers settle it (a majority granted, a majority
     /// refused, or too many failed for a majority to grant), each master's answer awaited
-    /// at most [`per_master_timeout`]: a master that stops answering costs neither time
-    /// nor the lock (issue 21). Granted, whatever the masters not yet read may still
-    /// apply is ours, released with the lock.
+    /// at most [`per_master_timeout`] from the sending: a master that stops answering
+    /// costs neither time nor the lock (issue 21). Granted, whatever the masters not yet
+    /// read may still apply is ours, released with the lock.
     ///
     /// Refused, it cleans up where something of this attempt may be, and only there
-    /// ([`clean_up`](Self::clean_up)): a master that refused wrote nothing.
+    /// ([`clean_up`](Self::clean_up)): a master that refused wrote nothing. A master
+    /// slower than the per-master timeout counts as failed for the decision, but its
+    /// request goes on (bounded by the request timeout) and its answer is read: undone only
+    /// if it granted or never answered.
     async fn redlock_attempt(&mut self) -> Result<Attempt<T::Grant>, LockError> {
         let masters = self.core.nodes.len();
         let quorum = self.core.quorum;
         let ttl = self.options.ttl();
         let per_master = per_master_timeout(self.core.config.request_timeout, ttl);
         let sent = Instant::now();
-        let mut pending: FuturesUnordered<_> = (0..masters)
-            .map(|master| self.ask(master, ttl, per_master))
-            .collect();
+        let decide_by = sent + per_master;
+        let mut pending: FuturesUnordered<_> =
+            (0..masters).map(|master| self.ask(master, ttl)).collect();
         let mut granted = Vec::new();
         let mut refused = Vec::new();
         let mut errors = Vec::new();
@@ -404,7 +407,21 @@ impl<T: Target> Acquisition<T> {
                     None => break,
                 }
             } else {
-                pending.next().await
+                match tokio::time::timeout_at(decide_by, pending.next()).await {
+                    Ok(next) => next,
+                    // The masters not read by now are too slow for this attempt: failed,
+                    // as far as deciding goes; their answers are read by `clean_up`.
+                    Err(_) => {
+                        errors.push(LockError::Timeout {
+                            backend: self.core.backend,
+                            operation: "acquire",
+                            lock: Some(self.name.to_string()),
+                            after: per_master,
+                        });
+                        settled = true;
+                        continue;
+                    }
+                }
             };
             let Some((master, reply)) = next else { break };
             match reply {
@@ -436,7 +453,7 @@ impl<T: Target> Acquisition<T> {
                 source: "a majority granted, and no grant was counted".into(),
             });
         }
-        self.clean_up(written, pending, per_master).await;
+        self.clean_up(written, pending, per_master, decide_by).await;
         let remaining = refused
             .iter()
             .copied()
@@ -455,13 +472,14 @@ impl<T: Target> Acquisition<T> {
         })
     }
 
-    /// The target's attempt on Redlock master `master`, within `per_master`, owning what it
-    /// needs (a master not read when the attempt is decided is read in the background).
+    /// The target's attempt on Redlock master `master`, within the request timeout (the
+    /// attempt itself waits for it at most the per-master timeout: what comes later is
+    /// read by [`clean_up`](Self::clean_up)), owning what it needs (a master not read
+    /// when the attempt is decided is read in the background).
     fn ask(
         &self,
         master: usize,
         ttl: Duration,
-        per_master: Duration,
     ) -> impl Future<Output = (usize, Result<Attempt<T::Grant>, LockError>)> + Send + 'static {
         let (core, target, value, name) = (
             self.core.clone(),
@@ -473,14 +491,17 @@ impl<T: Target> Acquisition<T> {
         async move {
             let node = &core.nodes[master];
             let attempt = target.attempt(node, &value, ttl, &name, None);
-            let reply = tokio::time::timeout(per_master, attempt)
+            // (The connection's own response timeout bounds it too; this bounds it
+            // whatever the connection does, e.g. while it reconnects.)
+            let limit = core.config.request_timeout;
+            let reply = tokio::time::timeout(limit, attempt)
                 .await
                 .unwrap_or_else(|_| {
                     Err(LockError::Timeout {
                         backend: node.backend,
                         operation: "acquire",
                         lock: Some(name.to_string()),
-                        after: per_master,
+                        after: limit,
                     })
                 });
             (master, reply)
@@ -492,10 +513,14 @@ impl<T: Target> Acquisition<T> {
     /// value) on each master in `written` (it granted, or failed and may have applied the
     /// attempt), awaited within `per_master` (and finished past it), so that the next
     /// attempt does not find our own keys in its way; and on each master still `pending`
-    /// once it answers, unless it refused: in the background when waiting (a stalled
-    /// master must not hold up the next attempt), awaited too for a `try_lock` (within
-    /// `per_master` of the sending), whose caller may try again at once. A master that
-    /// refused is left alone: it wrote nothing.
+    /// once it answers, if it granted or failed (or did not answer within the request
+    /// timeout), never if it refused: in the background when waiting (a stalled master
+    /// must not hold up the next attempt), awaited too for a `try_lock` until
+    /// `decide_by` (the per-master timeout from the sending; a master answering later is
+    /// read in the background), whose caller may try again at once. A master that
+    /// refused is left alone, however late its answer: it wrote nothing. (Before, a
+    /// master slower than the per-master timeout counted as failed and was undone every
+    /// time: k release scripts per refused attempt of k locks.)
     ///
     /// Something that may still run later with this owner value (the background, an undo
     /// not answered) could delete a key of the next attempt's: the next attempts then use
@@ -508,14 +533,17 @@ impl<T: Target> Acquisition<T> {
         mut written: Vec<usize>,
         mut pending: FuturesUnordered<F>,
         per_master: Duration,
+        decide_by: Instant,
     ) where
         F: Future<Output = (usize, Result<Attempt<T::Grant>, LockError>)> + Send + 'static,
     {
         if !self.waits {
             // A `try_lock` answers with nothing of its own left: the masters not read yet
-            // are awaited (each answers within `per_master` of the sending, or counts as
-            // failed), so that a caller trying again at once does not meet its own keys.
-            while let Some((master, reply)) = pending.next().await {
+            // are awaited until the per-master timeout runs out, so that a caller trying
+            // again at once does not meet its own keys.
+            while let Ok(Some((master, reply))) =
+                tokio::time::timeout_at(decide_by, pending.next()).await
+            {
                 if !matches!(reply, Ok(Attempt::Held { .. })) {
                     written.push(master);
                 }

@@ -60,8 +60,9 @@
 //! The same script on every master: granted when a majority of masters took every lock
 //! within the validity (TTL minus the time the attempt took minus drift), each lock's
 //! token the largest of those masters'; otherwise every lock is compare-and-deleted on
-//! each master that granted or failed (awaited) or had not answered yet (once it answers),
-//! never on one that refused, as for one lock (`acquire.rs`).
+//! each master that granted or failed (awaited within the per-master timeout) or had not
+//! answered yet (once it answers, if it granted or never answered), never on one that
+//! refused, however late, as for one lock (`acquire.rs`).
 
 use std::future::Future;
 use std::sync::Arc;

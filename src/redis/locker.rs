@@ -253,9 +253,9 @@ impl LockBackend for RedlockLocker {
     /// `lock_all` does, on every master: granted when a majority of masters took every
     /// lock within the validity (each lock's token the largest of those masters');
     /// otherwise every lock is compare-and-deleted on each master that granted (or failed,
-    /// or had not answered yet: once it answers), never on one that refused, and the
-    /// attempt is repeated after a jittered sleep (at least every 100 ms: Redlock waiters
-    /// poll). The wait holds nothing, so it cannot deadlock. Not fair; 1 to [`MAX_LOCK_ALL`](super::MAX_LOCK_ALL) names.
+    /// or had not answered yet: once it answers, if it granted or its answer never came),
+    /// never on one that refused (however late its refusal came), and the attempt is
+    /// repeated after a jittered sleep (at least every 100 ms: Redlock waiters poll). The wait holds nothing, so it cannot deadlock. Not fair; 1 to [`MAX_LOCK_ALL`](super::MAX_LOCK_ALL) names.
     ///
     /// # Cancel safety
     ///

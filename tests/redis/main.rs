@@ -25,6 +25,7 @@ mod redlock;
 mod redlock_lock_all;
 mod redlock_refusal_undo;
 mod redlock_slow_master;
+mod redlock_slow_refusal;
 mod release_not_owner;
 mod renewal_traffic;
 mod reregister_after_reconnect;
