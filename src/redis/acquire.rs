@@ -20,7 +20,7 @@ use tracing::Instrument;
 
 use super::core::Core;
 use super::node::Attempt;
-use super::owner::{jittered, owner_value};
+use super::owner::{jittered, jittered_down, owner_value};
 use super::subscriber::{Interest, Subscriber};
 use super::target::{Grantee, Target};
 use super::value::{lock_value, set_owner};
@@ -295,7 +295,7 @@ impl<T: Target> Acquisition<T> {
                 Some(_) => self.core.config.max_wait_sleep,
                 None => self.core.config.max_wait_sleep.min(RETRY_DELAY),
             };
-            let sleep = jittered(remaining.min(bound).max(Duration::from_millis(1)));
+            let sleep = wait_sleep(remaining, bound);
             // A set registered with one lock: only that lock's release can let the next
             // attempt succeed (the others' messages are other waiters').
             if let Some(lock) = wake_on.filter(|&lock| lock < notified.len()) {
@@ -611,6 +611,21 @@ impl<T: Target> Acquisition<T> {
     }
 }
 
+/// How long a refused waiter sleeps without a message: `bound` (`max_wait_sleep`; on
+/// Redlock at most [`RETRY_DELAY`]) stretched by a random 0-20 %, unless the lock in its
+/// way expires (`remaining`) before that: then 80-100 % of `remaining`, so that the
+/// sleep never outlasts the expiry (a lock's holder forgotten, not released: the waiter
+/// tries right after it expires, not up to a fifth of its TTL later). At least 1 ms.
+fn wait_sleep(remaining: Duration, bound: Duration) -> Duration {
+    let longest = jittered(bound);
+    let sleep = if remaining < longest {
+        jittered_down(remaining)
+    } else {
+        longest
+    };
+    sleep.max(Duration::from_millis(1))
+}
+
 /// Resolves when any of `notified` does (never, for none: a waiter not subscribed).
 async fn any_notified(notified: &mut [Pin<Box<Notified<'_>>>]) {
     std::future::poll_fn(|cx| {
@@ -634,6 +649,28 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sleep_bounded_by_the_expiry_never_outlasts_it() {
+        let second = Duration::from_secs(1);
+        for _ in 0..100 {
+            // The holder's expiry first: 80-100 % of it, never past it.
+            let sleep = wait_sleep(5 * second, 60 * second);
+            assert!(sleep >= 4 * second && sleep <= 5 * second, "{sleep:?}");
+            // Between the bound and its jitter: never past it either.
+            let sleep = wait_sleep(2100 * second / 1000, 2 * second);
+            assert!(sleep <= 2100 * second / 1000, "{sleep:?}");
+            // The bound first (a key without expiry too): 100-120 % of the bound.
+            for remaining in [10 * second, Duration::MAX] {
+                let sleep = wait_sleep(remaining, 2 * second);
+                assert!(
+                    sleep >= 2 * second && sleep <= 2400 * second / 1000,
+                    "{sleep:?}"
+                );
+            }
+            assert_eq!(wait_sleep(Duration::ZERO, second), Duration::from_millis(1));
+        }
+    }
 
     #[test]
     fn a_master_is_waited_for_at_most_a_tenth_of_the_ttl() {

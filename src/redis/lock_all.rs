@@ -15,8 +15,8 @@
 //! As one lock's wait (`acquire.rs`): the first refusal subscribes to every lock's release
 //! channel (at once) and tries again at once; after that, each refusal sleeps until a
 //! release message on the channel of the lock it registered with, or a bounded, jittered
-//! sleep (never past that lock's expiry), whichever comes first. It holds **nothing**
-//! while it waits.
+//! sleep (never past that lock's expiry: a sleep the expiry bounds is jittered downward),
+//! whichever comes first. It holds **nothing** while it waits.
 //!
 //! Why one registration loses no wake-up: no attempt can be granted while the lock
 //! registered with is held. It stops being held by its release, which sees the

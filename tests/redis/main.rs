@@ -31,6 +31,7 @@ mod renewal_traffic;
 mod reregister_after_reconnect;
 mod semaphore;
 mod server_version;
+mod sleep_never_past_expiry;
 mod unsafe_server;
 mod waiter_wakes_on_release;
 mod waiting_through_trouble;
