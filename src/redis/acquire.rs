@@ -524,7 +524,11 @@ impl<T: Target> Acquisition<T> {
     ///
     /// Something that may still run later with this owner value (the background, an undo
     /// not answered) could delete a key of the next attempt's: the next attempts then use
-    /// an owner value of their own.
+    /// an owner value of their own. A confirmed undo keeps the value: should the
+    /// attempt's bytes still reach that master after it (an I/O error, a reconnect, the
+    /// undo confirmed on the new connection, the old bytes delivered), the key they set
+    /// holds the value still in use, and that master refuses our next attempts by our own
+    /// key until its TTL (docs/redis.md, Redlock). That never lets two hold the lock.
     ///
     /// Cancel safe: dropped before the owner value changes, the acquisition's own cleanup
     /// compare-and-deletes with it everywhere.
