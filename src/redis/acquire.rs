@@ -20,7 +20,7 @@ use tracing::Instrument;
 
 use super::core::Core;
 use super::node::Attempt;
-use super::owner::{jittered, owner_value};
+use super::owner::{jittered, jittered_down, owner_value};
 use super::subscriber::{Interest, Subscriber};
 use super::target::{Grantee, Target};
 use super::value::{lock_value, set_owner};
@@ -198,6 +198,8 @@ impl<T: Target> Acquisition<T> {
         let deadline = self.options.wait_timeout().map(|t| self.started + t);
         // One per release channel of the target, once subscribed (none before).
         let mut interests: Vec<Interest> = Vec::new();
+        // How many pub/sub connections the subscriber had opened at the last attempt.
+        let mut connections: Option<u64> = None;
         loop {
             // Armed before the attempt: a release published while it runs still wakes us.
             let notifies: Vec<_> = interests.iter().map(Interest::notify).collect();
@@ -221,6 +223,15 @@ impl<T: Target> Acquisition<T> {
                         self.retry_after(err, deadline).await?;
                         continue;
                     }
+                }
+            }
+            if let Some(interest) = interests.first() {
+                // A new pub/sub connection since the last attempt: the old one was lost,
+                // maybe with the server's data (a restart empties the waiters' sets). The
+                // next refusal registers again, or releases might publish for no one.
+                let opened = interest.connections_opened();
+                if connections.replace(opened).is_some_and(|was| was != opened) {
+                    self.registration.unsure();
                 }
             }
             let sent = Clock::BOOT.now();
@@ -284,7 +295,7 @@ impl<T: Target> Acquisition<T> {
                 Some(_) => self.core.config.max_wait_sleep,
                 None => self.core.config.max_wait_sleep.min(RETRY_DELAY),
             };
-            let sleep = jittered(remaining.min(bound).max(Duration::from_millis(1)));
+            let sleep = wait_sleep(remaining, bound);
             // A set registered with one lock: only that lock's release can let the next
             // attempt succeed (the others' messages are other waiters').
             if let Some(lock) = wake_on.filter(|&lock| lock < notified.len()) {
@@ -363,21 +374,24 @@ impl<T: Target> Acquisition<T> {
     ///
     /// It decides as soon as the answers settle it (a majority granted, a majority
     /// refused, or too many failed for a majority to grant), each master's answer awaited
-    /// at most [`per_master_timeout`]: a master that stops answering costs neither time
-    /// nor the lock (issue 21). Granted, whatever the masters not yet read may still
-    /// apply is ours, released with the lock.
+    /// at most [`per_master_timeout`] from the sending: a master that stops answering
+    /// costs neither time nor the lock (issue 21). Granted, whatever the masters not yet
+    /// read may still apply is ours, released with the lock.
     ///
     /// Refused, it cleans up where something of this attempt may be, and only there
-    /// ([`clean_up`](Self::clean_up)): a master that refused wrote nothing.
+    /// ([`clean_up`](Self::clean_up)): a master that refused wrote nothing. A master
+    /// slower than the per-master timeout counts as failed for the decision, but its
+    /// request goes on (bounded by the request timeout) and its answer is read: undone only
+    /// if it granted or never answered.
     async fn redlock_attempt(&mut self) -> Result<Attempt<T::Grant>, LockError> {
         let masters = self.core.nodes.len();
         let quorum = self.core.quorum;
         let ttl = self.options.ttl();
         let per_master = per_master_timeout(self.core.config.request_timeout, ttl);
         let sent = Instant::now();
-        let mut pending: FuturesUnordered<_> = (0..masters)
-            .map(|master| self.ask(master, ttl, per_master))
-            .collect();
+        let decide_by = sent + per_master;
+        let mut pending: FuturesUnordered<_> =
+            (0..masters).map(|master| self.ask(master, ttl)).collect();
         let mut granted = Vec::new();
         let mut refused = Vec::new();
         let mut errors = Vec::new();
@@ -393,7 +407,21 @@ impl<T: Target> Acquisition<T> {
                     None => break,
                 }
             } else {
-                pending.next().await
+                match tokio::time::timeout_at(decide_by, pending.next()).await {
+                    Ok(next) => next,
+                    // The masters not read by now are too slow for this attempt: failed,
+                    // as far as deciding goes; their answers are read by `clean_up`.
+                    Err(_) => {
+                        errors.push(LockError::Timeout {
+                            backend: self.core.backend,
+                            operation: "acquire",
+                            lock: Some(self.name.to_string()),
+                            after: per_master,
+                        });
+                        settled = true;
+                        continue;
+                    }
+                }
             };
             let Some((master, reply)) = next else { break };
             match reply {
@@ -425,7 +453,7 @@ impl<T: Target> Acquisition<T> {
                 source: "a majority granted, and no grant was counted".into(),
             });
         }
-        self.clean_up(written, pending, per_master).await;
+        self.clean_up(written, pending, per_master, decide_by).await;
         let remaining = refused
             .iter()
             .copied()
@@ -444,13 +472,14 @@ impl<T: Target> Acquisition<T> {
         })
     }
 
-    /// The target's attempt on Redlock master `master`, within `per_master`, owning what it
-    /// needs (a master not read when the attempt is decided is read in the background).
+    /// The target's attempt on Redlock master `master`, within the request timeout (the
+    /// attempt itself waits for it at most the per-master timeout: what comes later is
+    /// read by [`clean_up`](Self::clean_up)), owning what it needs (a master not read
+    /// when the attempt is decided is read in the background).
     fn ask(
         &self,
         master: usize,
         ttl: Duration,
-        per_master: Duration,
     ) -> impl Future<Output = (usize, Result<Attempt<T::Grant>, LockError>)> + Send + 'static {
         let (core, target, value, name) = (
             self.core.clone(),
@@ -462,14 +491,17 @@ impl<T: Target> Acquisition<T> {
         async move {
             let node = &core.nodes[master];
             let attempt = target.attempt(node, &value, ttl, &name, None);
-            let reply = tokio::time::timeout(per_master, attempt)
+            // (The connection's own response timeout bounds it too; this bounds it
+            // whatever the connection does, e.g. while it reconnects.)
+            let limit = core.config.request_timeout;
+            let reply = tokio::time::timeout(limit, attempt)
                 .await
                 .unwrap_or_else(|_| {
                     Err(LockError::Timeout {
                         backend: node.backend,
                         operation: "acquire",
                         lock: Some(name.to_string()),
-                        after: per_master,
+                        after: limit,
                     })
                 });
             (master, reply)
@@ -481,14 +513,22 @@ impl<T: Target> Acquisition<T> {
     /// value) on each master in `written` (it granted, or failed and may have applied the
     /// attempt), awaited within `per_master` (and finished past it), so that the next
     /// attempt does not find our own keys in its way; and on each master still `pending`
-    /// once it answers, unless it refused: in the background when waiting (a stalled
-    /// master must not hold up the next attempt), awaited too for a `try_lock` (within
-    /// `per_master` of the sending), whose caller may try again at once. A master that
-    /// refused is left alone: it wrote nothing.
+    /// once it answers, if it granted or failed (or did not answer within the request
+    /// timeout), never if it refused: in the background when waiting (a stalled master
+    /// must not hold up the next attempt), awaited too for a `try_lock` until
+    /// `decide_by` (the per-master timeout from the sending; a master answering later is
+    /// read in the background), whose caller may try again at once. A master that
+    /// refused is left alone, however late its answer: it wrote nothing. (Before, a
+    /// master slower than the per-master timeout counted as failed and was undone every
+    /// time: k release scripts per refused attempt of k locks.)
     ///
     /// Something that may still run later with this owner value (the background, an undo
     /// not answered) could delete a key of the next attempt's: the next attempts then use
-    /// an owner value of their own.
+    /// an owner value of their own. A confirmed undo keeps the value: should the
+    /// attempt's bytes still reach that master after it (an I/O error, a reconnect, the
+    /// undo confirmed on the new connection, the old bytes delivered), the key they set
+    /// holds the value still in use, and that master refuses our next attempts by our own
+    /// key until its TTL (docs/redis.md, Redlock). That never lets two hold the lock.
     ///
     /// Cancel safe: dropped before the owner value changes, the acquisition's own cleanup
     /// compare-and-deletes with it everywhere.
@@ -497,14 +537,17 @@ impl<T: Target> Acquisition<T> {
         mut written: Vec<usize>,
         mut pending: FuturesUnordered<F>,
         per_master: Duration,
+        decide_by: Instant,
     ) where
         F: Future<Output = (usize, Result<Attempt<T::Grant>, LockError>)> + Send + 'static,
     {
         if !self.waits {
             // A `try_lock` answers with nothing of its own left: the masters not read yet
-            // are awaited (each answers within `per_master` of the sending, or counts as
-            // failed), so that a caller trying again at once does not meet its own keys.
-            while let Some((master, reply)) = pending.next().await {
+            // are awaited until the per-master timeout runs out, so that a caller trying
+            // again at once does not meet its own keys.
+            while let Ok(Some((master, reply))) =
+                tokio::time::timeout_at(decide_by, pending.next()).await
+            {
                 if !matches!(reply, Ok(Attempt::Held { .. })) {
                     written.push(master);
                 }
@@ -572,6 +615,21 @@ impl<T: Target> Acquisition<T> {
     }
 }
 
+/// How long a refused waiter sleeps without a message: `bound` (`max_wait_sleep`; on
+/// Redlock at most [`RETRY_DELAY`]) stretched by a random 0-20 %, unless the lock in its
+/// way expires (`remaining`) before that: then 80-100 % of `remaining`, so that the
+/// sleep never outlasts the expiry (a lock's holder forgotten, not released: the waiter
+/// tries right after it expires, not up to a fifth of its TTL later). At least 1 ms.
+fn wait_sleep(remaining: Duration, bound: Duration) -> Duration {
+    let longest = jittered(bound);
+    let sleep = if remaining < longest {
+        jittered_down(remaining)
+    } else {
+        longest
+    };
+    sleep.max(Duration::from_millis(1))
+}
+
 /// Resolves when any of `notified` does (never, for none: a waiter not subscribed).
 async fn any_notified(notified: &mut [Pin<Box<Notified<'_>>>]) {
     std::future::poll_fn(|cx| {
@@ -595,6 +653,28 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sleep_bounded_by_the_expiry_never_outlasts_it() {
+        let second = Duration::from_secs(1);
+        for _ in 0..100 {
+            // The holder's expiry first: 80-100 % of it, never past it.
+            let sleep = wait_sleep(5 * second, 60 * second);
+            assert!(sleep >= 4 * second && sleep <= 5 * second, "{sleep:?}");
+            // Between the bound and its jitter: never past it either.
+            let sleep = wait_sleep(2100 * second / 1000, 2 * second);
+            assert!(sleep <= 2100 * second / 1000, "{sleep:?}");
+            // The bound first (a key without expiry too): 100-120 % of the bound.
+            for remaining in [10 * second, Duration::MAX] {
+                let sleep = wait_sleep(remaining, 2 * second);
+                assert!(
+                    sleep >= 2 * second && sleep <= 2400 * second / 1000,
+                    "{sleep:?}"
+                );
+            }
+            assert_eq!(wait_sleep(Duration::ZERO, second), Duration::from_millis(1));
+        }
+    }
 
     #[test]
     fn a_master_is_waited_for_at_most_a_tenth_of_the_ttl() {

@@ -15,8 +15,8 @@
 //! As one lock's wait (`acquire.rs`): the first refusal subscribes to every lock's release
 //! channel (at once) and tries again at once; after that, each refusal sleeps until a
 //! release message on the channel of the lock it registered with, or a bounded, jittered
-//! sleep (never past that lock's expiry), whichever comes first. It holds **nothing**
-//! while it waits.
+//! sleep (never past that lock's expiry: a sleep the expiry bounds is jittered downward),
+//! whichever comes first. It holds **nothing** while it waits.
 //!
 //! Why one registration loses no wake-up: no attempt can be granted while the lock
 //! registered with is held. It stops being held by its release, which sees the
@@ -60,8 +60,9 @@
 //! The same script on every master: granted when a majority of masters took every lock
 //! within the validity (TTL minus the time the attempt took minus drift), each lock's
 //! token the largest of those masters'; otherwise every lock is compare-and-deleted on
-//! each master that granted or failed (awaited) or had not answered yet (once it answers),
-//! never on one that refused, as for one lock (`acquire.rs`).
+//! each master that granted or failed (awaited within the per-master timeout) or had not
+//! answered yet (once it answers, if it granted or never answered), never on one that
+//! refused, however late, as for one lock (`acquire.rs`).
 
 use std::future::Future;
 use std::sync::Arc;

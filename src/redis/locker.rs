@@ -253,9 +253,9 @@ impl LockBackend for RedlockLocker {
     /// `lock_all` does, on every master: granted when a majority of masters took every
     /// lock within the validity (each lock's token the largest of those masters');
     /// otherwise every lock is compare-and-deleted on each master that granted (or failed,
-    /// or had not answered yet: once it answers), never on one that refused, and the
-    /// attempt is repeated after a jittered sleep (at least every 100 ms: Redlock waiters
-    /// poll). The wait holds nothing, so it cannot deadlock. Not fair; 1 to [`MAX_LOCK_ALL`](super::MAX_LOCK_ALL) names.
+    /// or had not answered yet: once it answers, if it granted or its answer never came),
+    /// never on one that refused (however late its refusal came), and the attempt is
+    /// repeated after a jittered sleep (at least every 100 ms: Redlock waiters poll). The wait holds nothing, so it cannot deadlock. Not fair; 1 to [`MAX_LOCK_ALL`](super::MAX_LOCK_ALL) names.
     ///
     /// # Cancel safety
     ///
@@ -271,11 +271,16 @@ impl LockBackend for RedlockLocker {
     }
 
     /// Takes every lock of `names` together if a majority of masters finds every one free
-    /// right now; `Ok(None)` otherwise, with nothing of this call's left taken: it awaits
-    /// every master's answer (each within the per-master timeout: the request timeout,
-    /// at most a tenth of the TTL) and compare-and-deletes on each that granted before it
-    /// answers, so a caller trying again at once does not meet its own keys. (A master
-    /// that answers neither in time keeps what it may have set until the TTL ends it.)
+    /// right now; `Ok(None)` otherwise. Before it answers `None` it awaits every master's
+    /// answer within the per-master timeout (the request timeout, at most a tenth of the
+    /// TTL) from the sending, and the compare-and-delete on each that granted (or failed)
+    /// within as long again, so that a caller trying again at once does not meet its own
+    /// keys. A master that answers later (or whose undo is not confirmed in time) is
+    /// undone in the background, if it granted, once it answers: `Ok(None)` can come
+    /// before that undo lands, and a retry at once can then be refused on that master by
+    /// the caller's own keys (until the undo, or their TTL if the master never answers).
+    /// See `docs/redis.md` (Redlock) for the other ways a refused attempt's keys can
+    /// outlive it; none lets two callers hold the locks.
     ///
     /// # Cancel safety
     ///

@@ -46,15 +46,30 @@ pub(crate) fn owner_value() -> std::sync::Arc<str> {
 }
 
 /// `base` stretched by a random 0-20 %, so that waiters woken by the same expiry do not
-/// all retry at the same instant.
+/// all retry at the same instant (saturating at `Duration::MAX`).
 pub(crate) fn jittered(base: Duration) -> Duration {
+    scaled(base, 1.0 + spread())
+}
+
+/// `base` shortened by a random 0-20 %: a jittered sleep that must not outlast `base`
+/// (a lock's expiry).
+pub(crate) fn jittered_down(base: Duration) -> Duration {
+    scaled(base, 1.0 - spread()).min(base)
+}
+
+/// A random fraction between 0 and 0.2 (0.1 if the OS random source fails).
+fn spread() -> f64 {
     let mut byte = [0u8; 1];
-    let spread = if getrandom::fill(&mut byte).is_ok() {
+    if getrandom::fill(&mut byte).is_ok() {
         f64::from(byte[0]) / 255.0 * 0.2
     } else {
         0.1
-    };
-    base.mul_f64(1.0 + spread)
+    }
+}
+
+/// `base` times `factor`, saturating (a lock key without expiry is `Duration::MAX` away).
+fn scaled(base: Duration, factor: f64) -> Duration {
+    Duration::try_from_secs_f64(base.as_secs_f64() * factor).unwrap_or(Duration::MAX)
 }
 
 #[cfg(test)]
@@ -87,6 +102,10 @@ mod tests {
         for _ in 0..100 {
             let d = jittered(Duration::from_millis(100));
             assert!(d >= Duration::from_millis(100) && d <= Duration::from_millis(120));
+            let d = jittered_down(Duration::from_millis(100));
+            assert!(d >= Duration::from_millis(80) && d <= Duration::from_millis(100));
         }
+        assert_eq!(jittered(Duration::MAX), Duration::MAX);
+        assert!(jittered_down(Duration::MAX) <= Duration::MAX);
     }
 }

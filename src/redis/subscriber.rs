@@ -2,24 +2,43 @@
 //!
 //! Waiters register interest in a lock's release channel (in the channels of every lock of
 //! a `lock_all`, at once); the first interest subscribes (later ones wait until that
-//! subscription is done), the last one to go unsubscribes. Messages wake every waiter of that channel (Redis
-//! locks are not fair: whoever retries first wins). A broken connection only costs
-//! waiters their wake-ups until the next interest reconnects: they still retry after
-//! their bounded sleep.
+//! subscription is done), the last one to go unsubscribes. Messages wake every waiter of
+//! that channel (Redis locks are not fair: whoever retries first wins).
+//!
+//! A lost connection (a Redis restart or failover, `CLIENT KILL`, an output-buffer limit,
+//! a request on it that timed out) is replaced at once, and again with a backoff while
+//! that fails, for as long as any channel is wanted, without waiting for a new interest
+//! ([`recover`](Subscriber::recover)): the new connection subscribes every wanted channel
+//! in one round trip, then wakes every waiter of them, so that a release published while
+//! nobody listened is not waited out (the woken waiters try again). Meanwhile waiters
+//! still retry after their bounded sleep. Before, channels that kept a waiter through the
+//! loss were never subscribed again: every handoff on a busy name cost a whole sleep for
+//! as long as the process lived (`tests/redis/pubsub_reconnects.rs`).
 //!
 //! Opening the connection is bounded by the connect timeout and each (un)subscribe by the
 //! request timeout: a half-open connection (a peer that stopped answering without closing)
 //! must cost a waiter at most that, never the kernel's retransmission timeout. A connection
-//! that timed out is dropped, and its reader task with it.
+//! that timed out is dropped, and its reader task with it (and another opened).
+//!
+//! The connection is only ever used by tasks of this module (subscribing, unsubscribing,
+//! reopening), never from a waiter's own future: a waiter whose future is dropped, or alive
+//! and no longer polled, holds up no other waiter.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::future::join_all;
-use redis::aio::PubSubSink;
+use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{Notify, oneshot, watch};
+
+use super::owner::jittered;
+use crate::retry::backoff;
+
+/// The longest pause between two attempts to reopen a lost connection.
+const MAX_RECOVERY_PAUSE: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 struct Channels {
@@ -36,11 +55,14 @@ struct Channel {
 enum Subscription {
     /// Not subscribed yet: the next interest subscribes it.
     Unsubscribed,
-    /// An interest is subscribing it: `true` is sent when that is done. Closed without
-    /// it, whoever was subscribing was dropped on the way, and the next interest takes
-    /// over.
+    /// An interest's task is subscribing it: `true` is sent when that is done. Closed
+    /// without it, that task was dropped on the way (its runtime shut down), and the next
+    /// interest takes over.
     InFlight(watch::Receiver<bool>),
-    /// Subscribed, or the attempt failed (waiters then rely on their sleep).
+    /// Subscribed on the connection in place; or the attempt failed and left no
+    /// connection in place, and then the recovery ([`Subscriber::recover`]) subscribes
+    /// it with every other wanted channel on the next connection; or the server refused
+    /// it (an ACL without the channel: its waiters rely on their sleep).
     Settled,
 }
 
@@ -66,9 +88,15 @@ pub(crate) struct Subscriber {
     client: redis::Client,
     connect_timeout: Duration,
     request_timeout: Duration,
-    channels: Arc<Mutex<Channels>>,
-    // `None` until first use or after it broke or timed out.
-    connection: Arc<tokio::sync::Mutex<Option<Connection>>>,
+    channels: Mutex<Channels>,
+    // `None` until first use or after it broke or timed out. Held by whoever uses it,
+    // always a task of this module.
+    connection: tokio::sync::Mutex<Option<Connection>>,
+    /// Whether the task that reopens a lost connection runs. Set and cleared with
+    /// `connection` held (but when that task is dropped with its runtime).
+    recovering: AtomicBool,
+    /// How many connections were opened: bumped before a new one wakes the waiters.
+    opened: AtomicU64,
 }
 
 impl Subscriber {
@@ -81,8 +109,10 @@ impl Subscriber {
             client,
             connect_timeout,
             request_timeout,
-            channels: Arc::default(),
-            connection: Arc::default(),
+            channels: Mutex::default(),
+            connection: tokio::sync::Mutex::default(),
+            recovering: AtomicBool::new(false),
+            opened: AtomicU64::new(0),
         }
     }
 
@@ -95,19 +125,23 @@ impl Subscriber {
     /// for the whole set (pipelined, see [`subscribe_all`]), bounded once by the request
     /// timeout, and by the connect timeout if the pub/sub connection must be opened.
     /// When this returns, releases published on any of `channels` wake the returned
-    /// interests (unless the subscription failed: then waiters rely on their sleep),
-    /// also where another interest's subscription was still on its way: that is awaited,
-    /// not taken for done.
+    /// interests (unless the subscription failed: then waiters rely on their sleep until
+    /// the connection is reopened, which wakes them), also where another interest's
+    /// subscription was still on its way: that is awaited, not taken for done.
+    ///
+    /// The subscribing runs in a task of its own, so that an interest whose caller stops
+    /// polling it (or drops it) holds up no later interest in the same channels: they
+    /// wait for that task, which always runs, each of its steps bounded by a timeout.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: the interests are counted by the [`Interest`]s built before anything
     /// is awaited, so a call dropped meanwhile (a wait timeout while the pub/sub
-    /// connection opens) takes its counts with it, and the next interest in a channel
-    /// subscribes it. (Counted and never built, a channel would keep an interest nobody
-    /// holds: every later waiter "not first", none subscribing, every release heard by no
-    /// one for as long as the process lives.) A subscription dropped on its way is taken
-    /// over by the interests waiting for it, and by the next one.
+    /// connection opens) takes its counts with it. (Counted and never built, a channel
+    /// would keep an interest nobody holds: every later waiter "not first", none
+    /// subscribing, every release heard by no one for as long as the process lives.) Its
+    /// subscription goes on without it, for the other interests in those channels; what
+    /// nobody wants any more by the time it has the connection, it leaves alone.
     pub(crate) async fn interests(self: &Arc<Self>, channels: &[&str]) -> Vec<Interest> {
         let interests: Vec<Interest> = {
             let mut all = self.channels();
@@ -133,16 +167,20 @@ impl Subscriber {
         };
         loop {
             let (done, _) = watch::channel(false);
-            let (mine, theirs) = self.claim(channels, &done);
+            let (mine, mut waits) = self.claim(channels, &done);
             if !mine.is_empty() {
-                if let Err(err) = self.subscribe(&mine).await {
-                    tracing::debug!(%err, channels = mine.len(), "subscribe failed; waiters fall back to sleeping");
-                }
-                done.send_replace(true);
-                self.settle(&mine);
+                waits.push(done.subscribe());
+                let this = self.clone();
+                tokio::spawn(async move {
+                    if let Err(err) = this.subscribe(&mine).await {
+                        tracing::debug!(%err, channels = mine.len(), "subscribe failed; waiters fall back to sleeping until the connection is reopened");
+                    }
+                    done.send_replace(true);
+                    this.settle(&mine);
+                });
             }
             let mut abandoned = false;
-            for mut subscribing in theirs {
+            for mut subscribing in waits {
                 abandoned |= subscribing.wait_for(|done| *done).await.is_err();
             }
             if !abandoned {
@@ -199,60 +237,123 @@ impl Subscriber {
         }
     }
 
-    async fn subscribe(&self, channels: &[String]) -> redis::RedisResult<()> {
+    /// Subscribes those of `channels` still wanted once the connection is ours (checked
+    /// then, as [`unsubscribe_unwanted`](Self::unsubscribe_unwanted) checks), opening the
+    /// connection if there is none, which subscribes every wanted channel. While the
+    /// recovery reopens a lost connection, it is left to that: it subscribes these too.
+    async fn subscribe(self: &Arc<Self>, channels: &[String]) -> redis::RedisResult<()> {
         let mut connection = self.connection.lock().await;
+        let wanted: Vec<String> = {
+            let all = self.channels();
+            channels
+                .iter()
+                .filter(|&channel| all.by_name.contains_key(channel))
+                .cloned()
+                .collect()
+        };
+        if wanted.is_empty() || self.recovering.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let Some(open) = connection.as_mut() else {
             // A new connection subscribes to every channel wanted: these among them.
-            *connection = Some(self.reconnect().await?);
-            return Ok(());
+            return match self.reconnect().await {
+                Ok(open) => {
+                    *connection = Some(open);
+                    Ok(())
+                }
+                Err(err) => {
+                    self.recover();
+                    Err(err)
+                }
+            };
         };
-        let subscribed = bounded(self.request_timeout, subscribe_all(&open.sink, channels)).await;
+        let subscribed = bounded(self.request_timeout, subscribe_all(&open.sink, &wanted)).await;
         if subscribed.is_err() {
-            // No answer: the connection is of no use; the next interest opens another.
+            // No answer: the connection is of no use; another is opened.
             *connection = None;
+            self.recover();
         }
         subscribed
     }
 
     /// Opens a new pub/sub connection, resubscribes to every channel still wanted (at
-    /// once: one round trip), and starts the task that turns messages into wake-ups.
-    async fn reconnect(&self) -> redis::RedisResult<Connection> {
+    /// once: one round trip), starts the task that turns messages into wake-ups, and
+    /// wakes every waiter of those channels: what was published while no connection
+    /// listened (since the last one was lost) was heard by no one, and the waiters try
+    /// again. (On the first connection that wakes the waiters of a channel subscribed
+    /// meanwhile for nothing, at most once.)
+    async fn reconnect(self: &Arc<Self>) -> redis::RedisResult<Connection> {
         let pubsub = bounded(self.connect_timeout, self.client.get_async_pubsub()).await?;
-        let (sink, mut stream) = pubsub.split();
+        let (sink, stream) = pubsub.split();
         let wanted: Vec<String> = self.channels().by_name.keys().cloned().collect();
         bounded(self.request_timeout, subscribe_all(&sink, &wanted)).await?;
-        let channels = Arc::downgrade(&self.channels);
-        let slot = Arc::downgrade(&self.connection);
-        let (reader, mut stop) = oneshot::channel::<()>();
-        tokio::spawn(async move {
-            loop {
-                let message = tokio::select! {
-                    message = stream.next() => message,
-                    // The connection was replaced or dropped: stop reading it.
-                    _ = &mut stop => return,
-                };
-                let Some(message) = message else { break };
-                let Some(channels) = channels.upgrade() else {
-                    return;
-                };
-                if let Some(channel) = lock(&channels).by_name.get(message.get_channel_name()) {
-                    channel.notify.notify_waiters();
+        let (reader, stop) = oneshot::channel::<()>();
+        tokio::spawn(read(Arc::downgrade(self), stream, stop));
+        // Bumped before the wake-ups: a woken waiter sees a new connection (`opened`).
+        self.opened.fetch_add(1, Ordering::AcqRel);
+        {
+            let all = self.channels();
+            for channel in &wanted {
+                if let Some(entry) = all.by_name.get(channel) {
+                    entry.notify.notify_waiters();
                 }
             }
-            // The connection is gone: the next interest reconnects. Only if it is still the
-            // one in the slot (its `Connection`, holding the other end of `stop`, lives
-            // only there): one installed meanwhile must not be dropped by the old reader.
-            if let Some(slot) = slot.upgrade() {
-                let mut slot = slot.lock().await;
-                if matches!(stop.try_recv(), Err(oneshot::error::TryRecvError::Empty)) {
-                    *slot = None;
-                }
-            }
-        });
+        }
         Ok(Connection {
             sink,
             _reader: reader,
         })
+    }
+
+    /// Starts the task that reopens the connection (unless it runs), after whoever had
+    /// the connection left it empty: a failure, not the wish of the interests, so it must
+    /// not wait for a new interest. That task retries at once, then after a backoff
+    /// (100 ms doubling, at most [`MAX_RECOVERY_PAUSE`], jittered), until a connection is
+    /// in place (its own, or one opened meanwhile) or no channel is wanted (the next
+    /// interest opens one), or the subscriber is gone.
+    ///
+    /// Called with `connection` held, so that the task, which decides to end with it
+    /// held, never ends unseen between the emptying and this call.
+    fn recover(self: &Arc<Self>) {
+        if self.recovering.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let recovery = Recovery(Arc::downgrade(self));
+        tokio::spawn(async move {
+            let mut failures = 0u32;
+            loop {
+                let Some(this) = recovery.0.upgrade() else {
+                    return;
+                };
+                let mut connection = this.connection.lock().await;
+                if connection.is_some() || this.channels().by_name.is_empty() {
+                    // Cleared with the connection held: see above.
+                    drop(recovery);
+                    return;
+                }
+                match this.reconnect().await {
+                    Ok(open) => {
+                        *connection = Some(open);
+                        drop(recovery);
+                        return;
+                    }
+                    Err(err) => {
+                        failures = failures.saturating_add(1);
+                        tracing::debug!(%err, failures, "reopening the pub/sub connection failed; waiters fall back to sleeping");
+                    }
+                }
+                drop(connection);
+                drop(this);
+                tokio::time::sleep(jittered(backoff(failures, MAX_RECOVERY_PAUSE))).await;
+            }
+        });
+    }
+
+    /// How many pub/sub connections were opened so far: a waiter seeing it change may
+    /// have missed releases, and its registration may be gone (a restart empties the
+    /// waiters' sets).
+    pub(crate) fn connections_opened(&self) -> u64 {
+        self.opened.load(Ordering::Acquire)
     }
 
     /// Uncounts one interest in `channel`; `true` if it was the last (the channel is
@@ -290,7 +391,7 @@ impl Subscriber {
     /// so goes out after this unsubscription. Checked before, a waiter could subscribe
     /// between the check and this `UNSUBSCRIBE`, and be left unsubscribed with its
     /// interest counted: every later waiter "not first", none subscribing.
-    async fn unsubscribe_unwanted(&self, channel: &str) {
+    async fn unsubscribe_unwanted(self: &Arc<Self>, channel: &str) {
         let mut connection = self.connection.lock().await;
         if self.channels().by_name.contains_key(channel) {
             return;
@@ -302,8 +403,60 @@ impl Subscriber {
                 .is_err()
             {
                 *connection = None;
+                self.recover();
             }
         }
+    }
+}
+
+/// The running recovery task ([`Subscriber::recover`]): dropped, it lets the next loss
+/// start another.
+struct Recovery(Weak<Subscriber>);
+
+impl Drop for Recovery {
+    fn drop(&mut self) {
+        if let Some(subscriber) = self.0.upgrade() {
+            subscriber.recovering.store(false, Ordering::Release);
+        }
+    }
+}
+
+/// The task that reads the connection's messages and wakes the waiters of their channel,
+/// until the connection is replaced or dropped (`stop`), or lost: then it empties the
+/// slot, if its connection is still the one there, and starts the recovery.
+async fn read(
+    subscriber: Weak<Subscriber>,
+    mut stream: PubSubStream,
+    mut stop: oneshot::Receiver<()>,
+) {
+    loop {
+        let message = tokio::select! {
+            message = stream.next() => message,
+            // The connection was replaced or dropped: stop reading it.
+            _ = &mut stop => return,
+        };
+        let Some(message) = message else { break };
+        let Some(subscriber) = subscriber.upgrade() else {
+            return;
+        };
+        if let Some(channel) = subscriber
+            .channels()
+            .by_name
+            .get(message.get_channel_name())
+        {
+            channel.notify.notify_waiters();
+        }
+    }
+    // Only if it is still the one in the slot (its `Connection`, holding the other end of
+    // `stop`, lives only there): one installed meanwhile must not be dropped by the old
+    // reader.
+    let Some(subscriber) = subscriber.upgrade() else {
+        return;
+    };
+    let mut connection = subscriber.connection.lock().await;
+    if matches!(stop.try_recv(), Err(oneshot::error::TryRecvError::Empty)) {
+        *connection = None;
+        subscriber.recover();
     }
 }
 
@@ -312,12 +465,25 @@ impl Subscriber {
 /// request, and a `SUBSCRIBE` of k channels answers k confirmations, the k - 1 extra of
 /// which would be taken as the answers of the requests sent after it, which would then
 /// seem done before the server ran them.)
+///
+/// A channel the server refuses (an error reply: an ACL without it) is left unsubscribed,
+/// its waiters relying on their sleep, and the others stay: the connection works. Any
+/// other failure is the connection's.
 async fn subscribe_all(sink: &PubSubSink, channels: &[String]) -> redis::RedisResult<()> {
     let requests = channels.iter().map(|channel| {
         let mut sink = sink.clone();
         async move { sink.subscribe(channel).await }
     });
-    join_all(requests).await.into_iter().collect()
+    for (channel, answer) in channels.iter().zip(join_all(requests).await) {
+        match answer {
+            Ok(()) => {}
+            Err(err) if matches!(err.kind(), redis::ErrorKind::Server(_)) => {
+                tracing::warn!(%err, channel, "the server refused a release channel's subscription; its waiters retry after their sleep");
+            }
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(())
 }
 
 /// A waiter's interest in one release channel; dropping it may unsubscribe.
@@ -331,6 +497,12 @@ impl Interest {
     /// What releases on this channel notify.
     pub(crate) fn notify(&self) -> Arc<Notify> {
         self.notify.clone()
+    }
+
+    /// How many pub/sub connections its subscriber opened so far
+    /// ([`Subscriber::connections_opened`]).
+    pub(crate) fn connections_opened(&self) -> u64 {
+        self.subscriber.connections_opened()
     }
 }
 
@@ -415,7 +587,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_subscription_dropped_on_its_way_is_taken_over() {
+    async fn a_subscription_goes_on_when_its_interest_is_dropped() {
         let server = RedisServer::start().await.expect("redis");
         let sub = subscriber(&server).await;
         let held = sub.connection.lock().await;
@@ -423,8 +595,8 @@ mod tests {
         assert!((&mut first).now_or_never().is_none());
         let mut second = pin!(sub.interests(&["a"]));
         assert!((&mut second).now_or_never().is_none());
-        // The first waiter gives up (a wait timeout) while subscribing: the second, which
-        // waited for it, subscribes itself.
+        // The first waiter gives up (a wait timeout) while subscribing: its subscription
+        // goes on for the second, which waits for it.
         drop(first);
         assert!(
             (&mut second).now_or_never().is_none(),
@@ -433,6 +605,25 @@ mod tests {
         drop(held);
         let second = second.await;
         assert_eq!(subscribers(&server, "a").await, 1);
+        drop(second);
+    }
+
+    /// A first interest whose future is alive but no longer polled (its caller busy
+    /// elsewhere) holds up no later interest in the channel. Before, it subscribed from
+    /// its own future, holding the connection: polled once, it held it with the
+    /// subscription unsent, and every later interest waited for it without end.
+    #[tokio::test]
+    async fn an_unpolled_first_interest_holds_up_no_one() {
+        let server = RedisServer::start().await.expect("redis");
+        let sub = subscriber(&server).await;
+        let mut first = pin!(sub.interests(&["x"]));
+        assert!((&mut first).now_or_never().is_none());
+        // What a subscription may take: opening the connection and one request.
+        let bound = sub.connect_timeout + sub.request_timeout;
+        let second = tokio::time::timeout(bound, sub.interests(&["x"]))
+            .await
+            .expect("the second interest waited for the unpolled first");
+        assert_eq!(subscribers(&server, "x").await, 1);
         drop(second);
     }
 

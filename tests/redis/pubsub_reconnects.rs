@@ -1,0 +1,170 @@
+//! A lost pub/sub connection is replaced, and every channel that still has waiters is
+//! subscribed again on the new one, without waiting for a new channel's interest; the
+//! waiters are woken once it is (a release while nobody listened is not waited out).
+//!
+//! Before, a channel whose waiters lived through the loss stayed unsubscribed for as long
+//! as some waiter waited on it: later waiters found its subscription "settled", every
+//! release still published and nobody heard it, and each handoff cost a whole
+//! `max_wait_sleep` (here 10 s) for the life of the process.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencelock::redis::RedisLocker;
+use fencelock::testkit::RedisServer;
+use fencelock::{LockBackend, LockGuard, LockOptions};
+use redis::aio::MultiplexedConnection;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::support::{direct, prefix, within};
+
+/// How long a waiter sleeps without a message: far longer than any bound below.
+const SLEEP: Duration = Duration::from_secs(10);
+/// Three tasks of one client take turns on one name.
+const TASKS: usize = 3;
+
+/// How many clients the server counts on `channel` (0 if it cannot be asked: a server
+/// restarting).
+async fn subscribers(server: &RedisServer, channel: &str) -> u64 {
+    let Ok(mut conn) = server.connection().await else {
+        return 0;
+    };
+    redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async::<(String, u64)>(&mut conn)
+        .await
+        .map_or(0, |(_, count)| count)
+}
+
+/// Waits until the release channel has a subscriber again (polled: the server has no
+/// event for it).
+async fn until_subscribed(server: &RedisServer, channel: &str, limit: Duration) {
+    within(limit, &format!("{channel} subscribed again"), async {
+        while subscribers(server, channel).await == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+/// Each task locks `job`, holds it 50 ms, releases it and pauses 50 ms (so that a woken
+/// waiter can take it), again and again; `grants` counts each task's grants.
+fn take_turns(locks: &RedisLocker, grants: &Arc<watch::Sender<[u64; TASKS]>>) -> JoinSet<()> {
+    let mut tasks = JoinSet::new();
+    for task in 0..TASKS {
+        let (locks, grants) = (locks.clone(), grants.clone());
+        tasks.spawn(async move {
+            let options = LockOptions::new().with_ttl(Duration::from_secs(30));
+            loop {
+                // A restart makes a wait retry, a release fail: neither ends the loop.
+                let Ok(guard) = locks.lock("job", &options).await else {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                grants.send_modify(|grants| grants[task] += 1);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let _ = guard.release().await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+    }
+    tasks
+}
+
+/// Waits until every task has been granted `more` times after `since`.
+async fn until_every_task_is_granted(
+    grants: &watch::Sender<[u64; TASKS]>,
+    since: [u64; TASKS],
+    more: u64,
+    limit: Duration,
+    what: &str,
+) {
+    let mut seen = grants.subscribe();
+    within(limit, what, async {
+        seen.wait_for(|now| {
+            now.iter()
+                .zip(&since)
+                .all(|(now, then)| *now >= then + more)
+        })
+        .await
+        .expect("the counts live");
+    })
+    .await;
+}
+
+/// Three tasks taking turns, their wake-ups working (every task granted twice, the
+/// channel subscribed): the server, its channel, the counts and the tasks.
+async fn turns_under_way(
+    test: &str,
+) -> (
+    RedisServer,
+    String,
+    Arc<watch::Sender<[u64; TASKS]>>,
+    JoinSet<()>,
+) {
+    let server = RedisServer::start().await.expect("redis");
+    let prefix = prefix(test);
+    let locks = RedisLocker::connect(server.config(&prefix).with_max_wait_sleep(SLEEP))
+        .await
+        .expect("connect");
+    let grants = Arc::new(watch::channel([0; TASKS]).0);
+    let tasks = take_turns(&locks, &grants);
+    let channel = format!("{prefix}:released:job");
+    until_subscribed(&server, &channel, Duration::from_secs(10)).await;
+    until_every_task_is_granted(&grants, [0; TASKS], 2, SLEEP / 2, "turns before the loss").await;
+    (server, channel, grants, tasks)
+}
+
+async fn kill_pubsub_clients(conn: &mut MultiplexedConnection) -> u64 {
+    redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(conn)
+        .await
+        .expect("CLIENT KILL")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_pubsub_connection_is_subscribed_again_for_the_waiters_waiting() {
+    let (server, channel, grants, tasks) = turns_under_way("pubsub-kill").await;
+    let mut conn = direct(&server).await;
+    assert_eq!(
+        kill_pubsub_clients(&mut conn).await,
+        1,
+        "one pub/sub client"
+    );
+    until_subscribed(&server, &channel, Duration::from_secs(3)).await;
+    // Handoffs by release message again: every task is granted twice, well within one
+    // sleep of a waiter that nobody wakes.
+    let since = *grants.borrow();
+    until_every_task_is_granted(
+        &grants,
+        since,
+        2,
+        Duration::from_secs(4),
+        "every task granted twice after the loss",
+    )
+    .await;
+    drop(tasks);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restart_is_ridden_out_by_the_waiters_waiting() {
+    let (mut server, channel, grants, tasks) = turns_under_way("pubsub-restart").await;
+    // Empty, on the same port: the waiters' sets are gone with the rest.
+    server.restart().await.expect("restart");
+    until_subscribed(&server, &channel, Duration::from_secs(5)).await;
+    let since = *grants.borrow();
+    until_every_task_is_granted(
+        &grants,
+        since,
+        2,
+        Duration::from_secs(4),
+        "every task granted twice after the restart",
+    )
+    .await;
+    drop(tasks);
+}
