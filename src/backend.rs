@@ -185,6 +185,30 @@ pub trait LockGuard: Send + Sync + 'static {
     ///
     /// If the future is dropped, the release is finished in the background.
     fn release(self) -> impl Future<Output = Result<ReleaseOutcome, LockError>> + Send;
+
+    /// Releases `guards` together, each as [`release`](Self::release) would, reporting the
+    /// worst outcome: an error, then [`ReleaseOutcome::NotHeld`], then
+    /// [`ReleaseOutcome::Unconfirmed`], then [`ReleaseOutcome::Released`] (so `Released`
+    /// only if every lock was still held). [`MultiGuard`]'s
+    /// [`release`](Self::release) calls it.
+    ///
+    /// By default every guard is released on its own, all at once. A backend that can
+    /// release several locks in one request overrides it: etcd deletes every key of one
+    /// session in one transaction (one Raft proposal for a whole `lock_all`). A wrapper
+    /// around such a guard should forward it.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`release`](Self::release): if the future is dropped, every release is finished
+    /// in the background.
+    fn release_all(
+        guards: Vec<Self>,
+    ) -> impl Future<Output = Result<ReleaseOutcome, LockError>> + Send
+    where
+        Self: Sized,
+    {
+        crate::multi::release_all(guards)
+    }
 }
 
 /// What [`LockGuard::release`] found.

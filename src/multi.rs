@@ -138,14 +138,16 @@ impl<G: LockGuard> LockGuard for MultiGuard<G> {
             .min()
     }
 
-    /// Releases every lock, all at once; `Released` only if every one was still held.
+    /// Releases every lock together, through [`LockGuard::release_all`] (on etcd one
+    /// transaction deletes every key); `Released` only if every one was still held.
     async fn release(self) -> Result<ReleaseOutcome, LockError> {
-        release_all(self.guards).await
+        G::release_all(self.guards).await
     }
 }
 
-/// Releases `guards` at once: the worst outcome (an error, then `NotHeld`, then
-/// `Unconfirmed`) stands for all (shared with ZooKeeper's one-transaction guard).
+/// Releases `guards` at once, each on its own: the worst outcome (an error, then
+/// `NotHeld`, then `Unconfirmed`) stands for all ([`LockGuard::release_all`]'s default,
+/// shared with ZooKeeper's one-transaction guard).
 pub(crate) async fn release_all<G: LockGuard>(guards: Vec<G>) -> Result<ReleaseOutcome, LockError> {
     let mut releases = tokio::task::JoinSet::new();
     for guard in guards {
@@ -153,24 +155,34 @@ pub(crate) async fn release_all<G: LockGuard>(guards: Vec<G>) -> Result<ReleaseO
     }
     let mut outcome = Ok(ReleaseOutcome::Released);
     while let Some(released) = releases.join_next().await {
-        match released {
-            Ok(Ok(ReleaseOutcome::Released)) => {}
-            Ok(Ok(ReleaseOutcome::NotHeld)) => {
-                if outcome.is_ok() {
-                    outcome = Ok(ReleaseOutcome::NotHeld);
-                }
-            }
-            Ok(Ok(ReleaseOutcome::Unconfirmed)) => {
-                if matches!(outcome, Ok(ReleaseOutcome::Released)) {
-                    outcome = Ok(ReleaseOutcome::Unconfirmed);
-                }
-            }
-            Ok(Err(err)) => outcome = Err(err),
-            // A release task that panicked: its guard's drop released in the background.
-            Err(_) => {}
+        // A release task that panicked: its guard's drop released in the background.
+        if let Ok(released) = released {
+            outcome = worse(outcome, released);
         }
     }
     outcome
+}
+
+/// The worse of two release outcomes, the one that stands for a set of locks: an error
+/// (the later one), then `NotHeld`, then `Unconfirmed`, then `Released`.
+pub(crate) fn worse(
+    so_far: Result<ReleaseOutcome, LockError>,
+    next: Result<ReleaseOutcome, LockError>,
+) -> Result<ReleaseOutcome, LockError> {
+    let rank = |outcome: &ReleaseOutcome| match outcome {
+        ReleaseOutcome::Released => 0,
+        ReleaseOutcome::Unconfirmed => 1,
+        ReleaseOutcome::NotHeld => 2,
+    };
+    match (so_far, next) {
+        (_, Err(err)) => Err(err),
+        (Err(err), Ok(_)) => Err(err),
+        (Ok(so_far), Ok(next)) => Ok(if rank(&next) > rank(&so_far) {
+            next
+        } else {
+            so_far
+        }),
+    }
 }
 
 /// Takes every lock of `names` on `backend` together, each name once, through
@@ -273,4 +285,44 @@ pub(crate) async fn try_lock_in_order<B: LockBackend>(
         guards,
         names: names.join(","),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_worst_release_outcome_stands_for_the_set() {
+        use ReleaseOutcome::{NotHeld, Released, Unconfirmed};
+        let worst = |outcomes: Vec<Result<ReleaseOutcome, LockError>>| {
+            outcomes.into_iter().fold(Ok(Released), worse)
+        };
+        assert_eq!(worst(vec![]).ok(), Some(Released));
+        assert_eq!(worst(vec![Ok(Released), Ok(Released)]).ok(), Some(Released));
+        for order in [
+            vec![Ok(Unconfirmed), Ok(Released)],
+            vec![Ok(Released), Ok(Unconfirmed)],
+        ] {
+            assert_eq!(worst(order).ok(), Some(Unconfirmed));
+        }
+        for order in [
+            vec![Ok(NotHeld), Ok(Unconfirmed), Ok(Released)],
+            vec![Ok(Released), Ok(Unconfirmed), Ok(NotHeld)],
+            vec![Ok(Unconfirmed), Ok(NotHeld), Ok(Unconfirmed)],
+        ] {
+            assert_eq!(worst(order).ok(), Some(NotHeld));
+        }
+        let failed = || {
+            Err(LockError::InvalidOption {
+                option: "test",
+                reason: "failed".into(),
+            })
+        };
+        for order in [
+            vec![failed(), Ok(NotHeld)],
+            vec![Ok(NotHeld), failed(), Ok(Released)],
+        ] {
+            assert!(worst(order).is_err());
+        }
+    }
 }

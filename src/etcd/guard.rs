@@ -4,7 +4,7 @@
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnResponse};
 
 use super::call::call;
-use super::key_life::QueueKey;
+use super::key_life::{Deleted, QueueKey};
 use super::session::Session;
 use super::watch_hub::TrackedKey;
 use crate::metrics::{self, Holding, Release};
@@ -136,6 +136,60 @@ impl EtcdGuard {
         self.txn_if_held(vec![put]).await.map(drop)
     }
 
+    /// Begins a release: returns what the guard knew before it let go (lost, or its
+    /// session gone: a key found gone after this was not taken away before the release).
+    /// Its own delete is no loss to hear of; and until the delete's answer is in, the
+    /// guard stays armed: dropped, it finishes the release in the background (its name
+    /// spent, the delete sent may still land).
+    pub(super) fn begin_release(&mut self) -> bool {
+        let lost_before = self.key_lost() || !self.key.session.is_alive();
+        self.tracked = None;
+        self.releasing = true;
+        lost_before
+    }
+
+    /// The key, for a release's delete.
+    pub(super) fn queue_key(&self) -> &QueueKey {
+        &self.key
+    }
+
+    /// Ends a release begun with [`begin_release`](Self::begin_release) whose delete was
+    /// answered: the key's bookkeeping ([`QueueKey::deleted`]), the outcome decided and
+    /// counted. The caller closes the session if the guard owned it
+    /// ([`Detached::close_own_session`]).
+    pub(super) fn released(
+        mut self,
+        lost_before: bool,
+        deleted: Deleted,
+    ) -> (ReleaseOutcome, Detached) {
+        let detached = self.detach();
+        detached.key.deleted(deleted);
+        // Known lost before the release: not held, whatever the delete found (a key under
+        // its name now is not the one it held). Otherwise, nothing found to delete after
+        // an attempt without an answer: that attempt deleted it, or someone else did
+        // before it landed (nothing tells which).
+        let (outcome, counted) = if lost_before {
+            (ReleaseOutcome::NotHeld, Release::NotHeld)
+        } else if deleted.removed {
+            (ReleaseOutcome::Released, Release::Released)
+        } else if deleted.ambiguous {
+            (ReleaseOutcome::Unconfirmed, Release::Released)
+        } else {
+            (ReleaseOutcome::NotHeld, Release::NotHeld)
+        };
+        metrics::release(Backend::Etcd, counted);
+        (outcome, detached)
+    }
+
+    /// Ends a release begun with [`begin_release`](Self::begin_release) whose delete
+    /// failed (`err`, after its retries): counted, and the key removed in the background,
+    /// retried until confirmed or the session is gone.
+    pub(super) fn release_failed(mut self, err: &LockError) {
+        metrics::release(Backend::Etcd, Release::Failed);
+        metrics::error(Backend::Etcd, "release", err);
+        tokio::spawn(self.detach().finish());
+    }
+
     /// The parts a background release needs, leaving this guard marked released.
     fn detach(&mut self) -> Detached {
         self.released = true;
@@ -150,7 +204,7 @@ impl EtcdGuard {
 }
 
 /// A release that outlives its guard.
-struct Detached {
+pub(super) struct Detached {
     key: QueueKey,
     owns_session: bool,
 }
@@ -164,7 +218,8 @@ impl Detached {
         self.close_own_session().await;
     }
 
-    async fn close_own_session(&self) {
+    /// Closes the session if the guard owned it: its lease served this lock alone.
+    pub(super) async fn close_own_session(&self) {
         if self.owns_session {
             // This lease served this lock alone; its key is gone or was never ours.
             // Boxed: a revoke's future (about 11 KiB) would otherwise sit in every
@@ -209,43 +264,33 @@ impl LockGuard for EtcdGuard {
 
     #[tracing::instrument(skip(self), fields(backend = "etcd", lock = %self.key.name(), token = %self.token))]
     async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
-        // What the guard knew before it let go: a key found gone after this was not
-        // taken away before the release.
-        let lost_before = self.key_lost() || !self.key.session.is_alive();
-        // Its own delete is no loss to hear of (nor to check the lease for).
-        self.tracked = None;
-        // Until the answer is in, the guard stays armed: if this future is dropped, the
-        // guard's drop finishes the release in the background.
-        self.releasing = true;
-        let outcome = self.key.delete().await;
-        let detached = self.detach();
-        match outcome {
+        let lost_before = self.begin_release();
+        match self.key.delete().await {
             Ok(deleted) => {
-                detached.key.deleted(deleted);
+                let (outcome, detached) = self.released(lost_before, deleted);
                 detached.close_own_session().await;
-                // Known lost before the release: not held, whatever the delete found (a key
-                // under its name now is not the one it held). Otherwise, nothing found to
-                // delete after an attempt without an answer: that attempt deleted it, or
-                // someone else did before it landed (nothing tells which).
-                let (outcome, counted) = if lost_before {
-                    (ReleaseOutcome::NotHeld, Release::NotHeld)
-                } else if deleted.removed {
-                    (ReleaseOutcome::Released, Release::Released)
-                } else if deleted.ambiguous {
-                    (ReleaseOutcome::Unconfirmed, Release::Released)
-                } else {
-                    (ReleaseOutcome::NotHeld, Release::NotHeld)
-                };
-                metrics::release(Backend::Etcd, counted);
                 Ok(outcome)
             }
             Err(err) => {
-                metrics::release(Backend::Etcd, Release::Failed);
-                metrics::error(Backend::Etcd, "release", &err);
-                tokio::spawn(detached.finish());
+                self.release_failed(&err);
                 Err(err)
             }
         }
+    }
+
+    /// Deletes every guard's key in one transaction (one Raft proposal per session: one
+    /// for a whole `lock_all`), each guard's outcome decided as
+    /// [`release`](Self::release) decides it; the worst stands for all. Guards of several
+    /// sessions are released in one transaction per session, all at once.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`release`](Self::release): dropped before the answer, every guard's release
+    /// is finished in the background (its key's name never reused, the dropped
+    /// transaction may still land).
+    #[tracing::instrument(skip(guards), fields(backend = "etcd", locks = guards.len()))]
+    async fn release_all(guards: Vec<Self>) -> Result<ReleaseOutcome, LockError> {
+        super::release_all::release_all(guards).await
     }
 }
 

@@ -51,15 +51,21 @@
 //! unknown (spending every name, retiring the session, and the sweep covers every key),
 //! and it adopts no key at all: a retry that finds keys already there fails the whole
 //! acquisition after removing them.
+//!
+//! One other request deletes keys: the release of several locks held together
+//! ([`QueueKey::delete_all`], `release_all.rs`), one transaction of plain deletes of
+//! exactly each key, sent alone. It is a request about every key it carries: an attempt
+//! without an answer spends every name, and each key's answer (its own delete's count,
+//! the transaction's revision) goes through the same bookkeeping as a single delete's.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use etcd_client::{GetOptions, GetResponse, TxnOpResponse};
+use etcd_client::{GetOptions, GetResponse, Txn, TxnOp, TxnOpResponse};
 use tokio::time::Duration;
 
 use super::batch::Ticket;
-use super::call::{Attempts, malformed};
+use super::call::{Attempts, call_retrying_noting, malformed};
 use super::keys::{self, LockPath};
 #[cfg(feature = "testkit")]
 use super::observed::{self, UNANSWERED};
@@ -368,6 +374,77 @@ impl QueueKey {
             ambiguous,
             revision,
         })
+    }
+
+    /// Deletes exactly each of `keys` (keys of one session, each once) in **one**
+    /// transaction: one request, one Raft proposal, sent alone and retried through other
+    /// members as [`delete`](Self::delete) is. No compare is needed: each name is used by
+    /// one acquisition while any request about it may still land (see the module docs),
+    /// so a late attempt can only ever delete the keys it was sent for. If some attempt got
+    /// no answer every name is spent. Answered, each key gets its own [`Deleted`] (its
+    /// delete's count, the transaction's revision), in the order of `keys`; the caller
+    /// then records each as [`deleted`](Self::deleted).
+    pub(super) async fn delete_all(keys: &[&Self]) -> Result<Vec<Deleted>, LockError> {
+        let Some(first) = keys.first() else {
+            return Ok(Vec::new());
+        };
+        let inner = first.inner();
+        let label = keys.iter().map(|k| k.name()).collect::<Vec<_>>().join(",");
+        let build = || {
+            let deletes: Vec<TxnOp> = keys.iter().map(|k| TxnOp::delete(&*k.key, None)).collect();
+            Txn::new().and_then(deletes)
+        };
+        // Built again for a retry rather than cloned for every attempt.
+        let mut first_txn = Some(build());
+        let Attempts { result, ambiguous } = call_retrying_noting(
+            "release",
+            Some(&label),
+            inner.config.request_timeout,
+            || {
+                let mut kv = inner.kv.clone();
+                let txn = first_txn.take().unwrap_or_else(build);
+                async move { kv.txn(txn).await }
+            },
+        )
+        .await;
+        if ambiguous {
+            for key in keys {
+                #[cfg(feature = "testkit")]
+                UNANSWERED.deletes.fetch_add(1, Ordering::Relaxed);
+                key.spend();
+            }
+        }
+        let answer = result?;
+        let revision = answer.header().map(|h| h.revision());
+        let responses = answer.op_responses();
+        if !answer.succeeded() || responses.len() != keys.len() {
+            return Err(malformed(
+                "release",
+                Some(&label),
+                "a delete's answer missing from the transaction's",
+            ));
+        }
+        let mut deleted = Vec::with_capacity(keys.len());
+        for (key, response) in keys.iter().zip(responses) {
+            let TxnOpResponse::Delete(response) = response else {
+                return Err(malformed(
+                    "release",
+                    Some(key.name()),
+                    "not a delete's answer",
+                ));
+            };
+            let removed = response.deleted() > 0;
+            #[cfg(feature = "testkit")]
+            if removed {
+                observed::deleted(key.key.as_bytes(), revision);
+            }
+            deleted.push(Deleted {
+                removed,
+                ambiguous,
+                revision,
+            });
+        }
+        Ok(deleted)
     }
 
     /// The key's delete is confirmed: its name is given back, unless some request about

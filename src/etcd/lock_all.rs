@@ -41,7 +41,8 @@
 //! landed) adopts none of them: the acquisition fails with a retryable error once they
 //! are removed. Until the join is answered, a [`Cleanup`] per key removes it if the
 //! call is dropped; after that, a key waits in a task of its own (as `acquire.rs`'s)
-//! that removes it when the call goes away.
+//! that removes it when the call goes away. Once held, the locks are released together:
+//! one transaction deletes every key (`release_all.rs`), under the same rules.
 
 use std::future::Future;
 use std::task::Poll;

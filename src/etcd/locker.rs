@@ -355,7 +355,8 @@ impl EtcdLocker {
     /// earlier grant's of each name). Each key waits in its own lock's queue (FIFO per
     /// name, on the watches single locks use), and the locks are held once every key is
     /// at the head of its queue. Losing any one lock is losing them all
-    /// ([`MultiGuard::lost_which`] names it); releasing deletes every key.
+    /// ([`MultiGuard::lost_which`] names it); releasing deletes every key in one
+    /// transaction, one Raft proposal ([`LockGuard::release_all`](crate::LockGuard::release_all)).
     ///
     /// No two such acquisitions deadlock, whatever the order or overlap of their names,
     /// nor any mix with single locks (fencelock's, or `etcdctl lock`) on those names: a

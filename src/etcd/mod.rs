@@ -5,13 +5,14 @@
 //!   transaction; its create revision is the [`FencingToken`](crate::FencingToken).
 //! - Waiters queue by create revision; the join reads every key ahead, and a waiter
 //!   follows their deletions on one watch per lock (`queue.rs`): no read after waiting.
-//! - Every delete is a plain delete of exactly one key, whose name (`<lease>-<slot>`) is
-//!   given to a new acquisition only once every request about its earlier key was
-//!   answered and that key is confirmed deleted (`slots.rs`); a join whose outcome is
-//!   unknown retires its session, and a join adopts only a key it can prove it made
-//!   (`key_life.rs`): no request of one acquisition, however late, can remove or stand
-//!   in for another acquisition's key. (`break_holder` and guarded writes compare the
-//!   create revision: they act on keys of other acquisitions.)
+//! - Every delete is a plain delete of exactly its key (the release of several locks held
+//!   together deletes each of its keys so, in one transaction: `release_all.rs`), whose
+//!   name (`<lease>-<slot>`) is given to a new acquisition only once every request about
+//!   its earlier key was answered and that key is confirmed deleted (`slots.rs`); a join
+//!   whose outcome is unknown retires its session, and a join adopts only a key it can
+//!   prove it made (`key_life.rs`): no request of one acquisition, however late, can
+//!   remove or stand in for another acquisition's key. (`break_holder` and guarded
+//!   writes compare the create revision: they act on keys of other acquisitions.)
 //! - A holder follows its own key on the lock's watch: a key deleted under a live lease
 //!   is a lost lock (`LossReason::KeyDeleted`).
 //! - Every primitive under one name shares one queue; see `kind.rs` for who may hold
@@ -43,6 +44,7 @@ mod lock_all;
 mod locker;
 mod operate;
 mod queue;
+mod release_all;
 mod request;
 mod rwlock;
 mod semaphore;

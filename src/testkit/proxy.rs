@@ -547,6 +547,20 @@ impl Connection {
                 read = self.server.read(&mut down), if !paused => {
                     match read {
                         Ok(0) | Err(_) => return,
+                        // A sever asked for before this answer was read, not yet seen by
+                        // this loop (its state, or its count, which it bumps just after):
+                        // the client is gone for it. Forwarded, an answer `HoldAnswers` was
+                        // keeping, read just after the sever, reached the client it was
+                        // kept from (`release_answer_lost.rs` saw its release confirmed).
+                        Ok(_)
+                            if *self.controls.state.borrow() == State::Severed
+                                || self.controls.severs.has_changed().unwrap_or(true) =>
+                        {
+                            self.controls.severs.borrow_and_update();
+                            if self.client.is_some() && self.drop_client() {
+                                return;
+                            }
+                        }
                         Ok(n) => {
                             let state = *self.controls.state.borrow();
                             // Answers for a client that is gone, or kept from it, are

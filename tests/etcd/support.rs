@@ -52,7 +52,7 @@ pub async fn within<T>(limit: Duration, what: &str, future: impl Future<Output =
 }
 
 /// Watches every key under `prefix`, from now on.
-pub struct PrefixWatch(WatchStream, VecDeque<(bool, String)>);
+pub struct PrefixWatch(WatchStream, VecDeque<(bool, String, i64)>);
 
 impl PrefixWatch {
     pub async fn start(client: &mut Client, prefix: &str) -> Self {
@@ -74,18 +74,24 @@ impl PrefixWatch {
 
     /// The next event: (is a put, key).
     pub async fn next(&mut self) -> (bool, String) {
+        let (put, key, _) = self.next_at().await;
+        (put, key)
+    }
+
+    /// The next event: (is a put, key, the revision it happened at).
+    async fn next_at(&mut self) -> (bool, String, i64) {
         loop {
             if let Some(event) = self.1.pop_front() {
                 return event;
             }
             let response = self.0.message().await.expect("watch").expect("watch open");
             for event in response.events() {
-                let key = event
-                    .kv()
-                    .map(|kv| String::from_utf8_lossy(kv.key()).into_owned());
+                let kv = event.kv();
+                let key = kv.map(|kv| String::from_utf8_lossy(kv.key()).into_owned());
                 self.1.push_back((
                     event.event_type() == EventType::Put,
                     key.unwrap_or_default(),
+                    kv.map_or(0, |kv| kv.mod_revision()),
                 ));
             }
         }
@@ -98,6 +104,20 @@ impl PrefixWatch {
                 return key;
             }
         }
+    }
+
+    /// Waits until every key of `keys` is deleted: the revision of each deletion, in the
+    /// order of `keys` (one transaction deletes all of its keys at one revision).
+    pub async fn deletions(&mut self, keys: &[String]) -> Vec<i64> {
+        let mut revisions = vec![None; keys.len()];
+        while revisions.iter().any(Option::is_none) {
+            if let (false, deleted, revision) = self.next_at().await {
+                if let Some(at) = keys.iter().position(|key| *key == deleted) {
+                    revisions[at] = Some(revision);
+                }
+            }
+        }
+        revisions.into_iter().flatten().collect()
     }
 
     /// Waits until `key` is deleted.
