@@ -228,6 +228,11 @@ impl QueueKey {
         self.spent.store(true, Ordering::Release);
     }
 
+    /// Whether some request about the key got no answer (its name is never given back).
+    pub(super) fn is_spent(&self) -> bool {
+        self.spent.load(Ordering::Acquire)
+    }
+
     /// Joins the queue in one transaction: put the key (holding its value) under the
     /// lease, and run `read` over the lock's prefix in the same revision. The key is the
     /// newest in the whole store, so everything `read` returns is ahead of it, or it.

@@ -14,6 +14,10 @@
 //! - answered: each key's own [`Deleted`](super::key_life::Deleted) through the same
 //!   bookkeeping and the same outcome rule as a single release
 //!   ([`EtcdGuard::released`]); then a guard that owned its session closes it;
+//! - refused whole before anything was applied (a permission one lock lacks, more
+//!   operations than the server takes) and no attempt left without an answer: each key is
+//!   deleted alone and gets its own answer, as the group commit does with a refused
+//!   batch;
 //! - failed after the retries: each key is removed in the background, as a single failed
 //!   release's ([`EtcdGuard::release_failed`]).
 //!
@@ -26,6 +30,7 @@
 
 use futures_util::future::join_all;
 
+use super::call::may_have_applied;
 use super::guard::EtcdGuard;
 use super::key_life::QueueKey;
 use crate::{LockError, ReleaseOutcome};
@@ -85,6 +90,18 @@ async fn release_together(mut guards: Vec<EtcdGuard>) -> Result<ReleaseOutcome, 
             }
             outcome
         }
+        // Refused whole before anything was applied (a permission one of the locks lacks,
+        // more operations or bytes than this server takes) and no attempt without an
+        // answer: each key goes alone and gets its own answer, as the group commit does
+        // with a refused batch (`batch.rs`: no member refused for another).
+        Err(err)
+            if guards.len() > 1
+                && !may_have_applied(&err)
+                && !guards.iter().any(|guard| guard.queue_key().is_spent()) =>
+        {
+            tracing::debug!(%err, "a release transaction refused whole; each key alone");
+            release_each(guards, lost_before).await
+        }
         Err(err) => {
             for guard in guards {
                 guard.release_failed(&err);
@@ -92,4 +109,32 @@ async fn release_together(mut guards: Vec<EtcdGuard>) -> Result<ReleaseOutcome, 
             Err(err)
         }
     }
+}
+
+/// Releases begun `guards` (`lost_before`: what each knew before) one delete each, one
+/// after the other. Dropped midway, the guards not yet answered finish in the background
+/// as any dropped release does.
+async fn release_each(
+    guards: Vec<EtcdGuard>,
+    lost_before: Vec<bool>,
+) -> Result<ReleaseOutcome, LockError> {
+    let mut outcome = Ok(ReleaseOutcome::Released);
+    let mut detached = Vec::with_capacity(guards.len());
+    for (guard, lost_before) in guards.into_iter().zip(lost_before) {
+        match guard.queue_key().delete().await {
+            Ok(deleted) => {
+                let (released, parts) = guard.released(lost_before, deleted);
+                outcome = crate::multi::worse(outcome, Ok(released));
+                detached.push(parts);
+            }
+            Err(err) => {
+                guard.release_failed(&err);
+                outcome = crate::multi::worse(outcome, Err(err));
+            }
+        }
+    }
+    for parts in &detached {
+        parts.close_own_session().await;
+    }
+    outcome
 }

@@ -100,3 +100,41 @@ async fn a_refused_release_falls_back_to_each_keys_removal_and_reuses_no_name() 
     .await;
     crate::support::released(second.release().await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_refused_for_one_lock_deletes_the_others_key_itself() {
+    let cluster = etcd().await;
+    let ns = namespace("release-all-one-refused");
+    let mut admin = crate::support::with_locker_user(&cluster, &ns, "worker").await;
+    let locks = EtcdLocker::connect(cluster.config(&ns).with_credentials("worker", "pw"))
+        .await
+        .expect("connect");
+    let options = LockOptions::new().with_ttl(Duration::from_secs(2));
+    let both = locks.lock_all(&NAMES, &options).await.expect("lock_all");
+    let y = both.guards()[1].key().to_owned();
+
+    // Write stays allowed on x only: the one transaction deleting both is refused whole.
+    set_permission(
+        &mut admin,
+        &ns,
+        Permission::read(format!("{ns}/")).with_prefix(),
+    )
+    .await;
+    admin
+        .role_grant_permission(
+            "locker",
+            Permission::read_write(format!("{ns}/x/")).with_prefix(),
+        )
+        .await
+        .expect("grant x");
+    let refused = both.release().await.expect_err("y's delete is refused");
+    assert!(refused.is_permission_denied(), "{refused}");
+
+    // Answered before the release returned: x's key was deleted by a request of its own
+    // (not left to a background removal), y's stays until a delete is allowed.
+    assert_eq!(
+        keys(&mut admin, &format!("{ns}/x/")).await,
+        Vec::<String>::new()
+    );
+    assert_eq!(keys(&mut admin, &format!("{ns}/y/")).await, vec![y]);
+}
