@@ -126,8 +126,10 @@ impl Subscriber {
     /// timeout, and by the connect timeout if the pub/sub connection must be opened.
     /// When this returns, releases published on any of `channels` wake the returned
     /// interests (unless the subscription failed: then waiters rely on their sleep until
-    /// the connection is reopened, which wakes them), also where another interest's
-    /// subscription was still on its way: that is awaited, not taken for done.
+    /// the connection is reopened, which wakes them; or its task was dropped unrun, as a
+    /// runtime that shuts down drops what is spawned: then the next interest subscribes),
+    /// also where another interest's subscription was still on its way: that is awaited,
+    /// not taken for done.
     ///
     /// The subscribing runs in a task of its own, so that an interest whose caller stops
     /// polling it (or drops it) holds up no later interest in the same channels: they
@@ -167,9 +169,9 @@ impl Subscriber {
         };
         loop {
             let (done, _) = watch::channel(false);
-            let (mine, mut waits) = self.claim(channels, &done);
-            if !mine.is_empty() {
-                waits.push(done.subscribe());
+            let (mine, theirs) = self.claim(channels, &done);
+            let own = (!mine.is_empty()).then(|| {
+                let own = done.subscribe();
                 let this = self.clone();
                 tokio::spawn(async move {
                     if let Err(err) = this.subscribe(&mine).await {
@@ -178,14 +180,30 @@ impl Subscriber {
                     done.send_replace(true);
                     this.settle(&mine);
                 });
-            }
+                own
+            });
             let mut abandoned = false;
-            for mut subscribing in waits {
+            for mut subscribing in theirs {
                 abandoned |= subscribing.wait_for(|done| *done).await.is_err();
+            }
+            if let Some(mut own) = own {
+                if own.wait_for(|done| *done).await.is_err() {
+                    // Our own task was dropped before it was done: its runtime shuts down
+                    // (which shuts a task down as it is spawned), or it panicked. Spawning
+                    // again could go on without end, never `Pending` (a `watch` closed
+                    // answers at once; only tokio's coop budget, where there is one, would
+                    // make it yield): the interests go back unsubscribed, their waiter
+                    // relying on its bounded sleep, and the next interest subscribes
+                    // (these channels are left as "dropped on the way").
+                    return interests;
+                }
             }
             if !abandoned {
                 return interests;
             }
+            // Another interest's subscription was dropped on its way: claimed next round,
+            // after a yield (the runtime may be shutting down).
+            tokio::task::yield_now().await;
         }
     }
 
@@ -625,6 +643,64 @@ mod tests {
             .expect("the second interest waited for the unpolled first");
         assert_eq!(subscribers(&server, "x").await, 1);
         drop(second);
+    }
+
+    /// An interest taken while its runtime shuts down returns, its subscription left to
+    /// the next interest, instead of spinning: the task it spawns to subscribe is shut
+    /// down at once (the runtime's task list is closed), the subscription is abandoned,
+    /// and before, the loop claimed it again and spawned again, never `Pending`: its
+    /// worker spun at 100 % and the runtime's shutdown never finished.
+    ///
+    /// Deterministic: the interest is taken by a task blocked (its worker with it) until
+    /// the shutdown has begun, which another task's drop tells. Taken `unconstrained`:
+    /// since tokio 1.41 a `watch` wait spends the task's coop budget, which makes the old
+    /// loop yield (and the shutdown drop it) after some 128 rounds; without the budget
+    /// (an older tokio, which `tokio = "1"` allows, or a caller's `unconstrained`) it
+    /// never did. The fix must not rely on the budget.
+    #[test]
+    fn an_interest_taken_while_the_runtime_shuts_down_returns() {
+        use std::sync::mpsc;
+
+        /// Tells its receiver when dropped.
+        struct Dropped(mpsc::Sender<()>);
+        impl Drop for Dropped {
+            fn drop(&mut self) {
+                let _ = self.0.send(());
+            }
+        }
+
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let server = runtime.block_on(RedisServer::start()).expect("redis");
+        let sub = runtime.block_on(subscriber(&server));
+        // Dropped by the shutdown (idle: the other worker drops it at once).
+        let (shutting_down, shutdown_began) = mpsc::channel();
+        let sentinel = Dropped(shutting_down);
+        runtime.spawn(async move {
+            let _sentinel = sentinel;
+            std::future::pending::<()>().await;
+        });
+        let (started, start) = mpsc::channel();
+        let (done, finished) = mpsc::channel();
+        let guard = Dropped(done);
+        runtime.spawn(async move {
+            let _guard = guard;
+            let _ = started.send(());
+            // Blocks this worker until the shutdown has begun.
+            let _ = shutdown_began.recv();
+            let _interests = tokio::task::unconstrained(sub.interests(&["x"])).await;
+            // Pending: the shutdown drops the task here, and `_guard` with it.
+            std::future::pending::<()>().await;
+        });
+        start.recv().expect("the task runs");
+        runtime.shutdown_timeout(Duration::from_secs(2));
+        finished
+            .recv_timeout(Duration::from_secs(1))
+            .expect("the task taking an interest during the shutdown spun, never dropped");
+        drop(server);
     }
 
     /// The task that unsubscribes a channel whose last interest went checks, once the
