@@ -274,6 +274,11 @@ impl<T: Target> Acquisition<T> {
                     // (A Redlock attempt cleaned up after itself already.)
                     self.uncertain = self.core.nodes.len() == 1;
                     self.registration.unsure();
+                    // The pub/sub connection may have died with the server's, maybe
+                    // without closing: checked now rather than at its next ping.
+                    if let Some(interest) = interests.first() {
+                        interest.check_connection();
+                    }
                     self.retry_after(err, deadline).await?;
                     continue;
                 }
