@@ -53,7 +53,10 @@ fn per_master_timeout(request_timeout: Duration, ttl: Duration) -> Duration {
 /// nothing otherwise. The value changes only once what the old one may have set is seen
 /// to (undone; or left to the task that reads a Redlock attempt's late masters and undoes
 /// what they granted; or, on a master that answered neither the attempt nor its undo, to
-/// the TTL). No task is spawned on the way in.
+/// the TTL). An attempt's bytes that reach a single Redis only after their undo was
+/// confirmed (the connection reset, the undo sent on the new one) set a key with the old
+/// value, which nobody holds any more: it stays until its TTL (docs/redis.md, "a key
+/// nobody owns"). No code can prevent that. No task is spawned on the way in.
 pub(crate) async fn acquire<T: Target>(
     core: Arc<Core>,
     subscriber: Option<Arc<Subscriber>>,
@@ -216,7 +219,9 @@ impl<T: Target> Acquisition<T> {
                     Ok(()) => {
                         self.uncertain = false;
                         // A new value after an undo: whatever of the old one might still
-                        // land later can never delete a key of the next attempt's.
+                        // land later (an earlier undo that failed) can never delete a key
+                        // of the next attempt's. (The attempt's own `SET`, landing later,
+                        // leaves a key of the old value, nobody's, until its TTL.)
                         self.new_owner();
                     }
                     Err(err) => {
@@ -274,6 +279,11 @@ impl<T: Target> Acquisition<T> {
                     // (A Redlock attempt cleaned up after itself already.)
                     self.uncertain = self.core.nodes.len() == 1;
                     self.registration.unsure();
+                    // The pub/sub connection may have died with the server's, maybe
+                    // without closing: checked now rather than at its next ping.
+                    if let Some(interest) = interests.first() {
+                        interest.check_connection();
+                    }
                     self.retry_after(err, deadline).await?;
                     continue;
                 }
@@ -380,9 +390,13 @@ impl<T: Target> Acquisition<T> {
     ///
     /// Refused, it cleans up where something of this attempt may be, and only there
     /// ([`clean_up`](Self::clean_up)): a master that refused wrote nothing. A master
-    /// slower than the per-master timeout counts as failed for the decision, but its
-    /// request goes on (bounded by the request timeout) and its answer is read: undone only
-    /// if it granted or never answered.
+    /// slower than the per-master timeout is not waited for: the attempt is decided
+    /// without it, but its request goes on (bounded by the request timeout) and its answer
+    /// is read: undone only if it granted or never answered. Not "counted as failed": an
+    /// answer that is already in when the decision is read off (the drain below, after the
+    /// deadline) is counted as it is, a grant too, and may make the majority. That is
+    /// safe: the validity counts from `sent`, before any master could have set its key,
+    /// so it never outlasts a counted grant's TTL on any master.
     async fn redlock_attempt(&mut self) -> Result<Attempt<T::Grant>, LockError> {
         let masters = self.core.nodes.len();
         let quorum = self.core.quorum;
@@ -409,8 +423,9 @@ impl<T: Target> Acquisition<T> {
             } else {
                 match tokio::time::timeout_at(decide_by, pending.next()).await {
                     Ok(next) => next,
-                    // The masters not read by now are too slow for this attempt: failed,
-                    // as far as deciding goes; their answers are read by `clean_up`.
+                    // The masters not read by now are too slow to be waited for: one
+                    // timeout is counted, and the answers already in are read (the drain
+                    // above, a grant counted too); the others are read by `clean_up`.
                     Err(_) => {
                         errors.push(LockError::Timeout {
                             backend: self.core.backend,

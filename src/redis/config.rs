@@ -41,6 +41,7 @@ pub struct RedisConfig {
     pub(crate) request_timeout: Duration,
     pub(crate) prefix: String,
     pub(crate) max_wait_sleep: Duration,
+    pub(crate) pubsub_ping_interval: Duration,
     pub(crate) clock_drift_factor: f64,
     pub(crate) tls: Option<TlsConfig>,
     pub(crate) allow_eviction: bool,
@@ -60,6 +61,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("request_timeout", &self.request_timeout)
             .field("prefix", &self.prefix)
             .field("max_wait_sleep", &self.max_wait_sleep)
+            .field("pubsub_ping_interval", &self.pubsub_ping_interval)
             .field("tls", &self.tls)
             .field("allow_eviction", &self.allow_eviction)
             .finish()
@@ -85,6 +87,7 @@ impl RedisConfig {
             request_timeout: Duration::from_secs(2),
             prefix: "fencelock".into(),
             max_wait_sleep: Duration::from_secs(2),
+            pubsub_ping_interval: Duration::from_secs(1),
             clock_drift_factor: 0.01,
             tls: None,
             allow_eviction: false,
@@ -123,6 +126,19 @@ impl RedisConfig {
     /// lost message costs. A waiter never sleeps past the holder's remaining TTL.
     pub fn with_max_wait_sleep(mut self, sleep: Duration) -> Self {
         self.max_wait_sleep = sleep;
+        self
+    }
+
+    /// How often the pub/sub connection that carries release messages is checked with a
+    /// `PING` while any waiter of this client waits (default 1 s); none is sent while
+    /// nobody waits. A connection that died without closing (its host crashed behind the
+    /// same address, a failover behind a VIP, a load balancer that dropped the flow) is
+    /// found by a `PING` unanswered within the request timeout, and replaced at once, so
+    /// it costs at most about this plus the request timeout of handoffs by sleep (each up
+    /// to [`max_wait_sleep`](Self::with_max_wait_sleep)), not every handoff for as long as
+    /// the name has a waiter. At least 10 ms.
+    pub fn with_pubsub_ping_interval(mut self, interval: Duration) -> Self {
+        self.pubsub_ping_interval = interval;
         self
     }
 
@@ -212,6 +228,9 @@ impl RedisConfig {
         if self.max_wait_sleep < Duration::from_millis(10) {
             return fail("max_wait_sleep must be at least 10ms".into());
         }
+        if self.pubsub_ping_interval < Duration::from_millis(10) {
+            return fail("pubsub_ping_interval must be at least 10ms".into());
+        }
         let prefix = &self.prefix;
         if prefix.is_empty() || prefix.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return fail(format!(
@@ -233,6 +252,7 @@ mod tests {
             RedisConfig::new("http://127.0.0.1:6379"),
             RedisConfig::new("redis://127.0.0.1:6379").with_prefix(""),
             RedisConfig::new("redis://127.0.0.1:6379").with_request_timeout(Duration::ZERO),
+            RedisConfig::new("redis://127.0.0.1:6379").with_pubsub_ping_interval(Duration::ZERO),
         ] {
             let err = config.validate(Backend::Redis).expect_err("refused");
             assert!(err.is_invalid_input(), "{err}");

@@ -64,7 +64,7 @@ impl RedisLocker {
         config.validate(Backend::Redis)?;
         let tls = config.loaded_tls(&config.urls[0], Backend::Redis)?;
         let client = config.client(&config.urls[0], tls.as_ref(), Backend::Redis)?;
-        let subscriber = Subscriber::new(client, config.connect_timeout, config.request_timeout);
+        let subscriber = Subscriber::new(client, &config);
         let core = Core::connect(config, Backend::Redis).await?;
         Ok(Self {
             core: Arc::new(core),

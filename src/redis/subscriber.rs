@@ -6,26 +6,42 @@
 //! that channel (Redis locks are not fair: whoever retries first wins).
 //!
 //! A lost connection (a Redis restart or failover, `CLIENT KILL`, an output-buffer limit,
-//! a request on it that timed out) is replaced at once, and again with a backoff while
-//! that fails, for as long as any channel is wanted, without waiting for a new interest
-//! ([`recover`](Subscriber::recover)): the new connection subscribes every wanted channel
-//! in one round trip, then wakes every waiter of them, so that a release published while
-//! nobody listened is not waited out (the woken waiters try again). Meanwhile waiters
-//! still retry after their bounded sleep. Before, channels that kept a waiter through the
-//! loss were never subscribed again: every handoff on a busy name cost a whole sleep for
-//! as long as the process lived (`tests/redis/pubsub_reconnects.rs`).
+//! a request on it that timed out) is replaced, for as long as any channel is wanted,
+//! without waiting for a new interest ([`recover`](Subscriber::recover)): the new
+//! connection subscribes every wanted channel in one round trip, then wakes every waiter
+//! of them, so that a release published while nobody listened is not waited out (the
+//! woken waiters try again). Meanwhile waiters still retry after their bounded sleep.
+//! Before, channels that kept a waiter through the loss were never subscribed again:
+//! every handoff on a busy name cost a whole sleep for as long as the process lived
+//! (`tests/redis/pubsub_reconnects.rs`). The first loss of a connection that stayed up
+//! [`STABLE`] is reopened at once; a loss sooner after (a connection killed again and
+//! again: a `CLIENT KILL` cron, `maxmemory-clients`, a recycling proxy), or a reopening
+//! that failed, waits a backoff that carries over from one recovery to the next, so that
+//! such a connection is not reopened at round-trip speed, each time waking every waiter
+//! (`tests/redis/pubsub_reconnect_backoff.rs`).
 //!
-//! Opening the connection is bounded by the connect timeout and each (un)subscribe by the
-//! request timeout: a half-open connection (a peer that stopped answering without closing)
-//! must cost a waiter at most that, never the kernel's retransmission timeout. A connection
-//! that timed out is dropped, and its reader task with it (and another opened).
+//! A connection can also die without closing (its host crashed behind the same address, a
+//! failover behind a VIP, a load balancer's idle timeout): no end of stream ever comes.
+//! While any channel is wanted, the connection's reader sends a `PING` every
+//! `pubsub_ping_interval` (and at once when a waiter's attempt failed as unavailable): one
+//! unanswered within the request timeout loses the connection, as an end of stream does
+//! (`tests/redis/pubsub_silent_loss.rs`). Before, such a connection stayed in place for as
+//! long as anyone waited, every release heard by no one.
+//!
+//! Opening the connection is bounded by the connect timeout and each (un)subscribe and
+//! ping by the request timeout: a half-open connection (a peer that stopped answering
+//! without closing) must cost a waiter at most that, never the kernel's retransmission
+//! timeout. A connection that timed out is dropped, and its reader task with it (and
+//! another opened).
 //!
 //! The connection is only ever used by tasks of this module (subscribing, unsubscribing,
 //! reopening), never from a waiter's own future: a waiter whose future is dropped, or alive
 //! and no longer polled, holds up no other waiter.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
@@ -33,12 +49,18 @@ use futures_util::StreamExt;
 use futures_util::future::join_all;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{Notify, oneshot, watch};
+use tokio::time::Instant;
 
+use super::RedisConfig;
 use super::owner::jittered;
 use crate::retry::backoff;
 
 /// The longest pause between two attempts to reopen a lost connection.
 const MAX_RECOVERY_PAUSE: Duration = Duration::from_secs(1);
+
+/// How long a connection must have stayed up for its loss to be reopened at once (and
+/// the backoff to start again): one lost sooner adds to the backoff.
+const STABLE: Duration = Duration::from_secs(5);
 
 #[derive(Default)]
 struct Channels {
@@ -76,10 +98,11 @@ enum Part {
     Wait(watch::Receiver<bool>),
 }
 
-/// The sending half of the pub/sub connection, and the handle whose drop stops the task
-/// that reads its messages (which closes the connection).
+/// The sending half of the pub/sub connection, when it was opened, and the handle whose
+/// drop stops the task that reads its messages (which closes the connection).
 struct Connection {
     sink: PubSubSink,
+    opened: Instant,
     _reader: oneshot::Sender<()>,
 }
 
@@ -88,6 +111,10 @@ pub(crate) struct Subscriber {
     client: redis::Client,
     connect_timeout: Duration,
     request_timeout: Duration,
+    /// How often the connection's reader pings it while any channel is wanted.
+    ping_interval: Duration,
+    /// Asks the connection's reader for a ping now ([`check`](Self::check)).
+    check: Arc<Notify>,
     channels: Mutex<Channels>,
     // `None` until first use or after it broke or timed out. Held by whoever uses it,
     // always a task of this module.
@@ -97,22 +124,26 @@ pub(crate) struct Subscriber {
     recovering: AtomicBool,
     /// How many connections were opened: bumped before a new one wakes the waiters.
     opened: AtomicU64,
+    /// Connections lost before they stayed up [`STABLE`], and reopenings that failed, in a
+    /// row: the backoff of the next reopening. Changed with `connection` held; reset by
+    /// the loss of a connection that stayed up `STABLE`.
+    failures: AtomicU32,
 }
 
 impl Subscriber {
-    pub(crate) fn new(
-        client: redis::Client,
-        connect_timeout: Duration,
-        request_timeout: Duration,
-    ) -> Self {
+    /// The subscriber of `client`, with the timeouts and ping interval of `config`.
+    pub(crate) fn new(client: redis::Client, config: &RedisConfig) -> Self {
         Self {
             client,
-            connect_timeout,
-            request_timeout,
+            connect_timeout: config.connect_timeout,
+            request_timeout: config.request_timeout,
+            ping_interval: config.pubsub_ping_interval,
+            check: Arc::new(Notify::new()),
             channels: Mutex::default(),
             connection: tokio::sync::Mutex::default(),
             recovering: AtomicBool::new(false),
             opened: AtomicU64::new(0),
+            failures: AtomicU32::new(0),
         }
     }
 
@@ -126,8 +157,10 @@ impl Subscriber {
     /// timeout, and by the connect timeout if the pub/sub connection must be opened.
     /// When this returns, releases published on any of `channels` wake the returned
     /// interests (unless the subscription failed: then waiters rely on their sleep until
-    /// the connection is reopened, which wakes them), also where another interest's
-    /// subscription was still on its way: that is awaited, not taken for done.
+    /// the connection is reopened, which wakes them; or its task was dropped unrun, as a
+    /// runtime that shuts down drops what is spawned: then the next interest subscribes),
+    /// also where another interest's subscription was still on its way: that is awaited,
+    /// not taken for done.
     ///
     /// The subscribing runs in a task of its own, so that an interest whose caller stops
     /// polling it (or drops it) holds up no later interest in the same channels: they
@@ -167,9 +200,9 @@ impl Subscriber {
         };
         loop {
             let (done, _) = watch::channel(false);
-            let (mine, mut waits) = self.claim(channels, &done);
-            if !mine.is_empty() {
-                waits.push(done.subscribe());
+            let (mine, theirs) = self.claim(channels, &done);
+            let own = (!mine.is_empty()).then(|| {
+                let own = done.subscribe();
                 let this = self.clone();
                 tokio::spawn(async move {
                     if let Err(err) = this.subscribe(&mine).await {
@@ -178,14 +211,30 @@ impl Subscriber {
                     done.send_replace(true);
                     this.settle(&mine);
                 });
-            }
+                own
+            });
             let mut abandoned = false;
-            for mut subscribing in waits {
+            for mut subscribing in theirs {
                 abandoned |= subscribing.wait_for(|done| *done).await.is_err();
+            }
+            if let Some(mut own) = own {
+                if own.wait_for(|done| *done).await.is_err() {
+                    // Our own task was dropped before it was done: its runtime shuts down
+                    // (which shuts a task down as it is spawned), or it panicked. Spawning
+                    // again could go on without end, never `Pending` (a `watch` closed
+                    // answers at once; only tokio's coop budget, where there is one, would
+                    // make it yield): the interests go back unsubscribed, their waiter
+                    // relying on its bounded sleep, and the next interest subscribes
+                    // (these channels are left as "dropped on the way").
+                    return interests;
+                }
             }
             if !abandoned {
                 return interests;
             }
+            // Another interest's subscription was dropped on its way: claimed next round,
+            // after a yield (the runtime may be shutting down).
+            tokio::task::yield_now().await;
         }
     }
 
@@ -262,6 +311,7 @@ impl Subscriber {
                     Ok(())
                 }
                 Err(err) => {
+                    self.failed();
                     self.recover();
                     Err(err)
                 }
@@ -270,10 +320,40 @@ impl Subscriber {
         let subscribed = bounded(self.request_timeout, subscribe_all(&open.sink, &wanted)).await;
         if subscribed.is_err() {
             // No answer: the connection is of no use; another is opened.
-            *connection = None;
-            self.recover();
+            self.lose(&mut connection);
         }
         subscribed
+    }
+
+    /// Empties the slot after its connection failed (it ended, or a request on it went
+    /// unanswered), counts the loss for the backoff (one that came before the connection
+    /// stayed up [`STABLE`] adds to it, a later one starts it again), and starts the
+    /// recovery. Called with `connection` held (`slot` is its content).
+    fn lose(self: &Arc<Self>, slot: &mut Option<Connection>) {
+        if let Some(lost) = slot.take() {
+            if lost.opened.elapsed() >= STABLE {
+                self.failures.store(0, Ordering::Release);
+            } else {
+                self.failed();
+            }
+        }
+        self.recover();
+    }
+
+    /// Counts a failure for the backoff of the next reopening.
+    fn failed(&self) {
+        let _ = self
+            .failures
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(n.saturating_add(1))
+            });
+    }
+
+    /// Asks the connection's reader to ping it now (a waiter's attempt failed as
+    /// unavailable: the pub/sub connection may have died with it, maybe without closing).
+    /// Nothing if a ping is on its way; one ping, however many ask meanwhile.
+    pub(crate) fn check(&self) {
+        self.check.notify_one();
     }
 
     /// Opens a new pub/sub connection, resubscribes to every channel still wanted (at
@@ -288,7 +368,13 @@ impl Subscriber {
         let wanted: Vec<String> = self.channels().by_name.keys().cloned().collect();
         bounded(self.request_timeout, subscribe_all(&sink, &wanted)).await?;
         let (reader, stop) = oneshot::channel::<()>();
-        tokio::spawn(read(Arc::downgrade(self), stream, stop));
+        let pings = Pings {
+            sink: sink.clone(),
+            every: self.ping_interval,
+            timeout: self.request_timeout,
+            asked: self.check.clone(),
+        };
+        tokio::spawn(read(Arc::downgrade(self), stream, stop, pings));
         // Bumped before the wake-ups: a woken waiter sees a new connection (`opened`).
         self.opened.fetch_add(1, Ordering::AcqRel);
         {
@@ -301,16 +387,20 @@ impl Subscriber {
         }
         Ok(Connection {
             sink,
+            opened: Instant::now(),
             _reader: reader,
         })
     }
 
     /// Starts the task that reopens the connection (unless it runs), after whoever had
     /// the connection left it empty: a failure, not the wish of the interests, so it must
-    /// not wait for a new interest. That task retries at once, then after a backoff
-    /// (100 ms doubling, at most [`MAX_RECOVERY_PAUSE`], jittered), until a connection is
-    /// in place (its own, or one opened meanwhile) or no channel is wanted (the next
-    /// interest opens one), or the subscriber is gone.
+    /// not wait for a new interest. That task reopens it at once if no failure is counted
+    /// (`failures`: the last connection stayed up [`STABLE`] before it was lost), else
+    /// after a backoff (100 ms doubling with each failure, at most
+    /// [`MAX_RECOVERY_PAUSE`], jittered), counting each failed reopening, until a
+    /// connection is in place (its own, or one opened meanwhile) or no channel is wanted
+    /// (the next interest opens one), or the subscriber is gone. The count outlives the
+    /// recovery: a connection lost again soon after it was reopened waits longer.
     ///
     /// Called with `connection` held, so that the task, which decides to end with it
     /// held, never ends unseen between the emptying and this call.
@@ -320,8 +410,14 @@ impl Subscriber {
         }
         let recovery = Recovery(Arc::downgrade(self));
         tokio::spawn(async move {
-            let mut failures = 0u32;
             loop {
+                let failures = match recovery.0.upgrade() {
+                    Some(this) => this.failures.load(Ordering::Acquire),
+                    None => return,
+                };
+                if failures > 0 {
+                    tokio::time::sleep(jittered(backoff(failures, MAX_RECOVERY_PAUSE))).await;
+                }
                 let Some(this) = recovery.0.upgrade() else {
                     return;
                 };
@@ -338,13 +434,10 @@ impl Subscriber {
                         return;
                     }
                     Err(err) => {
-                        failures = failures.saturating_add(1);
-                        tracing::debug!(%err, failures, "reopening the pub/sub connection failed; waiters fall back to sleeping");
+                        this.failed();
+                        tracing::debug!(%err, failures = failures.saturating_add(1), "reopening the pub/sub connection failed; waiters fall back to sleeping");
                     }
                 }
-                drop(connection);
-                drop(this);
-                tokio::time::sleep(jittered(backoff(failures, MAX_RECOVERY_PAUSE))).await;
             }
         });
     }
@@ -402,8 +495,7 @@ impl Subscriber {
                 .await
                 .is_err()
             {
-                *connection = None;
-                self.recover();
+                self.lose(&mut connection);
             }
         }
     }
@@ -421,30 +513,97 @@ impl Drop for Recovery {
     }
 }
 
+/// A ping on its way: resolves to whether the connection answered.
+type Ping = Pin<Box<dyn Future<Output = bool> + Send>>;
+
+/// How the reader checks its connection: a `PING` on `sink` every `every` while any
+/// channel is wanted, and at once when `asked`, each answered within `timeout` or the
+/// connection is lost.
+struct Pings {
+    sink: PubSubSink,
+    every: Duration,
+    timeout: Duration,
+    asked: Arc<Notify>,
+}
+
+impl Pings {
+    /// One ping: whether the connection answered (an error reply is an answer: an ACL
+    /// without `PING` must not make the connection seem lost, again and again).
+    fn ping(&self) -> Ping {
+        let (mut sink, timeout) = (self.sink.clone(), self.timeout);
+        Box::pin(async move {
+            match bounded(timeout, sink.ping::<redis::Value>()).await {
+                Ok(_) => true,
+                Err(err) if matches!(err.kind(), redis::ErrorKind::Server(_)) => true,
+                Err(err) => {
+                    tracing::debug!(%err, "the pub/sub connection did not answer a ping; it is replaced");
+                    false
+                }
+            }
+        })
+    }
+}
+
+/// The answer of the ping in flight (never, without one).
+async fn answer(ping: &mut Option<Ping>) -> bool {
+    match ping {
+        Some(ping) => ping.await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The task that reads the connection's messages and wakes the waiters of their channel,
-/// until the connection is replaced or dropped (`stop`), or lost: then it empties the
-/// slot, if its connection is still the one there, and starts the recovery.
+/// and pings the connection while any channel is wanted ([`Pings`]), until the
+/// connection is replaced or dropped (`stop`), or lost (its stream ended, or a ping went
+/// unanswered): then it empties the slot, if its connection is still the one there, and
+/// starts the recovery.
+///
+/// A ping runs beside the reading (messages are not held up by it), one at a time.
 async fn read(
     subscriber: Weak<Subscriber>,
     mut stream: PubSubStream,
     mut stop: oneshot::Receiver<()>,
+    pings: Pings,
 ) {
+    let mut next_ping = Instant::now() + pings.every;
+    let mut ping: Option<Ping> = None;
     loop {
-        let message = tokio::select! {
-            message = stream.next() => message,
+        let pinging = ping.is_some();
+        tokio::select! {
+            message = stream.next() => {
+                let Some(message) = message else { break };
+                let Some(subscriber) = subscriber.upgrade() else {
+                    return;
+                };
+                if let Some(channel) = subscriber
+                    .channels()
+                    .by_name
+                    .get(message.get_channel_name())
+                {
+                    channel.notify.notify_waiters();
+                }
+            }
             // The connection was replaced or dropped: stop reading it.
             _ = &mut stop => return,
-        };
-        let Some(message) = message else { break };
-        let Some(subscriber) = subscriber.upgrade() else {
-            return;
-        };
-        if let Some(channel) = subscriber
-            .channels()
-            .by_name
-            .get(message.get_channel_name())
-        {
-            channel.notify.notify_waiters();
+            answered = answer(&mut ping), if pinging => {
+                ping = None;
+                if !answered {
+                    break;
+                }
+                next_ping = Instant::now() + pings.every;
+            }
+            () = tokio::time::sleep_until(next_ping), if !pinging => {
+                let Some(subscriber) = subscriber.upgrade() else {
+                    return;
+                };
+                if subscriber.channels().by_name.is_empty() {
+                    // Nobody waits: nothing to check for.
+                    next_ping = Instant::now() + pings.every;
+                } else {
+                    ping = Some(pings.ping());
+                }
+            }
+            () = pings.asked.notified(), if !pinging => ping = Some(pings.ping()),
         }
     }
     // Only if it is still the one in the slot (its `Connection`, holding the other end of
@@ -455,8 +614,7 @@ async fn read(
     };
     let mut connection = subscriber.connection.lock().await;
     if matches!(stop.try_recv(), Err(oneshot::error::TryRecvError::Empty)) {
-        *connection = None;
-        subscriber.recover();
+        subscriber.lose(&mut connection);
     }
 }
 
@@ -504,6 +662,11 @@ impl Interest {
     pub(crate) fn connections_opened(&self) -> u64 {
         self.subscriber.connections_opened()
     }
+
+    /// Asks for the pub/sub connection to be checked now ([`Subscriber::check`]).
+    pub(crate) fn check_connection(&self) {
+        self.subscriber.check();
+    }
 }
 
 impl Drop for Interest {
@@ -544,11 +707,10 @@ mod tests {
 
     async fn subscriber(server: &RedisServer) -> Arc<Subscriber> {
         let client = redis::Client::open(server.url()).expect("client");
-        Arc::new(Subscriber::new(
-            client,
-            Duration::from_secs(2),
-            Duration::from_secs(1),
-        ))
+        let config = RedisConfig::new(server.url())
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_request_timeout(Duration::from_secs(1));
+        Arc::new(Subscriber::new(client, &config))
     }
 
     /// How many subscribers the server counts on `channel`.
@@ -625,6 +787,64 @@ mod tests {
             .expect("the second interest waited for the unpolled first");
         assert_eq!(subscribers(&server, "x").await, 1);
         drop(second);
+    }
+
+    /// An interest taken while its runtime shuts down returns, its subscription left to
+    /// the next interest, instead of spinning: the task it spawns to subscribe is shut
+    /// down at once (the runtime's task list is closed), the subscription is abandoned,
+    /// and before, the loop claimed it again and spawned again, never `Pending`: its
+    /// worker spun at 100 % and the runtime's shutdown never finished.
+    ///
+    /// Deterministic: the interest is taken by a task blocked (its worker with it) until
+    /// the shutdown has begun, which another task's drop tells. Taken `unconstrained`:
+    /// since tokio 1.41 a `watch` wait spends the task's coop budget, which makes the old
+    /// loop yield (and the shutdown drop it) after some 128 rounds; without the budget
+    /// (an older tokio, which `tokio = "1"` allows, or a caller's `unconstrained`) it
+    /// never did. The fix must not rely on the budget.
+    #[test]
+    fn an_interest_taken_while_the_runtime_shuts_down_returns() {
+        use std::sync::mpsc;
+
+        /// Tells its receiver when dropped.
+        struct Dropped(mpsc::Sender<()>);
+        impl Drop for Dropped {
+            fn drop(&mut self) {
+                let _ = self.0.send(());
+            }
+        }
+
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let server = runtime.block_on(RedisServer::start()).expect("redis");
+        let sub = runtime.block_on(subscriber(&server));
+        // Dropped by the shutdown (idle: the other worker drops it at once).
+        let (shutting_down, shutdown_began) = mpsc::channel();
+        let sentinel = Dropped(shutting_down);
+        runtime.spawn(async move {
+            let _sentinel = sentinel;
+            std::future::pending::<()>().await;
+        });
+        let (started, start) = mpsc::channel();
+        let (done, finished) = mpsc::channel();
+        let guard = Dropped(done);
+        runtime.spawn(async move {
+            let _guard = guard;
+            let _ = started.send(());
+            // Blocks this worker until the shutdown has begun.
+            let _ = shutdown_began.recv();
+            let _interests = tokio::task::unconstrained(sub.interests(&["x"])).await;
+            // Pending: the shutdown drops the task here, and `_guard` with it.
+            std::future::pending::<()>().await;
+        });
+        start.recv().expect("the task runs");
+        runtime.shutdown_timeout(Duration::from_secs(2));
+        finished
+            .recv_timeout(Duration::from_secs(1))
+            .expect("the task taking an interest during the shutdown spun, never dropped");
+        drop(server);
     }
 
     /// The task that unsubscribes a channel whose last interest went checks, once the

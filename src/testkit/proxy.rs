@@ -34,6 +34,8 @@ use tokio::time::Instant;
 /// proxy.requests_held(1).await; // ... once one is kept,
 /// proxy.sever();                // ... the client's connections break (it retries elsewhere)
 /// proxy.deliver_held();         // ... and the server gets the kept bytes, late
+/// // One connection dies without closing (its host crashed behind the same address):
+/// proxy.blackhole(2); // ... the second one accepted goes silent for good; others work
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
@@ -49,6 +51,9 @@ pub struct FaultProxy {
     /// Latency added to every chunk, in each direction.
     delay: watch::Sender<Duration>,
     accepted: watch::Sender<usize>,
+    /// The connections (numbered from 1 in the order accepted) that forward nothing any
+    /// more: [`blackhole`](Self::blackhole).
+    blackholed: watch::Sender<Vec<usize>>,
     held: Arc<HeldCount>,
     // Dropping the proxy aborts the accept loop, which aborts every connection.
     accepting: tokio::task::JoinHandle<()>,
@@ -86,6 +91,7 @@ struct Controls {
     deliveries: watch::Receiver<u64>,
     severs: watch::Receiver<u64>,
     delay: watch::Receiver<Duration>,
+    blackholed: watch::Receiver<Vec<usize>>,
     held: Arc<HeldCount>,
 }
 
@@ -116,6 +122,7 @@ impl FaultProxy {
         let (deliveries, _) = watch::channel(0u64);
         let (delay, _) = watch::channel(Duration::ZERO);
         let (accepted, _) = watch::channel(0usize);
+        let (blackholed, _) = watch::channel(Vec::new());
         let held = Arc::new(HeldCount {
             bytes: AtomicUsize::new(0),
             requests: AtomicUsize::new(0),
@@ -128,6 +135,7 @@ impl FaultProxy {
             deliveries: deliveries.subscribe(),
             severs: control.severs.subscribe(),
             delay: delay.subscribe(),
+            blackholed: blackholed.subscribe(),
             held: held.clone(),
         };
         let count = accepted.clone();
@@ -155,7 +163,8 @@ impl FaultProxy {
                     accepted = open.accept() => {
                         let Ok((client, _)) = accepted else { continue };
                         count.send_modify(|n| *n += 1);
-                        connections.spawn(serve(client, upstream, controls.clone()));
+                        let number = *count.borrow();
+                        connections.spawn(serve(client, upstream, number, controls.clone()));
                         // Reap finished connections as we go.
                         while connections.try_join_next().is_some() {}
                     }
@@ -173,6 +182,7 @@ impl FaultProxy {
             deliveries,
             delay,
             accepted,
+            blackholed,
             held,
             accepting,
         })
@@ -242,6 +252,25 @@ impl FaultProxy {
     /// opening a connection is often the event a test waits for).
     pub async fn accepted(&self, count: usize) {
         let _ = self.accepted.subscribe().wait_for(|n| *n >= count).await;
+    }
+
+    /// How many connections have been accepted since the start: the number the next one
+    /// gets, less one ([`blackhole`](Self::blackhole) names connections by it).
+    #[must_use]
+    pub fn connections_accepted(&self) -> usize {
+        *self.accepted.borrow()
+    }
+
+    /// Connection number `connection` (counted from 1 in the order accepted, as
+    /// [`accepted`](Self::accepted) counts) dies without closing, for good: it stays
+    /// open on both sides, and nothing goes through it in either direction any more
+    /// (what either side sends is read and dropped; no reset, no FIN, whatever the other
+    /// side does). Every other connection, and every new one, works as before: the
+    /// connection's peer crashed behind an address that still answers (a VIP moved to
+    /// another host, a failover behind a proxy), or a load balancer forgot the flow
+    /// (an idle timeout). Only a request answered by nobody can tell.
+    pub fn blackhole(&self, connection: usize) {
+        self.blackholed.send_modify(|all| all.push(connection));
     }
 
     /// Connections opened from now on hang (accepted, nothing forwarded: a half-open
@@ -396,8 +425,8 @@ impl State {
     }
 }
 
-/// One client connection, from accept to close.
-async fn serve(client: TcpStream, upstream: SocketAddr, mut controls: Controls) {
+/// One client connection (the `number`th accepted), from accept to close.
+async fn serve(client: TcpStream, upstream: SocketAddr, number: usize, mut controls: Controls) {
     let now = *controls.state.borrow_and_update();
     match now {
         // Cut off: the connection is accepted, nothing goes through, and it is closed
@@ -417,7 +446,9 @@ async fn serve(client: TcpStream, upstream: SocketAddr, mut controls: Controls) 
         _ => {}
     }
     if let Ok(server) = TcpStream::connect(upstream).await {
-        Connection::new(client, server, controls).run().await;
+        Connection::new(client, server, number, controls)
+            .run()
+            .await;
     }
 }
 
@@ -436,6 +467,8 @@ impl Delayed {
 struct Connection {
     client: Option<TcpStream>,
     server: TcpStream,
+    /// Which connection it is, counted from 1 in the order accepted.
+    number: usize,
     controls: Controls,
     /// Requests kept by `HoldRequests`, for a late delivery.
     held: Vec<u8>,
@@ -446,13 +479,14 @@ struct Connection {
 }
 
 impl Connection {
-    fn new(client: TcpStream, server: TcpStream, mut controls: Controls) -> Self {
+    fn new(client: TcpStream, server: TcpStream, number: usize, mut controls: Controls) -> Self {
         // Only deliveries and severs asked for from now on concern this connection.
         controls.deliveries.borrow_and_update();
         controls.severs.borrow_and_update();
         Self {
             client: Some(client),
             server,
+            number,
             controls,
             held: Vec::new(),
             frames: FrameScanner::default(),
@@ -465,6 +499,14 @@ impl Connection {
         let mut up = vec![0u8; 16 * 1024];
         let mut down = vec![0u8; 16 * 1024];
         loop {
+            if self
+                .controls
+                .blackholed
+                .borrow_and_update()
+                .contains(&self.number)
+            {
+                return self.silence().await;
+            }
             let state = *self.controls.state.borrow_and_update();
             match state {
                 State::Cut => {
@@ -486,6 +528,11 @@ impl Connection {
             let client_open = self.client.is_some();
             tokio::select! {
                 changed = self.controls.state.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+                changed = self.controls.blackholed.changed() => {
                     if changed.is_err() {
                         return;
                     }
@@ -572,6 +619,32 @@ impl Connection {
                                 return;
                             }
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A [blackholed](FaultProxy::blackhole) connection: both sides stay open, what
+    /// either sends is read and dropped (nothing waits in a buffer, nothing is refused),
+    /// until the client closes (or the proxy is dropped). A server that closes its side
+    /// is not told to the client.
+    async fn silence(mut self) {
+        let Some(mut client) = self.client.take() else {
+            return;
+        };
+        let mut server = Some(self.server);
+        let (mut up, mut down) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
+        loop {
+            tokio::select! {
+                read = client.read(&mut up) => {
+                    if matches!(read, Ok(0) | Err(_)) {
+                        return;
+                    }
+                }
+                read = read_opt(server.as_mut(), &mut down) => {
+                    if matches!(read, Ok(0) | Err(_)) {
+                        server = None;
                     }
                 }
             }
