@@ -133,10 +133,14 @@ impl RedisConfig {
     /// `PING` while any waiter of this client waits (default 1 s); none is sent while
     /// nobody waits. A connection that died without closing (its host crashed behind the
     /// same address, a failover behind a VIP, a load balancer that dropped the flow) is
-    /// found by a `PING` unanswered within the request timeout, and replaced at once, so
-    /// it costs at most about this plus the request timeout of handoffs by sleep (each up
-    /// to [`max_wait_sleep`](Self::with_max_wait_sleep)), not every handoff for as long as
-    /// the name has a waiter. At least 10 ms.
+    /// found by a `PING` unanswered within the request timeout and replaced: at once if it
+    /// had stayed up 5 s, else after a backoff of up to about 1.2 s (1 s, jittered up by at
+    /// most a fifth). So it costs handoffs by sleep (each up to
+    /// [`max_wait_sleep`](Self::with_max_wait_sleep)) for about this interval plus the
+    /// request timeout, that backoff and the reopening (connect and subscribe, each bounded
+    /// by its timeout), not every handoff for as long as the name has a waiter. A server
+    /// that stalls longer than the request timeout (a fork, a slow script) has its pub/sub
+    /// connections replaced too. At least 10 ms.
     pub fn with_pubsub_ping_interval(mut self, interval: Duration) -> Self {
         self.pubsub_ping_interval = interval;
         self

@@ -351,7 +351,9 @@ impl Subscriber {
 
     /// Asks the connection's reader to ping it now (a waiter's attempt failed as
     /// unavailable: the pub/sub connection may have died with it, maybe without closing).
-    /// Nothing if a ping is on its way; one ping, however many ask meanwhile.
+    /// One ping however many ask at once; an ask while a ping is on its way leaves a
+    /// permit, and the reader pings once more right after that answer (harmless: one
+    /// extra `PING`).
     pub(crate) fn check(&self) {
         self.check.notify_one();
     }
@@ -528,7 +530,9 @@ struct Pings {
 
 impl Pings {
     /// One ping: whether the connection answered (an error reply is an answer: an ACL
-    /// without `PING` must not make the connection seem lost, again and again).
+    /// without `PING` must not make the connection seem lost, again and again). redis-rs
+    /// 1.x hands an error reply back as `Ok(Value::ServerError)`, which the first arm
+    /// takes; the `Server` arm keeps the rule for a client that reports it as an error.
     fn ping(&self) -> Ping {
         let (mut sink, timeout) = (self.sink.clone(), self.timeout);
         Box::pin(async move {
@@ -626,7 +630,9 @@ async fn read(
 ///
 /// A channel the server refuses (an error reply: an ACL without it) is left unsubscribed,
 /// its waiters relying on their sleep, and the others stay: the connection works. Any
-/// other failure is the connection's.
+/// other failure is the connection's. (redis-rs 1.x's `PubSubSink::subscribe` drops the
+/// reply, so a refusal reads as `Ok` and is not warned about: the channel counts as
+/// subscribed and its waiters rely on their sleep all the same.)
 async fn subscribe_all(sink: &PubSubSink, channels: &[String]) -> redis::RedisResult<()> {
     let requests = channels.iter().map(|channel| {
         let mut sink = sink.clone();
