@@ -2,6 +2,7 @@
 
 mod check_log;
 mod etcdctl_interop;
+mod fleet;
 mod locks;
 mod operate;
 mod run;
