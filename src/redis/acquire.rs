@@ -512,6 +512,9 @@ impl<T: Target> Acquisition<T> {
             let reply = tokio::time::timeout(limit, attempt)
                 .await
                 .unwrap_or_else(|_| {
+                    // This timer may fire before the connection's own: the connection
+                    // is checked here (`command_conn.rs`).
+                    node.unanswered();
                     Err(LockError::Timeout {
                         backend: node.backend,
                         operation: "acquire",

@@ -109,7 +109,10 @@ impl RedisConfig {
         self
     }
 
-    /// How long one command may take (default 2 s).
+    /// How long one command may take (default 2 s). It also finds a connection that died
+    /// without closing: a command unanswered within it, then a `PING` unanswered within
+    /// it too, and the connection is replaced by a new one (about twice this of failed
+    /// commands; docs/redis.md, "When the loss is noticed").
     pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;
         self

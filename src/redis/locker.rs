@@ -72,7 +72,9 @@ impl RedisLocker {
         })
     }
 
-    /// A connection to the server, for commands beside the locks.
+    /// The connection to the server the locks use now, for commands beside the locks.
+    /// One that stops answering is replaced for the locks (docs/redis.md, "When the
+    /// loss is noticed"), not in clones already taken: take one per use.
     #[must_use]
     pub fn connection(&self) -> ConnectionManager {
         self.core.nodes[0].connection()
@@ -217,7 +219,9 @@ impl RedlockLocker {
         self.core.quorum
     }
 
-    /// A connection to each master, for commands beside the locks.
+    /// The connection to each master the locks use now, for commands beside the locks
+    /// (replaced for the locks when it stops answering, not in clones already taken:
+    /// take them per use).
     #[must_use]
     pub fn connections(&self) -> Vec<ConnectionManager> {
         self.core

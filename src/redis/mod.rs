@@ -13,6 +13,7 @@
 //! The tests in `tests/redis/` reproduce the first failure on real servers.
 
 mod acquire;
+mod command_conn;
 mod config;
 mod core;
 mod guard;

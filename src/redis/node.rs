@@ -1,12 +1,14 @@
 //! One Redis server: its connection, the lock scripts, and error mapping.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use super::RedisConfig;
+use super::command_conn::CommandConn;
 use super::keys::LockKeys;
 use super::scripts;
 use crate::{Backend, FencingToken, LockError};
@@ -57,7 +59,8 @@ pub(crate) struct Waiter<'a> {
 #[derive(Clone)]
 pub(crate) struct Node {
     pub(crate) address: String,
-    conn: ConnectionManager,
+    /// Replaced when it stops answering (`command_conn.rs`).
+    conn: Arc<CommandConn>,
     timeout: Duration,
     pub(crate) backend: Backend,
 }
@@ -86,7 +89,8 @@ impl Node {
             .set_response_timeout(Some(config.request_timeout))
             .set_number_of_retries(1);
         let connecting = async {
-            let mut conn = ConnectionManager::new_with_config(client, manager_config).await?;
+            let mut conn =
+                ConnectionManager::new_with_config(client.clone(), manager_config.clone()).await?;
             for script in scripts::all() {
                 script.prepare_invoke().load_async(&mut conn).await?;
             }
@@ -115,6 +119,13 @@ impl Node {
             async move { crate::tls::explain(endpoint, tls, b"", backend, limit).await }
         })
         .await?;
+        let conn = CommandConn::new(
+            client,
+            manager_config,
+            config.request_timeout,
+            address.clone(),
+            conn,
+        );
         let node = Self {
             address,
             conn,
@@ -168,7 +179,7 @@ impl Node {
     /// The server's `maxmemory-policy`: `CONFIG GET`, or `INFO memory` where `CONFIG` is
     /// not allowed (managed services, ACL users).
     async fn eviction_policy(&self) -> Result<String, LockError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.connection();
         let operation = "read maxmemory-policy";
         let config: Result<Vec<String>, LockError> = self
             .call(
@@ -211,7 +222,7 @@ impl Node {
         floor: FencingToken,
         lock: &str,
     ) -> Result<Option<FencingToken>, LockError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.connection();
         let mut invocation = scripts::ADVANCE.prepare_invoke();
         invocation.key(counter).key(key).arg(floor.get()).arg(owner);
         let token: i64 = self
@@ -229,12 +240,25 @@ impl Node {
             .map_err(|_| malformed(self.backend, "advance token", lock))
     }
 
-    /// A clone of the connection, for the caller's own commands.
+    /// The connection to send on now (a reference count: cheap enough for every
+    /// request), for this node's requests and the caller's own commands. A clone keeps
+    /// its connection: one replaced later (it stopped answering, `command_conn.rs`)
+    /// stays silent for it.
     pub(crate) fn connection(&self) -> ConnectionManager {
-        self.conn.clone()
+        self.conn.current()
+    }
+
+    /// A request on this node went unanswered within its caller's own bound, shorter
+    /// than the connection's response timeout or as long (a renewal attempt, a Redlock
+    /// master's attempt), which [`call`](Self::call) then does not see: the connection
+    /// may have died without closing, and is checked (`command_conn.rs`).
+    pub(crate) fn unanswered(&self) {
+        self.conn.unanswered();
     }
 
     /// One request; the connection's own response timeout bounds it (no second timer).
+    /// A request it times out gets the connection checked, and replaced if it stopped
+    /// answering (`command_conn.rs`).
     pub(crate) async fn call<T>(
         &self,
         operation: &'static str,
@@ -243,6 +267,7 @@ impl Node {
     ) -> Result<T, LockError> {
         request.await.map_err(|err| {
             if err.is_timeout() {
+                self.conn.unanswered();
                 LockError::Timeout {
                     backend: self.backend,
                     operation,
@@ -270,7 +295,7 @@ impl Node {
         if let [slot] = keys.slots() {
             return self.acquire_one(slot, keys, value, ttl, lock, waiter).await;
         }
-        let mut conn = self.conn.clone();
+        let mut conn = self.connection();
         let mut invocation = scripts::ACQUIRE.prepare_invoke();
         for slot in keys.slots() {
             invocation.key(&**slot);
@@ -323,7 +348,7 @@ impl Node {
         waiter: Option<Waiter<'_>>,
     ) -> Result<Attempt, LockError> {
         let counter = keys.counter();
-        let mut conn = self.conn.clone();
+        let mut conn = self.connection();
         let mut pipe = redis::pipe();
         pipe.cmd("SET")
             .arg(slot)
@@ -394,7 +419,7 @@ impl Node {
         lock: &str,
         waiter: Option<&str>,
     ) -> Result<bool, LockError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.connection();
         let mut invocation = scripts::RELEASE.prepare_invoke();
         invocation
             .key(&*keys.lock)
@@ -416,7 +441,7 @@ impl Node {
         waiter: &str,
         lock: &str,
     ) -> Result<(), LockError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.connection();
         self.call(
             "unregister waiter",
             Some(lock),
@@ -445,7 +470,7 @@ impl Node {
             }
             pipe.invoke_script(&invocation);
         }
-        let mut conn = self.conn.clone();
+        let mut conn = self.connection();
         let first = self
             .call("renew", None, pipe.query_async::<Vec<Vec<i64>>>(&mut conn))
             .await;

@@ -405,12 +405,17 @@ async fn renew_all(shared: &Shared, wait: Duration, urgent_only: bool) -> bool {
             async move {
                 tokio::time::timeout(wait, renewal)
                     .await
-                    .unwrap_or(Err(LockError::Timeout {
-                        backend: shared.backend,
-                        operation: "renew",
-                        lock: None,
-                        after: wait,
-                    }))
+                    .unwrap_or_else(|_| {
+                        // Given up before the connection's own timeout could tell: the
+                        // connection is checked here (`command_conn.rs`).
+                        node.unanswered();
+                        Err(LockError::Timeout {
+                            backend: shared.backend,
+                            operation: "renew",
+                            lock: None,
+                            after: wait,
+                        })
+                    })
             }
             .instrument(tracing::debug_span!("renew", node = %node.address, locks = items.len()))
         })

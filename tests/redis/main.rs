@@ -5,6 +5,7 @@ mod support;
 
 mod bounded_wait;
 mod cancel_safety;
+mod command_conn_silent_loss;
 mod conformance;
 mod failover;
 mod holder_record;

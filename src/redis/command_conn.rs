@@ -1,0 +1,150 @@
+//! The connection a Redis server's commands go over, replaced once it stops answering.
+//!
+//! redis-rs's `ConnectionManager` opens a new connection when its connection ends (a
+//! reset, an end of stream, a broken pipe), never when a request times out. A connection
+//! that dies without closing (its host crashed behind the same address or VIP, a
+//! partition, a load balancer that forgot the flow: no FIN ever comes, and no TCP
+//! keepalive is set) would stay in place, every request on it (attempts, renewals,
+//! releases) timing out until the kernel gives it up (its retransmission timeout, about
+//! 15 minutes on Linux).
+//!
+//! So a request that goes unanswered (its response timeout, or a caller's shorter bound:
+//! a renewal attempt, a Redlock master's) makes the connection suspect: a `PING` is sent
+//! on it in the background, and if that goes unanswered within the request timeout too,
+//! the connection is replaced by a new one, opened on its first request
+//! (`tests/redis/command_conn_silent_loss.rs`). Two requests unanswered in a row, the
+//! second sent after the first timed out, and not one: a server that stalls (a fork on a
+//! large dataset, a slow script, `CLIENT PAUSE`) for less than about twice the request
+//! timeout keeps every client's connection, where replacing at the first timeout would
+//! have every client reconnect at once when the stall ends (what the pub/sub connection
+//! does, `subscriber.rs`). A ping rather than the next request: a client that only
+//! renews gives each renewal up before the connection's own timeout, and one that made
+//! a request and went idle would otherwise find the connection dead again on its next.
+//! However many requests time out at once, one ping is in flight at a time, and it
+//! replaces only the connection it found silent.
+//!
+//! Replacing changes no guarantee. A request sent on the old connection may still reach
+//! the server later (a partition that heals before the kernel gives up), as one sent
+//! before any timeout always could: callers take a timed-out request as "may have been
+//! applied" (an acquisition undoes it with a compare-and-delete of its owner value, a
+//! renewal only extends a lock that is still ours, a release deletes only its own key).
+//! What replacing adds is an order: a request sent on the new connection may now run
+//! before one still on its way on the old, as after any reconnection (docs/redis.md).
+//!
+//! The scripts need no loading on the new connection: the server's script cache is not
+//! per connection. A server that lost them (a restart, a failover) answers `NOSCRIPT`,
+//! on which redis-rs 1.2.2's `ScriptInvocation::invoke_async` loads the script and calls
+//! it again (`script.rs`), and `Node::renew` (a pipeline, which does not) does the same.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, ErrorKind};
+
+/// A server's command connection, as it is now.
+pub(crate) struct CommandConn {
+    /// Where a new connection comes from, with the settings of the first one.
+    client: Client,
+    config: ConnectionManagerConfig,
+    /// How long the ping may go unanswered: the request timeout.
+    timeout: Duration,
+    /// The server, for the logs.
+    address: String,
+    /// Read on every request (a clone of the manager: a reference count), written only
+    /// to replace it.
+    current: RwLock<ConnectionManager>,
+    /// A ping is in flight: the requests that time out meanwhile send none.
+    probing: AtomicBool,
+}
+
+impl CommandConn {
+    /// Holds `conn`, made by `client` with `config`, whose response timeout is `timeout`.
+    pub(crate) fn new(
+        client: Client,
+        config: ConnectionManagerConfig,
+        timeout: Duration,
+        address: String,
+        conn: ConnectionManager,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            client,
+            config,
+            timeout,
+            address,
+            current: RwLock::new(conn),
+            probing: AtomicBool::new(false),
+        })
+    }
+
+    /// The connection to send on now. A clone taken earlier stays on its connection,
+    /// replaced or not.
+    pub(crate) fn current(&self) -> ConnectionManager {
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// A request went unanswered: pings the connection in the background, unless a
+    /// ping is already in flight, and replaces it if that goes unanswered too.
+    pub(crate) fn unanswered(self: &Arc<Self>) {
+        if self.probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tokio::spawn(self.clone().probe());
+    }
+
+    /// Pings the current connection; replaces it if no answer comes within the timeout.
+    async fn probe(self: Arc<Self>) {
+        let mut conn = self.current();
+        let cmd = redis::cmd("PING");
+        let ping = cmd.query_async::<redis::Value>(&mut conn);
+        let silent = match tokio::time::timeout(self.timeout, ping).await {
+            Ok(Ok(_)) => false,
+            // An error reply is an answer (an ACL without `PING`), as for the pub/sub
+            // connection's pings.
+            Ok(Err(err)) if matches!(err.kind(), ErrorKind::Server(_)) => false,
+            Ok(Err(err)) if err.is_timeout() => true,
+            // Closed, or not opened: the manager notices that itself and reconnects.
+            Ok(Err(err)) => {
+                tracing::debug!(server = %self.address, %err, "the command connection's ping failed");
+                false
+            }
+            // Bounded also while the manager (re)connects: a connection that cannot even
+            // be opened within the request timeout is no better.
+            Err(_) => true,
+        };
+        if silent {
+            self.replace();
+        }
+        self.probing.store(false, Ordering::Release);
+    }
+
+    /// Puts a new connection (opened on its first request) in the current one's place.
+    fn replace(&self) {
+        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
+            Ok(conn) => {
+                let old = std::mem::replace(
+                    &mut *self.current.write().unwrap_or_else(PoisonError::into_inner),
+                    conn,
+                );
+                // Its requests in flight keep it (and their timeouts) until they end.
+                drop(old);
+                tracing::warn!(
+                    server = %self.address,
+                    timeout = ?self.timeout,
+                    "the command connection stopped answering (a request, then a ping, \
+                     unanswered within the request timeout); replaced by a new one"
+                );
+            }
+            // Only a configuration the first connection was made with could be refused.
+            Err(err) => tracing::warn!(
+                server = %self.address,
+                %err,
+                "the command connection stopped answering; no new one could be made"
+            ),
+        }
+    }
+}
