@@ -49,12 +49,13 @@ fn per_master_timeout(request_timeout: Duration, ttl: Duration) -> Duration {
 /// one of our attempts set it. If this future is dropped (while an attempt is in flight,
 /// or between attempts), a compare-and-delete with that owner value of every key the
 /// target may have taken is sent in the background, on every server: on each connection
-/// it queues behind the attempt, so it removes a key if the attempt set it and does
+/// it queues behind the attempt (unless the connection was replaced in between as
+/// silent, `command_conn.rs`), so it removes a key if the attempt set it and does
 /// nothing otherwise. The value changes only once what the old one may have set is seen
 /// to (undone; or left to the task that reads a Redlock attempt's late masters and undoes
 /// what they granted; or, on a master that answered neither the attempt nor its undo, to
 /// the TTL). An attempt's bytes that reach a single Redis only after their undo was
-/// confirmed (the connection reset, the undo sent on the new one) set a key with the old
+/// confirmed (the connection reset or replaced, the undo sent on the new one) set a key with the old
 /// value, which nobody holds any more: it stays until its TTL (docs/redis.md, "a key
 /// nobody owns"). No code can prevent that. No task is spawned on the way in.
 pub(crate) async fn acquire<T: Target>(
@@ -512,8 +513,9 @@ impl<T: Target> Acquisition<T> {
             let reply = tokio::time::timeout(limit, attempt)
                 .await
                 .unwrap_or_else(|_| {
-                    // This timer may fire before the connection's own: the connection
-                    // is checked here (`command_conn.rs`).
+                    // Whatever bounds the attempt first (this timer or the
+                    // connection's own, both the request timeout), the connection is
+                    // checked (`command_conn.rs`).
                     node.unanswered();
                     Err(LockError::Timeout {
                         backend: node.backend,

@@ -23,6 +23,13 @@
 //! However many requests time out at once, one ping is in flight at a time, and it
 //! replaces only the connection it found silent.
 //!
+//! No backoff between replacements: a server that answers nothing within the request
+//! timeout for longer (stalled, overloaded) has each client open a new connection about
+//! once per request timeout, one at a time per client and server, each logged, until it
+//! answers again (a review's finding, left as it is). A new connection is not checked
+//! for an evicting `maxmemory-policy` as the first was (neither is one redis-rs reopens
+//! after a reset).
+//!
 //! Replacing changes no guarantee. A request sent on the old connection may still reach
 //! the server later (a partition that heals before the kernel gives up), as one sent
 //! before any timeout always could: callers take a timed-out request as "may have been
@@ -30,6 +37,12 @@
 //! renewal only extends a lock that is still ours, a release deletes only its own key).
 //! What replacing adds is an order: a request sent on the new connection may now run
 //! before one still on its way on the old, as after any reconnection (docs/redis.md).
+//! An acquisition's undo goes on the current connection: after a replacement it no
+//! longer queues behind its attempt, and an attempt whose bytes the kernel still
+//! delivers after a partition heals (it retransmits them for minutes) sets a key with
+//! an owner value nobody holds, after its undo: the lock is refused to everyone until
+//! that key's TTL ends. A liveness cost, more likely than after a reset; never a second
+//! holder.
 //!
 //! The scripts need no loading on the new connection: the server's script cache is not
 //! per connection. A server that lost them (a restart, a failover) answers `NOSCRIPT`,
@@ -98,6 +111,9 @@ impl CommandConn {
 
     /// Pings the current connection; replaces it if no answer comes within the timeout.
     async fn probe(self: Arc<Self>) {
+        // Cleared however the probe ends (a panic, the task dropped at a runtime's
+        // shutdown): a flag left set would keep every later probe from running.
+        let _probing = Probing(&self.probing);
         let mut conn = self.current();
         let cmd = redis::cmd("PING");
         let ping = cmd.query_async::<redis::Value>(&mut conn);
@@ -119,7 +135,6 @@ impl CommandConn {
         if silent {
             self.replace();
         }
-        self.probing.store(false, Ordering::Release);
     }
 
     /// Puts a new connection (opened on its first request) in the current one's place.
@@ -146,5 +161,14 @@ impl CommandConn {
                 "the command connection stopped answering; no new one could be made"
             ),
         }
+    }
+}
+
+/// The probe in flight: clears the flag when dropped.
+struct Probing<'a>(&'a AtomicBool);
+
+impl Drop for Probing<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
