@@ -8,14 +8,16 @@
 //! releases) timing out until the kernel gives it up (its retransmission timeout, about
 //! 15 minutes on Linux).
 //!
-//! So a request that goes unanswered (its response timeout, or a caller's shorter bound:
-//! a renewal attempt, a Redlock master's) makes the connection suspect: a `PING` is sent
+//! So a request that goes unanswered (its response timeout, or a renewal attempt's
+//! shorter bound) makes the connection suspect: a `PING` is sent
 //! on it in the background, and if that goes unanswered within the request timeout too,
 //! the connection is replaced by a new one, opened on its first request
 //! (`tests/redis/command_conn_silent_loss.rs`). Two requests unanswered in a row, the
 //! second sent after the first timed out, and not one: a server that stalls (a fork on a
-//! large dataset, a slow script, `CLIENT PAUSE`) for less than about twice the request
-//! timeout keeps every client's connection, where replacing at the first timeout would
+//! large dataset, a slow script, `CLIENT PAUSE`) for less than the first request's wait
+//! plus the request timeout (twice the request timeout; about 2.25-3 s at the default
+//! 2 s when a renewal, whose wait is at most 1 s, times out first) keeps every client's
+//! connection, where replacing at the first timeout would
 //! have every client reconnect at once when the stall ends (what the pub/sub connection
 //! does, `subscriber.rs`). A ping rather than the next request: a client that only
 //! renews gives each renewal up before the connection's own timeout, and one that made
