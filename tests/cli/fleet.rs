@@ -11,7 +11,6 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use fencelock::testkit::{EtcdCluster, RedisServer, ZooKeeperCluster};
@@ -159,18 +158,7 @@ async fn on_redis_a_fleet_taking_several_locks_never_deadlocks_nor_overlaps() {
 async fn on_zookeeper_a_fleet_taking_several_locks_never_deadlocks_nor_overlaps() {
     let hosts = ZooKeeperCluster::shared().connect_string();
     let runs = fleet("zookeeper", move || {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_fencelock"));
-        command.args([
-            "run",
-            "--backend",
-            "zookeeper",
-            "--zookeeper",
-            &hosts,
-            "--namespace",
-            "cli-fleet",
-        ]);
-        command.stderr(Stdio::null()).kill_on_drop(true);
-        command
+        crate::run_zookeeper::fencelock_on("run", &hosts, "cli-fleet")
     })
     .await;
     assert!(runs >= 8, "zookeeper: {runs} runs");

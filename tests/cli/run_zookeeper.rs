@@ -22,7 +22,7 @@ fn zookeeper() -> &'static ZooKeeperCluster {
 }
 
 /// `fencelock <subcommand> --backend zookeeper --zookeeper <hosts> --namespace <ns>`.
-fn fencelock_on(subcommand: &str, hosts: &str, ns: &str) -> Command {
+pub fn fencelock_on(subcommand: &str, hosts: &str, ns: &str) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_fencelock"));
     command.args([
         subcommand,

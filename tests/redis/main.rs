@@ -2,6 +2,7 @@
 //! behaviour per module. Each test starts its own servers (a few milliseconds each).
 
 mod support;
+mod turns;
 
 mod bounded_wait;
 mod cancel_safety;

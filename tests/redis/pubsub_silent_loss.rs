@@ -12,60 +12,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencelock::redis::{RedisConfig, RedisLocker};
-use fencelock::{LockBackend, LockGuard, LockOptions};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
-use crate::support::{prefix, proxy_to, redis, within};
+use crate::support::{prefix, proxy_to, redis};
+use crate::turns::{TASKS, take_turns, until_every_task_is_granted};
 
 /// How long a waiter sleeps without a message: far longer than any bound below.
 const SLEEP: Duration = Duration::from_secs(10);
-/// Three tasks of one client take turns on one name.
-const TASKS: usize = 3;
-
-/// Each task locks `job`, holds it 50 ms, releases it and pauses 50 ms (so that a woken
-/// waiter can take it), again and again; `grants` counts each task's grants.
-fn take_turns(locks: &RedisLocker, grants: &Arc<watch::Sender<[u64; TASKS]>>) -> JoinSet<()> {
-    let mut tasks = JoinSet::new();
-    for task in 0..TASKS {
-        let (locks, grants) = (locks.clone(), grants.clone());
-        tasks.spawn(async move {
-            let options = LockOptions::new().with_ttl(Duration::from_secs(30));
-            loop {
-                let Ok(guard) = locks.lock("job", &options).await else {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                };
-                grants.send_modify(|grants| grants[task] += 1);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                let _ = guard.release().await;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        });
-    }
-    tasks
-}
-
-/// Waits until every task has been granted `more` times after `since`.
-async fn until_every_task_is_granted(
-    grants: &watch::Sender<[u64; TASKS]>,
-    since: [u64; TASKS],
-    more: u64,
-    limit: Duration,
-    what: &str,
-) {
-    let mut seen = grants.subscribe();
-    within(limit, what, async {
-        seen.wait_for(|now| {
-            now.iter()
-                .zip(&since)
-                .all(|(now, then)| *now >= then + more)
-        })
-        .await
-        .expect("the counts live");
-    })
-    .await;
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pubsub_connection_that_goes_silent_is_replaced_for_the_waiters_waiting() {
