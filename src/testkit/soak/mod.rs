@@ -369,7 +369,7 @@ pub async fn soak(config: SoakConfig) -> Result<SoakReport, TestkitError> {
         &history,
         &events,
         &left,
-        ended,
+        started..ended,
         &namespace,
         &checker::Operator {
             revisions: faults.operator_revisions(),

@@ -257,14 +257,35 @@ async fn one(
     // The acquisition's id rides in its key (the holder record's label, an election's
     // value): the checker tells whose key each key in the history is, granted or not.
     let id = journal.id();
+    // (Drawn only outside a crowd, as before: the schedule of a seed stays the same.)
+    let renewal = crowd_ttl.is_some() || !rng.chance(5);
     let options = LockOptions::new()
         .with_ttl(ttl)
         .with_wait_timeout(wait)
         // (A lock without renewal has a session of its own.)
-        .with_renewal(crowd_ttl.is_some() || !rng.chance(5))
+        .with_renewal(renewal)
         .with_holder_label(label(id));
     let try_only = !queue && rng.chance(20);
     Tally::add(&tally.attempts);
+    journal.push(Event::Started {
+        id,
+        client,
+        at: Instant::now(),
+        what: format!(
+            "{primitive:?} of {} ({}, ttl {ttl:?}{})",
+            names.join(","),
+            if try_only {
+                "try".to_owned()
+            } else {
+                format!("wait {wait:?}")
+            },
+            match (crowd_ttl.is_some(), renewal) {
+                (true, _) => ", in a crowd",
+                (false, true) => "",
+                (false, false) => ", no renewal",
+            },
+        ),
+    });
     if let Primitive::Multi = primitive {
         Tally::add(&tally.multi_attempts);
         journal.push(Event::Multi {

@@ -38,7 +38,7 @@ pub(super) fn before_release(ctx: &Ctx<'_>, verdict: &mut Verdict) {
                     grant.key,
                     grant.token,
                     started.duration_since(seen),
-                    ctx.dump(&life.prefix, revision)
+                    ctx.report(life, revision)
                 ),
             );
                 continue;
@@ -56,7 +56,7 @@ pub(super) fn before_release(ctx: &Ctx<'_>, verdict: &mut Verdict) {
                     grant.key,
                     grant.token,
                     started.duration_since(seen),
-                    ctx.dump(&life.prefix, revision)
+                    ctx.report(life, revision)
                 ),
             );
             }
@@ -167,7 +167,7 @@ pub(super) fn foreign(ctx: &Ctx<'_>, verdict: &mut Verdict) {
                  {when}, {by}\n{}",
                     String::from_utf8_lossy(&life.key),
                     life.created,
-                    ctx.dump(&life.prefix, revision)
+                    ctx.report(life, revision)
                 ),
             );
         }

@@ -34,7 +34,7 @@ pub(super) fn token_and_exclusion(ctx: &Ctx<'_>, verdict: &mut Verdict) {
                 grant.key,
                 grant.token,
                 life.deleted.map(|(d, _)| d),
-                ctx.dump(&life.prefix, revision)
+                ctx.report(life, revision)
             ));
             continue;
         }
@@ -65,7 +65,7 @@ pub(super) fn token_and_exclusion(ctx: &Ctx<'_>, verdict: &mut Verdict) {
                     grant.client,
                     grant.key,
                     grant.token,
-                    ctx.dump(&life.prefix, revision)
+                    ctx.report(life, revision)
                 ),
             );
         }
@@ -96,7 +96,7 @@ pub(super) fn duplicate_tokens(ctx: &Ctx<'_>, verdict: &mut Verdict) {
                     grant.token,
                     first.client,
                     first.key,
-                    ctx.dump(&life.prefix, grant.token)
+                    ctx.report(life, grant.token)
                 ),
             );
         }
@@ -122,7 +122,7 @@ pub(super) fn ownership(ctx: &Ctx<'_>, verdict: &mut Verdict) {
                     grant.key,
                     grant.token,
                     grant.id,
-                    ctx.dump(&life.prefix, life.created)
+                    ctx.report(life, life.created)
                 ),
             );
         }

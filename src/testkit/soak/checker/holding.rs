@@ -78,7 +78,7 @@ pub(super) fn key_after_release(ctx: &Ctx<'_>, verdict: &mut Verdict) {
                         grant.key,
                         grant.token,
                         gone.duration_since(*returned),
-                        ctx.dump(&life.prefix, life.created)
+                        ctx.report(life, life.created)
                     ),
                 );
             }
@@ -114,7 +114,7 @@ pub(super) fn claims(ctx: &Ctx<'_>, verdict: &mut Verdict) {
                                 grant.key,
                                 grant.token,
                                 at.duration_since(seen),
-                                ctx.dump(&life.prefix, revision)
+                                ctx.report(life, revision)
                             ),
                         );
                     }

@@ -68,7 +68,7 @@ pub(super) fn key_left(ctx: &Ctx<'_>, verdict: &mut Verdict) {
                         String::from_utf8_lossy(&life.key),
                         life.created,
                         gone.duration_since(from),
-                        ctx.dump(&life.prefix, life.created)
+                        ctx.report(life, life.created)
                     ),
                 );
             }

@@ -123,6 +123,8 @@ struct Ctx<'a> {
     history: &'a [Observed],
     events: &'a [Event],
     namespace: &'a str,
+    /// When the run began: times in reports count from it, as the fault log's do.
+    started: Instant,
     ended: Instant,
     operator: &'a Operator,
     clients: &'a Recorded,
@@ -182,6 +184,74 @@ impl<'a> Ctx<'a> {
         history_around(self.history, prefix, around)
     }
 
+    /// The history of `life`'s lock around `around`, and its acquisition's story.
+    fn report(&self, life: &Life, around: i64) -> String {
+        format!("{}{}", self.dump(&life.prefix, around), self.story(life))
+    }
+
+    /// What the journal says of the acquisition whose key `life` is, for a violation's
+    /// report: when it began and what it asked for, and what it was told, each with its
+    /// time from the run's start (as the fault log's).
+    fn story(&self, life: &Life) -> String {
+        let Some(id) = model::acquisition_of(&life.value) else {
+            return "  its acquisition: none named in its value\n".to_owned();
+        };
+        let secs = |at: &Instant| at.saturating_duration_since(self.started).as_secs_f64();
+        let mut out = format!("  its acquisition {id}:\n");
+        for event in self.events {
+            let line = match event {
+                Event::Started {
+                    id: of,
+                    client,
+                    at,
+                    what,
+                } if *of == id => format!("{:>8.3}s client {client} began: {what}", secs(at)),
+                Event::Grant(grant) if grant.id == id => format!(
+                    "{:>8.3}s granted {} (token {}, admitted at {})",
+                    secs(&grant.at),
+                    grant.key,
+                    grant.token,
+                    grant.admitted
+                ),
+                Event::Missed { id: of, at } if *of == id => {
+                    format!("{:>8.3}s returned without the lock", secs(at))
+                }
+                Event::Failed {
+                    id: of, at, error, ..
+                } if *of == id => format!("{:>8.3}s failed: {error}", secs(at)),
+                Event::Lost {
+                    id: of, at, reason, ..
+                } if *of == id => format!("{:>8.3}s told it lost the lock: {reason:?}", secs(at)),
+                Event::Released {
+                    id: of,
+                    started,
+                    ended,
+                    outcome,
+                } if *of == id => format!(
+                    "{:>8.3}s released ({outcome:?}, returned at {:.3}s)",
+                    secs(started),
+                    secs(ended)
+                ),
+                _ => continue,
+            };
+            out.push_str("    ");
+            out.push_str(&line);
+            out.push('\n');
+        }
+        let seen = |at: &Instant| secs(at);
+        out.push_str(&format!(
+            "  its key: created at revision {} (seen {:.3}s), {}\n",
+            life.created,
+            seen(&life.created_seen),
+            life.deleted
+                .map_or("never deleted".to_owned(), |(revision, at)| format!(
+                    "deleted at revision {revision} (seen {:.3}s)",
+                    seen(&at)
+                ))
+        ));
+        out
+    }
+
     /// Whether `life`'s lease was used by no put at or after `revision` (a deletion then
     /// may have been its end).
     fn lease_ended(&self, life: &Life, revision: i64) -> bool {
@@ -199,14 +269,14 @@ impl<'a> Ctx<'a> {
 }
 
 /// Checks `events` against `history`; `left` are the keys found after the run settled,
-/// `ended` when the workload stopped, `operator` what the nemesis deleted, `clients` what
+/// `run` when the workload began and stopped, `operator` what the nemesis deleted, `clients` what
 /// the clients recorded themselves: every deletion their own answered requests made, and
 /// when their waits saw their keys gone.
 pub(crate) fn check(
     history: &[Observed],
     events: &[Event],
     left: &[String],
-    ended: Instant,
+    run: std::ops::Range<Instant>,
     namespace: &str,
     operator: &Operator,
     clients: &Recorded,
@@ -232,7 +302,8 @@ pub(crate) fn check(
         history,
         events,
         namespace,
-        ended,
+        started: run.start,
+        ended: run.end,
         operator,
         clients,
         lives: &lives,
@@ -279,7 +350,7 @@ pub(crate) fn check(
     deletions::seen_gone(&ctx, &mut verdict);
     keys::key_left(&ctx, &mut verdict);
     progress::progress(&ctx, &mut verdict);
-    keys::leftovers(left, ended, &mut verdict);
+    keys::leftovers(left, run.end, &mut verdict);
 
     let mut checked: Vec<(&'static str, usize)> =
         std::mem::take(&mut verdict.counts).into_iter().collect();

@@ -33,6 +33,14 @@ pub(crate) struct Put {
 /// What a client was told, and what it said.
 #[derive(Clone, Debug)]
 pub(crate) enum Event {
+    /// Acquisition `id` of client `client` began at `at`: `what` it asked for (the
+    /// primitive, its names, a try or a wait and its timeout), for violations' reports.
+    Started {
+        id: u64,
+        client: usize,
+        at: Instant,
+        what: String,
+    },
     /// A grant of one lock; a `lock_all` is told of every lock at once, a `Grant` each
     /// (one acquisition id).
     Grant(Grant),

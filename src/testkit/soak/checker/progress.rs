@@ -83,7 +83,7 @@ pub(super) fn progress(ctx: &Ctx<'_>, verdict: &mut Verdict) {
                     String::from_utf8_lossy(&life.key),
                     life.created,
                     until.duration_since(since),
-                    ctx.dump(&life.prefix, admitted)
+                    ctx.report(life, admitted)
                 ),
             );
         }

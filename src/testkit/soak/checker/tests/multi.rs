@@ -26,7 +26,7 @@ impl Story {
             &self.history,
             &self.events,
             &[],
-            self.at(ended_ms),
+            self.at(0)..self.at(ended_ms),
             NS,
             operator,
             &self.clients,
