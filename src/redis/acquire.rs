@@ -49,15 +49,16 @@ fn per_master_timeout(request_timeout: Duration, ttl: Duration) -> Duration {
 /// one of our attempts set it. If this future is dropped (while an attempt is in flight,
 /// or between attempts), a compare-and-delete with that owner value of every key the
 /// target may have taken is sent in the background, on every server: on each connection
-/// it queues behind the attempt (unless the connection was replaced in between as
-/// silent, `command_conn.rs`), so it removes a key if the attempt set it and does
-/// nothing otherwise. The value changes only once what the old one may have set is seen
+/// it queues behind the attempt (on a connection replaced in between as silent, a copy
+/// is sent on the replaced one too, `command_conn.rs`), so it removes a key if the
+/// attempt set it and does nothing otherwise. The value changes only once what the old one may have set is seen
 /// to (undone; or left to the task that reads a Redlock attempt's late masters and undoes
 /// what they granted; or, on a master that answered neither the attempt nor its undo, to
-/// the TTL). An attempt's bytes that reach a single Redis only after their undo was
-/// confirmed (the connection reset or replaced, the undo sent on the new one) set a key with the old
-/// value, which nobody holds any more: it stays until its TTL (docs/redis.md, "a key
-/// nobody owns"). No code can prevent that. No task is spawned on the way in.
+/// the TTL). An attempt's bytes that reach a single Redis only after every copy of
+/// their undo (a connection replaced longer ago than `command_conn.rs` keeps it, the
+/// undo sent on the new one alone) set a key with the old value, which nobody holds any
+/// more: it stays until its TTL (docs/redis.md, "a key nobody owns"). No task is spawned
+/// on the way in.
 pub(crate) async fn acquire<T: Target>(
     core: Arc<Core>,
     subscriber: Option<Arc<Subscriber>>,
@@ -587,7 +588,7 @@ impl<T: Target> Acquisition<T> {
                         continue;
                     }
                     let node = &core.nodes[master];
-                    if let Err(err) = target.undo_on(node, &owner, &name).await {
+                    if let Err(err) = target.undo_on_node(node, &owner, &name).await {
                         tracing::debug!(%err, node = %node.address, "undoing a late Redlock answer failed; TTLs will");
                     }
                 }
@@ -608,7 +609,7 @@ impl<T: Target> Acquisition<T> {
                 let answers = join_all(
                     written
                         .iter()
-                        .map(|&master| target.undo_on(&nodes[master], &owner, &name)),
+                        .map(|&master| target.undo_on_node(&nodes[master], &owner, &name)),
                 )
                 .await;
                 let mut all = true;

@@ -39,12 +39,16 @@
 //! renewal only extends a lock that is still ours, a release deletes only its own key).
 //! What replacing adds is an order: a request sent on the new connection may now run
 //! before one still on its way on the old, as after any reconnection (docs/redis.md).
-//! An acquisition's undo goes on the current connection: after a replacement it no
-//! longer queues behind its attempt, and an attempt whose bytes the kernel still
-//! delivers after a partition heals (it retransmits them for minutes) sets a key with
-//! an owner value nobody holds, after its undo: the lock is refused to everyone until
-//! that key's TTL ends. A liveness cost, more likely than after a reset; never a second
-//! holder.
+//! For an acquisition's undo that order matters: an attempt whose bytes the kernel still
+//! delivers after a partition heals (it retransmits them for minutes) would set a key
+//! with an owner value nobody holds after its undo had found nothing on the new
+//! connection, and the lock would be refused to everyone until that key's TTL. So a
+//! replaced connection is kept for [`RETIRED_FOR`] (its socket open: what was written
+//! to it is still on its way), and an undo is sent on it too, in the background
+//! ([`retired`](CommandConn::retired)), where it queues behind the attempt as it did
+//! before the replacement (`command_conn_undo.rs`). An attempt fails, and its undo is
+//! sent, within one request timeout of the attempt; the replacement came after the
+//! attempt was sent: an undo finds its attempt's connection among the retired ones.
 //!
 //! The scripts need no loading on the new connection: the server's script cache is not
 //! per connection. A server that lost them (a restart, a failover) answers `NOSCRIPT`,
@@ -52,8 +56,8 @@
 //! it again (`script.rs`), and `Node::renew` (a pipeline, which does not) does the same.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, ErrorKind};
@@ -72,7 +76,23 @@ pub(crate) struct CommandConn {
     current: RwLock<ConnectionManager>,
     /// A ping is in flight: the requests that time out meanwhile send none.
     probing: AtomicBool,
+    /// A view of one retired connection ([`pinned`](Self::pinned)): never probed or
+    /// replaced.
+    pinned: bool,
+    /// The connections replaced within [`RETIRED_FOR`] request timeouts, and when: an
+    /// undo goes on them too (module docs). At most [`RETIRED_MAX`].
+    retired: Mutex<Vec<(Instant, ConnectionManager)>>,
 }
+
+/// For how many request timeouts a replaced connection is kept for undos: an undo is
+/// sent within one request timeout of its attempt (the attempt's own timeout), and the
+/// replacement came after the attempt was sent; twice that for an undo that first
+/// waited on a retry's backoff.
+const RETIRED_FOR: u32 = 4;
+
+/// How many replaced connections are kept at most (a server that answers nothing has
+/// one replaced per request timeout, `RETIRED_FOR` of them within the window).
+const RETIRED_MAX: usize = RETIRED_FOR as usize;
 
 impl CommandConn {
     /// Holds `conn`, made by `client` with `config`, whose response timeout is `timeout`.
@@ -90,7 +110,37 @@ impl CommandConn {
             address,
             current: RwLock::new(conn),
             probing: AtomicBool::new(false),
+            pinned: false,
+            retired: Mutex::new(Vec::new()),
         })
+    }
+
+    /// `conn` (one of [`retired`](Self::retired)) with this one's settings, to send an
+    /// undo on: it is never probed nor replaced (it was given up already).
+    pub(crate) fn pinned(&self, conn: ConnectionManager) -> Arc<Self> {
+        Arc::new(Self {
+            client: self.client.clone(),
+            config: self.config.clone(),
+            timeout: self.timeout,
+            address: self.address.clone(),
+            current: RwLock::new(conn),
+            probing: AtomicBool::new(false),
+            pinned: true,
+            retired: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The connections replaced lately (within [`RETIRED_FOR`] request timeouts): an
+    /// undo is sent on each of them too, behind whatever attempt may still be on its way
+    /// there (module docs). Empty but after a replacement.
+    pub(crate) fn retired(&self) -> Vec<ConnectionManager> {
+        let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+        if retired.is_empty() {
+            return Vec::new();
+        }
+        let window = self.timeout * RETIRED_FOR;
+        retired.retain(|(at, _)| at.elapsed() < window);
+        retired.iter().map(|(_, conn)| conn.clone()).collect()
     }
 
     /// The connection to send on now. A clone taken earlier stays on its connection,
@@ -105,7 +155,7 @@ impl CommandConn {
     /// A request went unanswered: pings the connection in the background, unless a
     /// ping is already in flight, and replaces it if that goes unanswered too.
     pub(crate) fn unanswered(self: &Arc<Self>) {
-        if self.probing.swap(true, Ordering::AcqRel) {
+        if self.pinned || self.probing.swap(true, Ordering::AcqRel) {
             return;
         }
         tokio::spawn(self.clone().probe());
@@ -140,15 +190,24 @@ impl CommandConn {
     }
 
     /// Puts a new connection (opened on its first request) in the current one's place.
-    fn replace(&self) {
+    pub(crate) fn replace(&self) {
         match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
             Ok(conn) => {
                 let old = std::mem::replace(
                     &mut *self.current.write().unwrap_or_else(PoisonError::into_inner),
                     conn,
                 );
-                // Its requests in flight keep it (and their timeouts) until they end.
-                drop(old);
+                // Kept for the undos of attempts sent on it (module docs); its requests
+                // in flight keep it too, until they end.
+                {
+                    let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+                    let window = self.timeout * RETIRED_FOR;
+                    retired.retain(|(at, _)| at.elapsed() < window);
+                    if retired.len() >= RETIRED_MAX {
+                        retired.remove(0);
+                    }
+                    retired.push((Instant::now(), old));
+                }
                 tracing::warn!(
                     server = %self.address,
                     timeout = ?self.timeout,
@@ -172,5 +231,116 @@ struct Probing<'a>(&'a AtomicBool);
 impl Drop for Probing<'_> {
     fn drop(&mut self) {
         self.0.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(all(test, feature = "testkit"))]
+mod tests {
+    //! Against a real `redis-server`, through a fault proxy. The replacement is made by
+    //! hand (what a probe does once a ping goes unanswered), between an attempt sent on
+    //! the silent connection and the attempt's undo: the window in which the undo used
+    //! to go on the new connection alone.
+
+    use std::time::Duration;
+
+    use crate::redis::{RedisConfig, RedisLocker};
+    use crate::testkit::{FaultProxy, RedisServer};
+    use crate::{LockBackend, LockGuard, LockOptions};
+
+    async fn within<T>(limit: Duration, what: &str, future: impl Future<Output = T>) -> T {
+        tokio::time::timeout(limit, future)
+            .await
+            .unwrap_or_else(|_| panic!("{what}: not done within {limit:?}"))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_undo_follows_its_attempt_onto_the_replaced_connection() {
+        let server = RedisServer::start().await.expect("redis");
+        let upstream = format!("127.0.0.1:{}", server.port())
+            .parse()
+            .expect("address");
+        let proxy = FaultProxy::start(upstream).await.expect("proxy");
+        // Long: nothing times out during the test, so no probe replaces anything by
+        // itself.
+        let config = RedisConfig::new(format!("redis://{}/", proxy.address()))
+            .with_prefix("undo-follows")
+            .with_request_timeout(Duration::from_secs(10));
+        let locks = RedisLocker::connect(config).await.expect("connect");
+        assert_eq!(proxy.connections_accepted(), 1, "the command connection");
+        let keys = locks.core().keys("late");
+
+        // The connection goes silent, keeping what the client writes (a partition the
+        // kernel's retransmissions will outlast); an attempt is sent on it.
+        proxy.blackhole_keeping(1);
+        let attempt = {
+            let locks = locks.clone();
+            let options = LockOptions::new().with_ttl(Duration::from_secs(30));
+            tokio::spawn(async move { locks.try_lock("late", &options).await })
+        };
+        within(
+            Duration::from_secs(5),
+            "the attempt written to the silent connection",
+            proxy.requests_held(1),
+        )
+        .await;
+        // Found silent and replaced, then the caller gives up: the acquisition's drop
+        // undoes the attempt, on the new connection (which it opens) and on the old.
+        locks.core().nodes[0].replace_connection();
+        attempt.abort();
+        assert!(attempt.await.is_err_and(|err| err.is_cancelled()));
+        within(
+            Duration::from_secs(5),
+            "the undo on the new connection",
+            proxy.accepted(2),
+        )
+        .await;
+        within(
+            Duration::from_secs(5),
+            "a copy of the undo written behind the attempt on the replaced connection",
+            proxy.requests_held(2),
+        )
+        .await;
+
+        // The partition heals: the attempt lands late, and its undo after it.
+        proxy.deliver_held();
+        let mut direct = server.connection().await.expect("connect");
+        within(Duration::from_secs(5), "the late attempt applied", async {
+            loop {
+                let drawn: Option<u64> = redis::cmd("GET")
+                    .arg(keys.counter())
+                    .query_async(&mut direct)
+                    .await
+                    .expect("GET counter");
+                if drawn.is_some() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        within(
+            Duration::from_secs(2),
+            "the late attempt's key undone (it was left for its 30 s TTL)",
+            async {
+                loop {
+                    let exists: bool = redis::cmd("EXISTS")
+                        .arg(&*keys.lock)
+                        .query_async(&mut direct)
+                        .await
+                        .expect("EXISTS");
+                    if !exists {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+        )
+        .await;
+        let guard = locks
+            .try_lock("late", &LockOptions::new())
+            .await
+            .expect("no error")
+            .expect("the lock is free at once");
+        assert!(guard.release().await.is_ok());
     }
 }

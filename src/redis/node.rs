@@ -248,6 +248,29 @@ impl Node {
         self.conn.current()
     }
 
+    /// This node on each of its connections replaced lately (`command_conn.rs`), for an
+    /// undo to be sent on them too: behind an attempt that may still be on its way there.
+    /// Empty but after a replacement.
+    pub(crate) fn on_retired_connections(&self) -> Vec<Node> {
+        self.conn
+            .retired()
+            .into_iter()
+            .map(|conn| Self {
+                address: self.address.clone(),
+                conn: self.conn.pinned(conn),
+                timeout: self.timeout,
+                backend: self.backend,
+            })
+            .collect()
+    }
+
+    /// Replaces the connection now, as a probe that found it silent would (tests: the
+    /// probe's own timing is `tests/redis/command_conn_silent_loss.rs`'s).
+    #[cfg(all(test, feature = "testkit"))]
+    pub(crate) fn replace_connection(&self) {
+        self.conn.replace();
+    }
+
     /// A request on this node went unanswered within its caller's own bound, shorter
     /// than the connection's response timeout or as long (a renewal attempt, a Redlock
     /// master's attempt), which [`call`](Self::call) then does not see: the connection

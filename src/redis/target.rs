@@ -60,8 +60,31 @@ pub(crate) trait Target: Clone + Send + Sync + 'static {
         label: &'a str,
     ) -> impl Future<Output = Result<(), LockError>> + Send + 'a;
 
-    /// [`undo_on`](Self::undo_on) every server of `core` at once, each answer awaited
-    /// (each request within the request timeout); the first error, if any.
+    /// [`undo_on`](Self::undo_on) `node`, its answer awaited, and on each of its
+    /// connections replaced lately in the background (`command_conn.rs`): an attempt
+    /// sent on one of those may still reach the server after the undo on the new one,
+    /// and the copy there queues behind it.
+    fn undo_on_node<'a>(
+        &'a self,
+        node: &'a Node,
+        owner: &'a str,
+        label: &'a str,
+    ) -> impl Future<Output = Result<(), LockError>> + Send + 'a {
+        for retired in node.on_retired_connections() {
+            let (target, owner, label) = (self.clone(), owner.to_owned(), label.to_owned());
+            // Not awaited: the connection was replaced for not answering; the undo's
+            // bytes are written to it at once, and go where the attempt's go.
+            tokio::spawn(async move {
+                if let Err(err) = target.undo_on(&retired, &owner, &label).await {
+                    tracing::debug!(%err, node = %retired.address, lock = %label, "an undo on a replaced connection was not answered (it follows its attempt, if that ever arrives)");
+                }
+            });
+        }
+        self.undo_on(node, owner, label)
+    }
+
+    /// [`undo_on_node`](Self::undo_on_node) every server of `core` at once, each answer
+    /// awaited (each request within the request timeout); the first error, if any.
     fn undo<'a>(
         &'a self,
         core: &'a Core,
@@ -72,7 +95,7 @@ pub(crate) trait Target: Clone + Send + Sync + 'static {
             let undone = join_all(
                 core.nodes
                     .iter()
-                    .map(|node| self.undo_on(node, owner, label)),
+                    .map(|node| self.undo_on_node(node, owner, label)),
             );
             undone.await.into_iter().collect()
         }

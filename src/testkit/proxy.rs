@@ -52,8 +52,8 @@ pub struct FaultProxy {
     delay: watch::Sender<Duration>,
     accepted: watch::Sender<usize>,
     /// The connections (numbered from 1 in the order accepted) that forward nothing any
-    /// more: [`blackhole`](Self::blackhole).
-    blackholed: watch::Sender<Vec<usize>>,
+    /// more: [`blackhole`](Self::blackhole), [`blackhole_keeping`](Self::blackhole_keeping).
+    blackholed: watch::Sender<Vec<Silenced>>,
     held: Arc<HeldCount>,
     // Dropping the proxy aborts the accept loop, which aborts every connection.
     accepting: tokio::task::JoinHandle<()>,
@@ -91,8 +91,16 @@ struct Controls {
     deliveries: watch::Receiver<u64>,
     severs: watch::Receiver<u64>,
     delay: watch::Receiver<Duration>,
-    blackholed: watch::Receiver<Vec<usize>>,
+    blackholed: watch::Receiver<Vec<Silenced>>,
     held: Arc<HeldCount>,
+}
+
+/// A connection gone silent for good, and whether what its client sends is kept for a
+/// late delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Silenced {
+    connection: usize,
+    keeps: bool,
 }
 
 /// What severing takes: the state and the sever counter, shared by the proxy and its
@@ -270,7 +278,29 @@ impl FaultProxy {
     /// another host, a failover behind a proxy), or a load balancer forgot the flow
     /// (an idle timeout). Only a request answered by nobody can tell.
     pub fn blackhole(&self, connection: usize) {
-        self.blackholed.send_modify(|all| all.push(connection));
+        self.blackholed.send_modify(|all| {
+            all.push(Silenced {
+                connection,
+                keeps: false,
+            });
+        });
+    }
+
+    /// As [`blackhole`](Self::blackhole), but what the client sends on connection
+    /// `connection` from now on is kept, and reaches the server with
+    /// [`deliver_held`](Self::deliver_held), however long after: a partition that heals
+    /// while the kernel still retransmits what the client wrote (it does for about 15
+    /// minutes), long after the client gave the connection up for silent and went on on
+    /// another. Answers are dropped. What is kept counts as
+    /// [`requests_held`](Self::requests_held) counts (every chunk read, on a connection
+    /// that is not HTTP/2).
+    pub fn blackhole_keeping(&self, connection: usize) {
+        self.blackholed.send_modify(|all| {
+            all.push(Silenced {
+                connection,
+                keeps: true,
+            });
+        });
     }
 
     /// Connections opened from now on hang (accepted, nothing forwarded: a half-open
@@ -499,13 +529,15 @@ impl Connection {
         let mut up = vec![0u8; 16 * 1024];
         let mut down = vec![0u8; 16 * 1024];
         loop {
-            if self
+            let silenced = self
                 .controls
                 .blackholed
                 .borrow_and_update()
-                .contains(&self.number)
-            {
-                return self.silence().await;
+                .iter()
+                .find(|silenced| silenced.connection == self.number)
+                .copied();
+            if let Some(silenced) = silenced {
+                return self.silence(silenced.keeps).await;
             }
             let state = *self.controls.state.borrow_and_update();
             match state {
@@ -628,23 +660,44 @@ impl Connection {
     /// A [blackholed](FaultProxy::blackhole) connection: both sides stay open, what
     /// either sends is read and dropped (nothing waits in a buffer, nothing is refused),
     /// until the client closes (or the proxy is dropped). A server that closes its side
-    /// is not told to the client.
-    async fn silence(mut self) {
+    /// is not told to the client. `keeps`
+    /// ([`blackhole_keeping`](FaultProxy::blackhole_keeping)): what the client sends is
+    /// kept instead, and written to the server on [`FaultProxy::deliver_held`].
+    async fn silence(mut self, keeps: bool) {
         let Some(mut client) = self.client.take() else {
             return;
         };
         let mut server = Some(self.server);
         let (mut up, mut down) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
+        let mut kept = std::mem::take(&mut self.held);
         loop {
             tokio::select! {
                 read = client.read(&mut up) => {
-                    if matches!(read, Ok(0) | Err(_)) {
-                        return;
+                    match read {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) if keeps => {
+                            let scanned = self.frames.scan(&up[..n], true);
+                            kept.extend_from_slice(&up[..n]);
+                            self.controls.held.add(n, scanned.completed, scanned.withdrawn);
+                        }
+                        Ok(_) => {}
                     }
                 }
                 read = read_opt(server.as_mut(), &mut down) => {
                     if matches!(read, Ok(0) | Err(_)) {
                         server = None;
+                    }
+                }
+                changed = self.controls.deliveries.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    self.controls.deliveries.borrow_and_update();
+                    let late = std::mem::take(&mut kept);
+                    if let Some(to) = server.as_mut() {
+                        if !late.is_empty() && to.write_all(&late).await.is_err() {
+                            server = None;
+                        }
                     }
                 }
             }
