@@ -544,10 +544,11 @@ impl<T: Target> Acquisition<T> {
     /// time: k release scripts per refused attempt of k locks.)
     ///
     /// Something that may still run later with this owner value (the background, an undo
-    /// not answered) could delete a key of the next attempt's: the next attempts then use
-    /// an owner value of their own. A confirmed undo keeps the value: should the
-    /// attempt's bytes still reach that master after it (an I/O error, a reconnect, the
-    /// undo confirmed on the new connection, the old bytes delivered), the key they set
+    /// not answered, a copy of an undo sent on a connection replaced as silent,
+    /// `command_conn.rs`) could delete a key of the next attempt's: the next attempts then
+    /// use an owner value of their own. Otherwise a confirmed undo keeps the value: should
+    /// the attempt's bytes still reach that master after it (an I/O error, a reconnect,
+    /// the undo confirmed on the new connection, the old bytes delivered), the key they set
     /// holds the value still in use, and that master refuses our next attempts by our own
     /// key until its TTL (docs/redis.md, Redlock). That never lets two hold the lock.
     ///
@@ -606,13 +607,18 @@ impl<T: Target> Acquisition<T> {
             );
             let mut undo = tokio::spawn(async move {
                 let nodes = &core.nodes;
+                // A copy on a replaced connection may land at any time later: the owner
+                // value changes then, as for an undo not answered.
+                let copied = written.iter().fold(false, |copied, &master| {
+                    target.undo_on_retired(&nodes[master], &owner, &name) | copied
+                });
                 let answers = join_all(
                     written
                         .iter()
-                        .map(|&master| target.undo_on_node(&nodes[master], &owner, &name)),
+                        .map(|&master| target.undo_on(&nodes[master], &owner, &name)),
                 )
                 .await;
-                let mut all = true;
+                let mut all = !copied;
                 for err in answers.into_iter().filter_map(Result::err) {
                     tracing::debug!(%err, "undoing a partial Redlock grant failed; TTLs will");
                     all = false;

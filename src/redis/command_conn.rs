@@ -43,12 +43,15 @@
 //! delivers after a partition heals (it retransmits them for minutes) would set a key
 //! with an owner value nobody holds after its undo had found nothing on the new
 //! connection, and the lock would be refused to everyone until that key's TTL. So a
-//! replaced connection is kept for [`RETIRED_FOR`] (its socket open: what was written
-//! to it is still on its way), and an undo is sent on it too, in the background
-//! ([`retired`](CommandConn::retired)), where it queues behind the attempt as it did
-//! before the replacement (`command_conn_undo.rs`). An attempt fails, and its undo is
-//! sent, within one request timeout of the attempt; the replacement came after the
-//! attempt was sent: an undo finds its attempt's connection among the retired ones.
+//! replaced connection is kept for a while (its socket open: what was written to it is
+//! still on its way; [`CommandConn::retired_window`]), and an undo is sent on it too, in
+//! the background ([`retired`](CommandConn::retired)), where it queues behind the
+//! attempt as it did before the replacement (this module's test). The replacement came
+//! after the attempt was sent, and the undo is sent within the attempt's own timeout
+//! plus a retry's backoff of it: it finds its attempt's connection among the retired
+//! ones. A copy may land at any time later, so its owner value is never used again
+//! (a single Redis always takes a new one after an undo; Redlock does when it sent a
+//! copy, `acquire.rs` `clean_up`).
 //!
 //! The scripts need no loading on the new connection: the server's script cache is not
 //! per connection. A server that lost them (a restart, a failover) answers `NOSCRIPT`,
@@ -79,20 +82,20 @@ pub(crate) struct CommandConn {
     /// A view of one retired connection ([`pinned`](Self::pinned)): never probed or
     /// replaced.
     pinned: bool,
-    /// The connections replaced within [`RETIRED_FOR`] request timeouts, and when: an
-    /// undo goes on them too (module docs). At most [`RETIRED_MAX`].
+    /// The connections replaced within [`retired_window`](Self::retired_window), and
+    /// when: an undo goes on them too (module docs). At most [`RETIRED_MAX`].
     retired: Mutex<Vec<(Instant, ConnectionManager)>>,
 }
 
-/// For how many request timeouts a replaced connection is kept for undos: an undo is
-/// sent within one request timeout of its attempt (the attempt's own timeout), and the
-/// replacement came after the attempt was sent; twice that for an undo that first
-/// waited on a retry's backoff.
-const RETIRED_FOR: u32 = 4;
+/// How many replaced connections are kept at most: a server that answers nothing has
+/// one replaced per request timeout (a ping's), about four within the window at the
+/// default timeout.
+const RETIRED_MAX: usize = 4;
 
-/// How many replaced connections are kept at most (a server that answers nothing has
-/// one replaced per request timeout, `RETIRED_FOR` of them within the window).
-const RETIRED_MAX: usize = RETIRED_FOR as usize;
+/// The longest pause before an acquisition's retry (`acquire.rs` `retry_after`: 1 s,
+/// jittered up by at most a fifth), rounded up: what an undo may wait beyond its
+/// attempt's timeout.
+const RETRY_PAUSE: Duration = Duration::from_secs(2);
 
 impl CommandConn {
     /// Holds `conn`, made by `client` with `config`, whose response timeout is `timeout`.
@@ -130,17 +133,34 @@ impl CommandConn {
         })
     }
 
-    /// The connections replaced lately (within [`RETIRED_FOR`] request timeouts): an
-    /// undo is sent on each of them too, behind whatever attempt may still be on its way
-    /// there (module docs). Empty but after a replacement.
+    /// The connections replaced lately (within [`retired_window`](Self::retired_window)):
+    /// an undo is sent on each of them too, behind whatever attempt may still be on its
+    /// way there (module docs). Empty but after a replacement.
     pub(crate) fn retired(&self) -> Vec<ConnectionManager> {
         let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
         if retired.is_empty() {
             return Vec::new();
         }
-        let window = self.timeout * RETIRED_FOR;
+        let window = self.retired_window();
         retired.retain(|(at, _)| at.elapsed() < window);
         retired.iter().map(|(_, conn)| conn.clone()).collect()
+    }
+
+    /// How long a replaced connection is kept for undos: the replacement came after the
+    /// attempt was sent on it, the attempt failed within the request timeout of that,
+    /// and its undo is sent then or after a retry's pause ([`RETRY_PAUSE`]); twice that,
+    /// for a loaded runtime (12 s at the default 2 s).
+    pub(crate) fn retired_window(&self) -> Duration {
+        (self.timeout + RETRY_PAUSE) * 2
+    }
+
+    /// Drops the replaced connections older than the window.
+    fn prune(&self) {
+        let window = self.retired_window();
+        self.retired
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|(at, _)| at.elapsed() < window);
     }
 
     /// The connection to send on now. A clone taken earlier stays on its connection,
@@ -190,7 +210,7 @@ impl CommandConn {
     }
 
     /// Puts a new connection (opened on its first request) in the current one's place.
-    pub(crate) fn replace(&self) {
+    pub(crate) fn replace(self: &Arc<Self>) {
         match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
             Ok(conn) => {
                 let old = std::mem::replace(
@@ -199,15 +219,23 @@ impl CommandConn {
                 );
                 // Kept for the undos of attempts sent on it (module docs); its requests
                 // in flight keep it too, until they end.
+                self.prune();
                 {
                     let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
-                    let window = self.timeout * RETIRED_FOR;
-                    retired.retain(|(at, _)| at.elapsed() < window);
                     if retired.len() >= RETIRED_MAX {
                         retired.remove(0);
                     }
                     retired.push((Instant::now(), old));
                 }
+                // Closed once the window is over, even if no undo looks for it again.
+                let this = Arc::downgrade(self);
+                let window = self.retired_window();
+                tokio::spawn(async move {
+                    tokio::time::sleep(window).await;
+                    if let Some(this) = this.upgrade() {
+                        this.prune();
+                    }
+                });
                 tracing::warn!(
                     server = %self.address,
                     timeout = ?self.timeout,
@@ -243,9 +271,39 @@ mod tests {
 
     use std::time::Duration;
 
-    use crate::redis::{RedisConfig, RedisLocker};
+    use crate::redis::{RedisConfig, RedisLocker, RedlockLocker};
     use crate::testkit::{FaultProxy, RedisServer};
     use crate::{LockBackend, LockGuard, LockOptions};
+
+    async fn proxy_to(server: &RedisServer) -> FaultProxy {
+        let upstream = format!("127.0.0.1:{}", server.port())
+            .parse()
+            .expect("address");
+        FaultProxy::start(upstream).await.expect("proxy")
+    }
+
+    /// How many scripts `server` has run (`EVALSHA` and `EVAL`): an undo is one.
+    async fn scripts_run(server: &RedisServer) -> u64 {
+        let mut conn = server.connection().await.expect("connect");
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await
+            .expect("INFO");
+        info.lines()
+            .filter(|line| {
+                line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:")
+            })
+            .filter_map(|line| {
+                line.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    }
 
     async fn within<T>(limit: Duration, what: &str, future: impl Future<Output = T>) -> T {
         tokio::time::timeout(limit, future)
@@ -256,10 +314,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_undo_follows_its_attempt_onto_the_replaced_connection() {
         let server = RedisServer::start().await.expect("redis");
-        let upstream = format!("127.0.0.1:{}", server.port())
-            .parse()
-            .expect("address");
-        let proxy = FaultProxy::start(upstream).await.expect("proxy");
+        let proxy = proxy_to(&server).await;
         // Long: nothing times out during the test, so no probe replaces anything by
         // itself.
         let config = RedisConfig::new(format!("redis://{}/", proxy.address()))
@@ -341,6 +396,109 @@ mod tests {
             .await
             .expect("no error")
             .expect("the lock is free at once");
+        assert!(guard.release().await.is_ok());
+    }
+
+    /// Redlock keeps its owner value after an undo that every master confirmed; a copy
+    /// of that undo sent on a replaced connection may land at any time later, so the
+    /// value must change then, or the copy deletes the next grant's key on that master
+    /// (a holder left with fewer masters than it believes: with one of the others down,
+    /// below the quorum, and someone else can take the lock).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_redlock_owner_value_whose_undo_was_copied_is_not_used_again() {
+        let (a, b, c) = (
+            RedisServer::start().await.expect("redis"),
+            RedisServer::start().await.expect("redis"),
+            RedisServer::start().await.expect("redis"),
+        );
+        let proxy = proxy_to(&a).await;
+        // B and C answer later than A: the attempt's grant on A is in before their
+        // refusals decide it (a master still pending then would be undone in the
+        // background, and the owner value change for that alone).
+        let (slow_b, slow_c) = (proxy_to(&b).await, proxy_to(&c).await);
+        slow_b.delay(Duration::from_millis(100));
+        slow_c.delay(Duration::from_millis(100));
+        let prefix = "undo-copied";
+        // Long: nothing times out, no renewal runs during the test.
+        let ttl = LockOptions::new().with_ttl(Duration::from_secs(60));
+        let ours = RedlockLocker::connect(
+            RedisConfig::masters(
+                [&proxy, &slow_b, &slow_c].map(|p| format!("redis://{}/", p.address())),
+            )
+            .with_prefix(prefix)
+            .with_request_timeout(Duration::from_secs(10)),
+        )
+        .await
+        .expect("connect");
+        let other = RedlockLocker::connect(
+            RedisConfig::masters([a.url(), b.url(), c.url()]).with_prefix(prefix),
+        )
+        .await
+        .expect("connect");
+        let key = ours.core().keys("l").lock.to_string();
+        let mut on_a = a.connection().await.expect("connect");
+
+        // The other client holds the lock on B and C (its key on A gone): our attempt
+        // is granted by A alone, and undone there.
+        let held = other
+            .try_lock("l", &ttl)
+            .await
+            .expect("no error")
+            .expect("free");
+        let _: () = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut on_a)
+            .await
+            .expect("DEL");
+        // A's connection goes silent and is replaced (as a probe would): the undo goes on
+        // the new one, and a copy on the old one, kept by the proxy.
+        proxy.blackhole_keeping(1);
+        ours.core().nodes[0].replace_connection();
+        // The new connection open before the attempt (opened by it, A would answer late).
+        let _: String = redis::cmd("PING")
+            .query_async(&mut ours.connections()[0])
+            .await
+            .expect("PING on the new connection");
+        // One acquisition, which waits: refused first (B and C held), and granted on a
+        // later attempt, with the owner value it has then.
+        let waiting = {
+            let ours = ours.clone();
+            let options = ttl.clone().with_wait_timeout(Duration::from_secs(30));
+            tokio::spawn(async move { ours.lock("l", &options).await })
+        };
+        within(
+            Duration::from_secs(5),
+            "the undo's copy on A's replaced connection",
+            proxy.requests_held(1),
+        )
+        .await;
+
+        // Free: the waiter is granted on every master.
+        assert!(held.release().await.is_ok());
+        let guard = within(Duration::from_secs(10), "the grant", waiting)
+            .await
+            .expect("the task")
+            .expect("granted");
+
+        // The old connection's bytes arrive: the copy compare-and-deletes with the value
+        // of the refused attempt, which must not be the holder's.
+        let before = scripts_run(&a).await;
+        proxy.deliver_held();
+        within(Duration::from_secs(5), "the copy run on A", async {
+            while scripts_run(&a).await == before {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(&key)
+            .query_async(&mut on_a)
+            .await
+            .expect("EXISTS");
+        assert!(
+            exists,
+            "the holder's key on A was deleted by a late copy of an earlier attempt's undo"
+        );
         assert!(guard.release().await.is_ok());
     }
 }

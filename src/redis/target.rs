@@ -60,17 +60,16 @@ pub(crate) trait Target: Clone + Send + Sync + 'static {
         label: &'a str,
     ) -> impl Future<Output = Result<(), LockError>> + Send + 'a;
 
-    /// [`undo_on`](Self::undo_on) `node`, its answer awaited, and on each of its
-    /// connections replaced lately in the background (`command_conn.rs`): an attempt
-    /// sent on one of those may still reach the server after the undo on the new one,
-    /// and the copy there queues behind it.
-    fn undo_on_node<'a>(
-        &'a self,
-        node: &'a Node,
-        owner: &'a str,
-        label: &'a str,
-    ) -> impl Future<Output = Result<(), LockError>> + Send + 'a {
-        for retired in node.on_retired_connections() {
+    /// Sends a copy of [`undo_on`](Self::undo_on) `node` on each of its connections
+    /// replaced lately (`command_conn.rs`), in the background: an attempt sent on one of
+    /// those may still reach the server after the undo on the new connection, and the
+    /// copy there queues behind it. Returns whether it sent any: a copy may land at any
+    /// time later, so `owner` must not be used again (it would delete a later grant's
+    /// key).
+    fn undo_on_retired(&self, node: &Node, owner: &str, label: &str) -> bool {
+        let retired = node.on_retired_connections();
+        let copied = !retired.is_empty();
+        for retired in retired {
             let (target, owner, label) = (self.clone(), owner.to_owned(), label.to_owned());
             // Not awaited: the connection was replaced for not answering; the undo's
             // bytes are written to it at once, and go where the attempt's go.
@@ -80,11 +79,25 @@ pub(crate) trait Target: Clone + Send + Sync + 'static {
                 }
             });
         }
+        copied
+    }
+
+    /// [`undo_on`](Self::undo_on) `node`, its answer awaited, and its copies on the
+    /// connections replaced lately ([`undo_on_retired`](Self::undo_on_retired)). For a
+    /// caller that never uses `owner` again.
+    fn undo_on_node<'a>(
+        &'a self,
+        node: &'a Node,
+        owner: &'a str,
+        label: &'a str,
+    ) -> impl Future<Output = Result<(), LockError>> + Send + 'a {
+        self.undo_on_retired(node, owner, label);
         self.undo_on(node, owner, label)
     }
 
     /// [`undo_on_node`](Self::undo_on_node) every server of `core` at once, each answer
-    /// awaited (each request within the request timeout); the first error, if any.
+    /// awaited (each request within the request timeout); the first error, if any. For a
+    /// caller that never uses `owner` again.
     fn undo<'a>(
         &'a self,
         core: &'a Core,

@@ -59,7 +59,8 @@ pub struct FaultProxy {
     accepting: tokio::task::JoinHandle<()>,
 }
 
-/// What [`FaultProxy::hold_requests`] kept, over every connection: bytes, complete
+/// What [`FaultProxy::hold_requests`] (and [`FaultProxy::blackhole_keeping`]) kept,
+/// over every connection: bytes, complete
 /// requests, and those of them the client has not withdrawn since (HTTP/2: a request
 /// whose stream the client reset in the kept bytes, as it does when it gives up on a
 /// call, may or may not be handled when delivered).
@@ -529,14 +530,8 @@ impl Connection {
         let mut up = vec![0u8; 16 * 1024];
         let mut down = vec![0u8; 16 * 1024];
         loop {
-            let silenced = self
-                .controls
-                .blackholed
-                .borrow_and_update()
-                .iter()
-                .find(|silenced| silenced.connection == self.number)
-                .copied();
-            if let Some(silenced) = silenced {
+            self.controls.blackholed.borrow_and_update();
+            if let Some(silenced) = self.silenced() {
                 return self.silence(silenced.keeps).await;
             }
             let state = *self.controls.state.borrow_and_update();
@@ -596,6 +591,16 @@ impl Connection {
                 read = read_opt(self.client.as_mut(), &mut up), if client_open && !paused => {
                     match read {
                         Ok(0) | Err(_) => return,
+                        // Silenced in the same wake-up as this read (the loop's top has
+                        // not seen it yet): the chunk is the silence's, kept or dropped.
+                        Ok(n) if let Some(silenced) = self.silenced() => {
+                            if silenced.keeps {
+                                let scanned = self.frames.scan(&up[..n], true);
+                                self.held.extend_from_slice(&up[..n]);
+                                self.controls.held.add(n, scanned.completed, scanned.withdrawn);
+                            }
+                            return self.silence(silenced.keeps).await;
+                        }
                         Ok(n) => {
                             let state = *self.controls.state.borrow();
                             let holding =
@@ -657,19 +662,36 @@ impl Connection {
         }
     }
 
+    /// Whether this connection is [blackholed](FaultProxy::blackhole), and how.
+    fn silenced(&self) -> Option<Silenced> {
+        self.controls
+            .blackholed
+            .borrow()
+            .iter()
+            .find(|silenced| silenced.connection == self.number)
+            .copied()
+    }
+
     /// A [blackholed](FaultProxy::blackhole) connection: both sides stay open, what
     /// either sends is read and dropped (nothing waits in a buffer, nothing is refused),
     /// until the client closes (or the proxy is dropped). A server that closes its side
     /// is not told to the client. `keeps`
     /// ([`blackhole_keeping`](FaultProxy::blackhole_keeping)): what the client sends is
-    /// kept instead, and written to the server on [`FaultProxy::deliver_held`].
+    /// kept instead (with what a hold kept before and what waited for its delay), and
+    /// written to the server on [`FaultProxy::deliver_held`].
     async fn silence(mut self, keeps: bool) {
         let Some(mut client) = self.client.take() else {
             return;
         };
         let mut server = Some(self.server);
         let (mut up, mut down) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
-        let mut kept = std::mem::take(&mut self.held);
+        let mut kept = Vec::new();
+        if keeps {
+            kept = std::mem::take(&mut self.held);
+            for (_, chunk) in self.up.0.drain(..) {
+                kept.extend_from_slice(&chunk);
+            }
+        }
         loop {
             tokio::select! {
                 read = client.read(&mut up) => {
