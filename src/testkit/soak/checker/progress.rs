@@ -10,10 +10,21 @@
 //! it), from when the first of them went (the acquisition has failed: every other key of
 //! it must go soon); and while one of them still waits at the end, the waiting one's own
 //! queue speaks for it.
+//!
+//! A key whose acquisition had returned without the lock (a try refused, a wait timed
+//! out, a failure) by the end of that bound is not a waiter's: nobody waits on it, and
+//! its removal is the acquisition's cleanup (retried through whatever faults stand in
+//! its way) or its session's sweep, held to their own bound by **key left**
+//! (`keys.rs`). Held to this one as well, a cleanup slowed by faults stacked one after
+//! another (two members killed in turn, the client's paths to the third faulted) failed
+//! here within key left's bound. A waiter that misses its turn is still caught: it
+//! returns (times out) later than the bound, or never.
 
 use std::collections::HashMap;
 
-use super::model::{Grant, Life, acquisition_of, revision_times};
+use tokio::time::Instant;
+
+use super::model::{Event, Grant, Life, acquisition_of, revision_times};
 use super::queue::first_admission;
 use super::{Ctx, STALL_BOUND, Verdict};
 
@@ -37,6 +48,15 @@ pub(super) fn progress(ctx: &Ctx<'_>, verdict: &mut Verdict) {
         .map(|g| ((g.key.as_bytes(), g.token), g))
         .collect();
     let seen_at = revision_times(ctx.history);
+    // When each acquisition returned without the lock.
+    let returned: HashMap<u64, Instant> = ctx
+        .events
+        .iter()
+        .filter_map(|event| match event {
+            Event::Missed { id, at } | Event::Failed { id, at, .. } => Some((*id, *at)),
+            _ => None,
+        })
+        .collect();
     let admission = |life: &Life| {
         ctx.by_prefix
             .get(life.prefix.as_slice())
@@ -69,6 +89,14 @@ pub(super) fn progress(ctx: &Ctx<'_>, verdict: &mut Verdict) {
             None => life.deleted.map_or(ctx.ended, |(_, seen)| seen),
         };
         let bound = STALL_BOUND + ctx.operator.revoked_slack(since, since + STALL_BOUND);
+        let gave_up = acquisition_of(&life.value)
+            .and_then(|id| returned.get(&id))
+            .is_some_and(|at| *at <= since + bound);
+        if gave_up {
+            // Nobody waits on it: key left's (module docs).
+            verdict.count("progress, left to key left");
+            continue;
+        }
         if until > since + bound {
             let who = if granted.contains_key(&(life.key.as_slice(), life.created)) {
                 "its waiter was granted only"
