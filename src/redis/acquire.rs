@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::core::Core;
-use super::node::Attempt;
+use super::node::{Attempt, Node};
 use super::owner::{jittered, jittered_down, owner_value};
 use super::subscriber::{Interest, Subscriber};
 use super::target::{Grantee, Target};
@@ -609,13 +609,15 @@ impl<T: Target> Acquisition<T> {
                 let nodes = &core.nodes;
                 // A copy on a replaced connection may land at any time later: the owner
                 // value changes then, as for an undo not answered.
-                let copied = written.iter().fold(false, |copied, &master| {
-                    target.undo_on_retired(&nodes[master], &owner, &name) | copied
-                });
+                let pinned: Vec<(Node, bool)> = written
+                    .iter()
+                    .map(|&master| target.undo_on_retired(&nodes[master], &owner, &name))
+                    .collect();
+                let copied = pinned.iter().any(|(_, copied)| *copied);
                 let answers = join_all(
-                    written
+                    pinned
                         .iter()
-                        .map(|&master| target.undo_on(&nodes[master], &owner, &name)),
+                        .map(|(node, _)| target.undo_on(node, &owner, &name)),
                 )
                 .await;
                 let mut all = !copied;

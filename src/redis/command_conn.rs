@@ -60,7 +60,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, ErrorKind};
@@ -79,18 +81,21 @@ pub(crate) struct CommandConn {
     current: RwLock<ConnectionManager>,
     /// A ping is in flight: the requests that time out meanwhile send none.
     probing: AtomicBool,
-    /// A view of one retired connection ([`pinned`](Self::pinned)): never probed or
-    /// replaced.
+    /// A view of one connection ([`pinned`](Self::pinned)): never replaced; a request
+    /// it finds unanswered is told to `parent`, if any (the view of a current
+    /// connection; a retired one was given up already).
     pinned: bool,
+    parent: Option<Arc<CommandConn>>,
     /// The connections replaced within [`retired_window`](Self::retired_window), and
     /// when: an undo goes on them too (module docs). At most [`RETIRED_MAX`].
     retired: Mutex<Vec<(Instant, ConnectionManager)>>,
 }
 
-/// How many replaced connections are kept at most: a server that answers nothing has
-/// one replaced per request timeout (a ping's), about four within the window at the
-/// default timeout.
-const RETIRED_MAX: usize = 4;
+/// How many replaced connections are kept at most, a bound on sockets: a server that
+/// answers nothing has one replaced per request timeout (a ping's), four within the
+/// window at the default timeout, as many as this with a 500 ms one; a shorter timeout
+/// can push an attempt's connection out before its undo.
+const RETIRED_MAX: usize = 16;
 
 /// The longest pause before an acquisition's retry (`acquire.rs` `retry_after`: 1 s,
 /// jittered up by at most a fifth), rounded up: what an undo may wait beyond its
@@ -114,13 +119,28 @@ impl CommandConn {
             current: RwLock::new(conn),
             probing: AtomicBool::new(false),
             pinned: false,
+            parent: None,
             retired: Mutex::new(Vec::new()),
         })
     }
 
-    /// `conn` (one of [`retired`](Self::retired)) with this one's settings, to send an
-    /// undo on: it is never probed nor replaced (it was given up already).
-    pub(crate) fn pinned(&self, conn: ConnectionManager) -> Arc<Self> {
+    /// The connections an undo goes on: the current one, then those replaced lately
+    /// ([`retired`](Self::retired)), read in that order: a replacement in between puts
+    /// the connection read as current among the retired too (a copy more), never one
+    /// read nowhere. Each pinned, to send on.
+    pub(crate) fn for_undo(self: &Arc<Self>) -> (Arc<Self>, Vec<Arc<Self>>) {
+        let current = self.pinned(self.current(), Some(self.clone()));
+        let retired = self
+            .retired()
+            .into_iter()
+            .map(|conn| self.pinned(conn, None))
+            .collect();
+        (current, retired)
+    }
+
+    /// `conn` with this one's settings, never replaced; `parent` hears of its unanswered
+    /// requests (none for a retired connection: it was given up already).
+    fn pinned(&self, conn: ConnectionManager, parent: Option<Arc<Self>>) -> Arc<Self> {
         Arc::new(Self {
             client: self.client.clone(),
             config: self.config.clone(),
@@ -129,6 +149,7 @@ impl CommandConn {
             current: RwLock::new(conn),
             probing: AtomicBool::new(false),
             pinned: true,
+            parent,
             retired: Mutex::new(Vec::new()),
         })
     }
@@ -136,7 +157,7 @@ impl CommandConn {
     /// The connections replaced lately (within [`retired_window`](Self::retired_window)):
     /// an undo is sent on each of them too, behind whatever attempt may still be on its
     /// way there (module docs). Empty but after a replacement.
-    pub(crate) fn retired(&self) -> Vec<ConnectionManager> {
+    fn retired(&self) -> Vec<ConnectionManager> {
         let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
         if retired.is_empty() {
             return Vec::new();
@@ -149,7 +170,7 @@ impl CommandConn {
     /// How long a replaced connection is kept for undos: the replacement came after the
     /// attempt was sent on it, the attempt failed within the request timeout of that,
     /// and its undo is sent then or after a retry's pause ([`RETRY_PAUSE`]); twice that,
-    /// for a loaded runtime (12 s at the default 2 s).
+    /// for a loaded runtime (8 s at the default 2 s).
     pub(crate) fn retired_window(&self) -> Duration {
         (self.timeout + RETRY_PAUSE) * 2
     }
@@ -175,7 +196,13 @@ impl CommandConn {
     /// A request went unanswered: pings the connection in the background, unless a
     /// ping is already in flight, and replaces it if that goes unanswered too.
     pub(crate) fn unanswered(self: &Arc<Self>) {
-        if self.pinned || self.probing.swap(true, Ordering::AcqRel) {
+        if self.pinned {
+            if let Some(parent) = &self.parent {
+                parent.unanswered();
+            }
+            return;
+        }
+        if self.probing.swap(true, Ordering::AcqRel) {
             return;
         }
         tokio::spawn(self.clone().probe());
@@ -416,8 +443,8 @@ mod tests {
         // refusals decide it (a master still pending then would be undone in the
         // background, and the owner value change for that alone).
         let (slow_b, slow_c) = (proxy_to(&b).await, proxy_to(&c).await);
-        slow_b.delay(Duration::from_millis(100));
-        slow_c.delay(Duration::from_millis(100));
+        slow_b.delay(Duration::from_millis(250));
+        slow_c.delay(Duration::from_millis(250));
         let prefix = "undo-copied";
         // Long: nothing times out, no renewal runs during the test.
         let ttl = LockOptions::new().with_ttl(Duration::from_secs(60));

@@ -248,20 +248,19 @@ impl Node {
         self.conn.current()
     }
 
-    /// This node on each of its connections replaced lately (`command_conn.rs`), for an
-    /// undo to be sent on them too: behind an attempt that may still be on its way there.
-    /// Empty but after a replacement.
-    pub(crate) fn on_retired_connections(&self) -> Vec<Node> {
-        self.conn
-            .retired()
-            .into_iter()
-            .map(|conn| Self {
-                address: self.address.clone(),
-                conn: self.conn.pinned(conn),
-                timeout: self.timeout,
-                backend: self.backend,
-            })
-            .collect()
+    /// This node on the connections an undo goes on (`command_conn.rs`): its current
+    /// one, and each of those replaced lately (empty but after a replacement), behind an
+    /// attempt that may still be on its way there. Read current first: no connection an
+    /// attempt was sent on is missed by a replacement in between.
+    pub(crate) fn for_undo(&self) -> (Node, Vec<Node>) {
+        let view = |conn| Self {
+            address: self.address.clone(),
+            conn,
+            timeout: self.timeout,
+            backend: self.backend,
+        };
+        let (current, retired) = self.conn.for_undo();
+        (view(current), retired.into_iter().map(view).collect())
     }
 
     /// Replaces the connection now, as a probe that found it silent would (tests: the

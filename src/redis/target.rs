@@ -63,11 +63,12 @@ pub(crate) trait Target: Clone + Send + Sync + 'static {
     /// Sends a copy of [`undo_on`](Self::undo_on) `node` on each of its connections
     /// replaced lately (`command_conn.rs`), in the background: an attempt sent on one of
     /// those may still reach the server after the undo on the new connection, and the
-    /// copy there queues behind it. Returns whether it sent any: a copy may land at any
-    /// time later, so `owner` must not be used again (it would delete a later grant's
-    /// key).
-    fn undo_on_retired(&self, node: &Node, owner: &str, label: &str) -> bool {
-        let retired = node.on_retired_connections();
+    /// copy there queues behind it. Returns `node` on the connection that was current
+    /// before (the undo itself goes there), and whether it sent any copy: a copy may
+    /// land at any time later, so `owner` must not be used again (it would delete a
+    /// later grant's key).
+    fn undo_on_retired(&self, node: &Node, owner: &str, label: &str) -> (Node, bool) {
+        let (current, retired) = node.for_undo();
         let copied = !retired.is_empty();
         for retired in retired {
             let (target, owner, label) = (self.clone(), owner.to_owned(), label.to_owned());
@@ -79,7 +80,7 @@ pub(crate) trait Target: Clone + Send + Sync + 'static {
                 }
             });
         }
-        copied
+        (current, copied)
     }
 
     /// [`undo_on`](Self::undo_on) `node`, its answer awaited, and its copies on the
@@ -91,8 +92,8 @@ pub(crate) trait Target: Clone + Send + Sync + 'static {
         owner: &'a str,
         label: &'a str,
     ) -> impl Future<Output = Result<(), LockError>> + Send + 'a {
-        self.undo_on_retired(node, owner, label);
-        self.undo_on(node, owner, label)
+        let (current, _) = self.undo_on_retired(node, owner, label);
+        async move { self.undo_on(&current, owner, label).await }
     }
 
     /// [`undo_on_node`](Self::undo_on_node) every server of `core` at once, each answer
