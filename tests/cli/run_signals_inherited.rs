@@ -62,10 +62,13 @@ fn bit(signal: i32) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigterm_blocked_by_the_parent_is_still_forwarded() {
     let etcd = EtcdCluster::single().await.expect("etcd");
+    // SIGHUP's disposition reset first: a test runner started under `nohup` passes on
+    // an ignored SIGHUP, which this test is not about (`under_nohup_...` is).
     let blocking = [
         "python3",
         "-c",
         "import os, signal, sys\n\
+         signal.signal(signal.SIGHUP, signal.SIG_DFL)\n\
          signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})\n\
          os.execvp(sys.argv[1], sys.argv[1:])",
     ];
