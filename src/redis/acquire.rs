@@ -51,10 +51,10 @@ fn per_master_timeout(request_timeout: Duration, ttl: Duration) -> Duration {
 /// target may have taken is sent in the background, on every server: on each connection
 /// it queues behind the attempt (on a connection replaced in between as silent, a copy
 /// is sent on the replaced one too, `command_conn.rs`), so it removes a key if the
-/// attempt set it and does nothing otherwise. The value changes only once what the old one may have set is seen
-/// to (undone; or left to the task that reads a Redlock attempt's late masters and undoes
-/// what they granted; or, on a master that answered neither the attempt nor its undo, to
-/// the TTL). An attempt's bytes that reach a single Redis only after every copy of
+/// attempt set it and does nothing otherwise. The value changes only once what the old
+/// one may have set is seen to (undone; or left to the task that reads a Redlock
+/// attempt's late masters and undoes what they granted; or, on a master that answered
+/// neither the attempt nor its undo, to the TTL). An attempt's bytes that reach a single Redis only after every copy of
 /// their undo (a connection replaced longer ago than `command_conn.rs` keeps it, the
 /// undo sent on the new one alone) set a key with the old value, which nobody holds any
 /// more: it stays until its TTL (docs/redis.md, "a key nobody owns"). No task is spawned

@@ -44,7 +44,7 @@
 //! with an owner value nobody holds after its undo had found nothing on the new
 //! connection, and the lock would be refused to everyone until that key's TTL. So a
 //! replaced connection is kept for a while (its socket open: what was written to it is
-//! still on its way; [`CommandConn::retired_window`]), and an undo is sent on it too, in
+//! still on its way; `CommandConn::retired_window`), and an undo is sent on it too, in
 //! the background ([`retired`](CommandConn::retired)), where it queues behind the
 //! attempt as it did before the replacement (this module's test). The replacement came
 //! after the attempt was sent, and the undo is sent within the attempt's own timeout
@@ -59,7 +59,7 @@
 //! it again (`script.rs`), and `Node::renew` (a pipeline, which does not) does the same.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -158,30 +158,24 @@ impl CommandConn {
     /// an undo is sent on each of them too, behind whatever attempt may still be on its
     /// way there (module docs). Empty but after a replacement.
     fn retired(&self) -> Vec<ConnectionManager> {
-        let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
-        if retired.is_empty() {
-            return Vec::new();
-        }
-        let window = self.retired_window();
-        retired.retain(|(at, _)| at.elapsed() < window);
-        retired.iter().map(|(_, conn)| conn.clone()).collect()
+        self.kept().iter().map(|(_, conn)| conn.clone()).collect()
     }
 
     /// How long a replaced connection is kept for undos: the replacement came after the
     /// attempt was sent on it, the attempt failed within the request timeout of that,
     /// and its undo is sent then or after a retry's pause ([`RETRY_PAUSE`]); twice that,
     /// for a loaded runtime (8 s at the default 2 s).
-    pub(crate) fn retired_window(&self) -> Duration {
+    fn retired_window(&self) -> Duration {
         (self.timeout + RETRY_PAUSE) * 2
     }
 
-    /// Drops the replaced connections older than the window.
-    fn prune(&self) {
+    /// The replaced connections still within the window, locked (older ones dropped:
+    /// closed, once their requests in flight end).
+    fn kept(&self) -> MutexGuard<'_, Vec<(Instant, ConnectionManager)>> {
         let window = self.retired_window();
-        self.retired
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|(at, _)| at.elapsed() < window);
+        let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+        retired.retain(|(at, _)| at.elapsed() < window);
+        retired
     }
 
     /// The connection to send on now. A clone taken earlier stays on its connection,
@@ -246,9 +240,8 @@ impl CommandConn {
                 );
                 // Kept for the undos of attempts sent on it (module docs); its requests
                 // in flight keep it too, until they end.
-                self.prune();
                 {
-                    let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+                    let mut retired = self.kept();
                     if retired.len() >= RETIRED_MAX {
                         retired.remove(0);
                     }
@@ -260,7 +253,7 @@ impl CommandConn {
                 tokio::spawn(async move {
                     tokio::time::sleep(window).await;
                     if let Some(this) = this.upgrade() {
-                        this.prune();
+                        drop(this.kept());
                     }
                 });
                 tracing::warn!(

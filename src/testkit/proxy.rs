@@ -279,12 +279,7 @@ impl FaultProxy {
     /// another host, a failover behind a proxy), or a load balancer forgot the flow
     /// (an idle timeout). Only a request answered by nobody can tell.
     pub fn blackhole(&self, connection: usize) {
-        self.blackholed.send_modify(|all| {
-            all.push(Silenced {
-                connection,
-                keeps: false,
-            });
-        });
+        self.silence(connection, false);
     }
 
     /// As [`blackhole`](Self::blackhole), but what the client sends on connection
@@ -296,12 +291,14 @@ impl FaultProxy {
     /// [`requests_held`](Self::requests_held) counts (every chunk read, on a connection
     /// that is not HTTP/2).
     pub fn blackhole_keeping(&self, connection: usize) {
-        self.blackholed.send_modify(|all| {
-            all.push(Silenced {
-                connection,
-                keeps: true,
-            });
-        });
+        self.silence(connection, true);
+    }
+
+    /// Connection `connection` goes silent for good, keeping what its client sends for
+    /// a late delivery if `keeps`.
+    fn silence(&self, connection: usize, keeps: bool) {
+        self.blackholed
+            .send_modify(|all| all.push(Silenced { connection, keeps }));
     }
 
     /// Connections opened from now on hang (accepted, nothing forwarded: a half-open
@@ -595,9 +592,7 @@ impl Connection {
                         // not seen it yet): the chunk is the silence's, kept or dropped.
                         Ok(n) if let Some(silenced) = self.silenced() => {
                             if silenced.keeps {
-                                let scanned = self.frames.scan(&up[..n], true);
-                                self.held.extend_from_slice(&up[..n]);
-                                self.controls.held.add(n, scanned.completed, scanned.withdrawn);
+                                self.keep(&up[..n]);
                             }
                             return self.silence(silenced.keeps).await;
                         }
@@ -662,6 +657,15 @@ impl Connection {
         }
     }
 
+    /// Keeps `bytes` the client sent, for [`FaultProxy::deliver_held`], and counts them.
+    fn keep(&mut self, bytes: &[u8]) {
+        let scanned = self.frames.scan(bytes, true);
+        self.held.extend_from_slice(bytes);
+        self.controls
+            .held
+            .add(bytes.len(), scanned.completed, scanned.withdrawn);
+    }
+
     /// Whether this connection is [blackholed](FaultProxy::blackhole), and how.
     fn silenced(&self) -> Option<Silenced> {
         self.controls
@@ -683,31 +687,28 @@ impl Connection {
         let Some(mut client) = self.client.take() else {
             return;
         };
-        let mut server = Some(self.server);
+        // Until the server closes its side (not told to the client).
+        let mut server_open = true;
         let (mut up, mut down) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
-        let mut kept = Vec::new();
         if keeps {
-            kept = std::mem::take(&mut self.held);
-            for (_, chunk) in self.up.0.drain(..) {
-                kept.extend_from_slice(&chunk);
+            for (_, chunk) in std::mem::take(&mut self.up.0) {
+                self.held.extend_from_slice(&chunk);
             }
+        } else {
+            self.held.clear();
         }
         loop {
             tokio::select! {
                 read = client.read(&mut up) => {
                     match read {
                         Ok(0) | Err(_) => return,
-                        Ok(n) if keeps => {
-                            let scanned = self.frames.scan(&up[..n], true);
-                            kept.extend_from_slice(&up[..n]);
-                            self.controls.held.add(n, scanned.completed, scanned.withdrawn);
-                        }
+                        Ok(n) if keeps => self.keep(&up[..n]),
                         Ok(_) => {}
                     }
                 }
-                read = read_opt(server.as_mut(), &mut down) => {
+                read = self.server.read(&mut down), if server_open => {
                     if matches!(read, Ok(0) | Err(_)) {
-                        server = None;
+                        server_open = false;
                     }
                 }
                 changed = self.controls.deliveries.changed() => {
@@ -715,11 +716,9 @@ impl Connection {
                         return;
                     }
                     self.controls.deliveries.borrow_and_update();
-                    let late = std::mem::take(&mut kept);
-                    if let Some(to) = server.as_mut() {
-                        if !late.is_empty() && to.write_all(&late).await.is_err() {
-                            server = None;
-                        }
+                    let late = std::mem::take(&mut self.held);
+                    if server_open && !late.is_empty() && self.server.write_all(&late).await.is_err() {
+                        server_open = false;
                     }
                 }
             }

@@ -1,8 +1,6 @@
 //! Keys nobody should keep: a name found standing, a key its acquisition gave up on, a
 //! key left after the run.
 
-use std::collections::HashMap;
-
 use tokio::time::Instant;
 
 use super::model::Event;
@@ -40,16 +38,7 @@ pub(super) fn name_reuse(ctx: &Ctx<'_>, verdict: &mut Verdict) {
 /// acquisition's cleanup and the session's sweep remove it, or its lease takes it; never
 /// a key nobody owns left under a lease that is renewed.
 pub(super) fn key_left(ctx: &Ctx<'_>, verdict: &mut Verdict) {
-    let mut returned: HashMap<u64, Instant> = HashMap::new();
-    for event in ctx.events {
-        match event {
-            Event::Missed { id, at } | Event::Failed { id, at, .. } => {
-                returned.insert(*id, *at);
-            }
-            _ => {}
-        }
-    }
-    for (id, at) in &returned {
+    for (id, at) in &ctx.returned {
         let Some(lives) = ctx.of_acquisition.get(id) else {
             continue;
         };

@@ -141,6 +141,8 @@ struct Ctx<'a> {
     of_acquisition: HashMap<u64, Vec<&'a Life>>,
     /// The last revision at which each lease was used for a put.
     last_put: HashMap<i64, i64>,
+    /// When each acquisition returned without the lock (a miss or a failure).
+    returned: HashMap<u64, Instant>,
 }
 
 impl<'a> Ctx<'a> {
@@ -238,15 +240,14 @@ impl<'a> Ctx<'a> {
             out.push_str(&line);
             out.push('\n');
         }
-        let seen = |at: &Instant| secs(at);
         out.push_str(&format!(
             "  its key: created at revision {} (seen {:.3}s), {}\n",
             life.created,
-            seen(&life.created_seen),
+            secs(&life.created_seen),
             life.deleted
                 .map_or("never deleted".to_owned(), |(revision, at)| format!(
                     "deleted at revision {revision} (seen {:.3}s)",
-                    seen(&at)
+                    secs(&at)
                 ))
         ));
         out
@@ -335,6 +336,13 @@ pub(crate) fn check(
             },
         ),
         last_put,
+        returned: events
+            .iter()
+            .filter_map(|event| match event {
+                Event::Missed { id, at } | Event::Failed { id, at, .. } => Some((*id, *at)),
+                _ => None,
+            })
+            .collect(),
     };
     let mut verdict = Verdict::default();
     grants::token_and_exclusion(&ctx, &mut verdict);

@@ -22,9 +22,7 @@
 
 use std::collections::HashMap;
 
-use tokio::time::Instant;
-
-use super::model::{Event, Grant, Life, acquisition_of, revision_times};
+use super::model::{Grant, Life, acquisition_of, revision_times};
 use super::queue::first_admission;
 use super::{Ctx, STALL_BOUND, Verdict};
 
@@ -48,15 +46,6 @@ pub(super) fn progress(ctx: &Ctx<'_>, verdict: &mut Verdict) {
         .map(|g| ((g.key.as_bytes(), g.token), g))
         .collect();
     let seen_at = revision_times(ctx.history);
-    // When each acquisition returned without the lock.
-    let returned: HashMap<u64, Instant> = ctx
-        .events
-        .iter()
-        .filter_map(|event| match event {
-            Event::Missed { id, at } | Event::Failed { id, at, .. } => Some((*id, *at)),
-            _ => None,
-        })
-        .collect();
     let admission = |life: &Life| {
         ctx.by_prefix
             .get(life.prefix.as_slice())
@@ -90,7 +79,7 @@ pub(super) fn progress(ctx: &Ctx<'_>, verdict: &mut Verdict) {
         };
         let bound = STALL_BOUND + ctx.operator.revoked_slack(since, since + STALL_BOUND);
         let gave_up = acquisition_of(&life.value)
-            .and_then(|id| returned.get(&id))
+            .and_then(|id| ctx.returned.get(&id))
             .is_some_and(|at| *at <= since + bound);
         if gave_up {
             // Nobody waits on it: key left's (module docs).
