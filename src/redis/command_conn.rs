@@ -55,8 +55,8 @@
 //!
 //! The scripts need no loading on the new connection: the server's script cache is not
 //! per connection. A server that lost them (a restart, a failover) answers `NOSCRIPT`,
-//! on which redis-rs 1.2.2's `ScriptInvocation::invoke_async` loads the script and calls
-//! it again (`script.rs`), and `Node::renew` (a pipeline, which does not) does the same.
+//! on which a script call loads the script and calls it again (`script_call.rs`), and
+//! `Node::renew` (a pipeline) does the same.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};

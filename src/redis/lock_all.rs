@@ -76,6 +76,7 @@ use super::guard::RedisGuard;
 use super::keys::LockKeys;
 use super::locker::MIN_TTL;
 use super::node::{Attempt, Node, Waiter, malformed, millis, remaining};
+use super::script_call::ScriptCall;
 use super::scripts;
 use super::subscriber::Subscriber;
 use super::target::{Grantee, Target};
@@ -168,27 +169,25 @@ impl Target for LockSet {
         label: &str,
         waiter: Option<Waiter<'_>>,
     ) -> Result<Attempt<Vec<FencingToken>>, LockError> {
-        let mut invocation = scripts::LOCK_ALL.prepare_invoke();
-        for (_, keys) in self.locks.iter() {
-            invocation
-                .key(&*keys.lock)
-                .key(keys.counter())
-                .key(keys.waiters());
-        }
+        let names: Vec<&str> = self
+            .locks
+            .iter()
+            .flat_map(|(_, keys)| [&*keys.lock, keys.counter(), keys.waiters()])
+            .collect();
+        let mut call = ScriptCall::new(&scripts::LOCK_ALL, &names, 5);
         let (id, lease, previous) = waiter.map_or(("", 0, 0), |w| {
             // (The script counts locks from 1; 0: none.)
             let previous = w.previous.map_or(0, |lock| lock + 1);
             (w.id, millis(w.lease), previous)
         });
-        invocation
-            .arg(value)
+        call.arg(value)
             .arg(millis(ttl))
             .arg(id)
             .arg(lease)
             .arg(previous);
         let mut conn = node.connection();
         let reply: Vec<i64> = node
-            .call("acquire", Some(label), invocation.invoke_async(&mut conn))
+            .call("acquire", Some(label), call.invoke(&mut conn))
             .await?;
         match reply.split_first() {
             Some((1, tokens)) if tokens.len() == self.locks.len() => tokens

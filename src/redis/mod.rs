@@ -26,6 +26,7 @@ mod operate;
 mod owner;
 mod redlock_inspect;
 mod renewer;
+mod script_call;
 mod scripts;
 mod semaphore;
 mod subscriber;

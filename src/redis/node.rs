@@ -5,11 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind, RedisError, ServerErrorKind};
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, ServerErrorKind};
 
 use super::RedisConfig;
 use super::command_conn::CommandConn;
 use super::keys::LockKeys;
+use super::script_call::ScriptCall;
 use super::scripts;
 use crate::{Backend, FencingToken, LockError};
 
@@ -223,14 +224,10 @@ impl Node {
         lock: &str,
     ) -> Result<Option<FencingToken>, LockError> {
         let mut conn = self.connection();
-        let mut invocation = scripts::ADVANCE.prepare_invoke();
-        invocation.key(counter).key(key).arg(floor.get()).arg(owner);
+        let mut call = ScriptCall::new(&scripts::ADVANCE, &[counter, key], 2);
+        call.arg(floor.get()).arg(owner);
         let token: i64 = self
-            .call(
-                "advance token",
-                Some(lock),
-                invocation.invoke_async(&mut conn),
-            )
+            .call("advance token", Some(lock), call.invoke(&mut conn))
             .await?;
         if token == -1 {
             return Ok(None);
@@ -318,20 +315,13 @@ impl Node {
             return self.acquire_one(slot, keys, value, ttl, lock, waiter).await;
         }
         let mut conn = self.connection();
-        let mut invocation = scripts::ACQUIRE.prepare_invoke();
-        for slot in keys.slots() {
-            invocation.key(&**slot);
-        }
+        let mut names: Vec<&str> = keys.slots().iter().map(|slot| &**slot).collect();
+        names.extend([keys.counter(), keys.waiters()]);
+        let mut call = ScriptCall::new(&scripts::ACQUIRE, &names, 4);
         let (id, lease) = waiter.map_or(("", 0), |w| (w.id, millis(w.lease)));
-        invocation
-            .key(keys.counter())
-            .key(keys.waiters())
-            .arg(value)
-            .arg(millis(ttl))
-            .arg(id)
-            .arg(lease);
+        call.arg(value).arg(millis(ttl)).arg(id).arg(lease);
         let reply: Vec<i64> = self
-            .call("acquire", Some(lock), invocation.invoke_async(&mut conn))
+            .call("acquire", Some(lock), call.invoke(&mut conn))
             .await?;
         match reply.as_slice() {
             [1, token, slot] => match (u64::try_from(*token), usize::try_from(*slot)) {
@@ -371,15 +361,19 @@ impl Node {
     ) -> Result<Attempt, LockError> {
         let counter = keys.counter();
         let mut conn = self.connection();
-        let mut pipe = redis::pipe();
-        pipe.cmd("SET")
+        // Each command allocated once at its size (redis-rs grows one from empty, an
+        // allocation per doubling: about five per attempt, `script_call.rs`).
+        let mut set = Cmd::with_capacity(6, slot.len() + value.len() + 32);
+        set.arg("SET")
             .arg(slot)
             .arg(value)
             .arg("NX")
             .arg("PX")
-            .arg(millis(ttl))
-            .cmd("INCR")
-            .arg(counter);
+            .arg(millis(ttl));
+        let mut incr = Cmd::with_capacity(2, counter.len() + 4);
+        incr.arg("INCR").arg(counter);
+        let mut pipe = Pipeline::with_capacity(2);
+        pipe.add_command(set).add_command(incr);
         // The `SET` answers `OK` or nil: read as a value, not a `String` (an allocation
         // per attempt for two known bytes), and only `OK` grants.
         let (set, token): (redis::Value, i64) = self
@@ -399,14 +393,10 @@ impl Node {
         }
         let pttl: i64 = match waiter.filter(|w| w.register) {
             Some(waiter) => {
-                let mut invocation = scripts::REGISTER.prepare_invoke();
-                invocation
-                    .key(slot)
-                    .key(keys.waiters())
-                    .arg(waiter.id)
-                    .arg(millis(waiter.lease));
+                let mut call = ScriptCall::new(&scripts::REGISTER, &[slot, keys.waiters()], 2);
+                call.arg(waiter.id).arg(millis(waiter.lease));
                 let pttl = self
-                    .call("acquire", Some(lock), invocation.invoke_async(&mut conn))
+                    .call("acquire", Some(lock), call.invoke(&mut conn))
                     .await?;
                 return Ok(Attempt::Held {
                     remaining: remaining(pttl),
@@ -442,15 +432,12 @@ impl Node {
         waiter: Option<&str>,
     ) -> Result<bool, LockError> {
         let mut conn = self.connection();
-        let mut invocation = scripts::RELEASE.prepare_invoke();
-        invocation
-            .key(&*keys.lock)
-            .key(keys.waiters())
-            .arg(owner)
+        let mut call = ScriptCall::new(&scripts::RELEASE, &[&keys.lock, keys.waiters()], 3);
+        call.arg(owner)
             .arg(keys.channel())
             .arg(waiter.unwrap_or_default());
         let deleted: i64 = self
-            .call("release", Some(lock), invocation.invoke_async(&mut conn))
+            .call("release", Some(lock), call.invoke(&mut conn))
             .await?;
         Ok(deleted == 1)
     }

@@ -9,6 +9,7 @@
 
 use super::keys::LockKeys;
 use super::locker::RedisLocker;
+use super::script_call::ScriptCall;
 use super::scripts;
 use crate::{LockError, validate_name};
 
@@ -79,10 +80,10 @@ impl RedisLocker {
         let mut conn = node.connection();
         // The whole value as it was read, not the owner parsed out of it: exactly the
         // holder shown is ended, whatever its value holds.
-        let mut invocation = scripts::BREAK.prepare_invoke();
-        invocation.key(key).arg(value).arg(keys.channel());
+        let mut call = ScriptCall::new(&scripts::BREAK, &[key], 2);
+        call.arg(value).arg(keys.channel());
         let deleted: i64 = node
-            .call("break", Some(name), invocation.invoke_async(&mut conn))
+            .call("break", Some(name), call.invoke(&mut conn))
             .await?;
         Ok(deleted == 1)
     }

@@ -33,6 +33,7 @@ mod redlock_slow_refusal;
 mod release_not_owner;
 mod renewal_traffic;
 mod reregister_after_reconnect;
+mod script_cache_flushed;
 mod semaphore;
 mod server_version;
 mod sleep_never_past_expiry;
