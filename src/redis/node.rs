@@ -361,8 +361,9 @@ impl Node {
     ) -> Result<Attempt, LockError> {
         let counter = keys.counter();
         let mut conn = self.connection();
-        // Each command allocated once at its size (redis-rs grows one from empty, an
-        // allocation per doubling: about five per attempt, `script_call.rs`).
+        // Each command allocated once at its size: `pipe().cmd(..)` starts each from
+        // empty (`Cmd::new`) and grows it an allocation per doubling, about five per
+        // attempt.
         let mut set = Cmd::with_capacity(6, slot.len() + value.len() + 32);
         set.arg("SET")
             .arg(slot)
@@ -432,7 +433,7 @@ impl Node {
         waiter: Option<&str>,
     ) -> Result<bool, LockError> {
         let mut conn = self.connection();
-        let mut call = ScriptCall::new(&scripts::RELEASE, &[&keys.lock, keys.waiters()], 3);
+        let mut call = ScriptCall::new(&scripts::RELEASE, &[&*keys.lock, keys.waiters()], 3);
         call.arg(owner)
             .arg(keys.channel())
             .arg(waiter.unwrap_or_default());
@@ -480,25 +481,18 @@ impl Node {
             pipe.invoke_script(&invocation);
         }
         let mut conn = self.connection();
-        let first = self
-            .call("renew", None, pipe.query_async::<Vec<Vec<i64>>>(&mut conn))
-            .await;
-        let replies = match first {
-            // The server lost its scripts (restart, failover, SCRIPT FLUSH): load, retry.
-            Err(LockError::Backend { ref source, .. })
-                if source.to_string().contains("NOSCRIPT") =>
-            {
-                self.call(
-                    "renew",
-                    None,
-                    scripts::RENEW.prepare_invoke().load_async(&mut conn),
-                )
-                .await?;
-                self.call("renew", None, pipe.query_async::<Vec<Vec<i64>>>(&mut conn))
-                    .await?
+        let renewal = async {
+            match pipe.query_async::<Vec<Vec<i64>>>(&mut conn).await {
+                // The server lost its scripts (restart, failover, SCRIPT FLUSH): none of
+                // the calls ran (`script_call.rs`); load, send again.
+                Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    scripts::RENEW.load_async(&mut conn).await?;
+                    pipe.query_async(&mut conn).await
+                }
+                answer => answer,
             }
-            other => other?,
         };
+        let replies = self.call("renew", None, renewal).await?;
         Ok(replies.into_iter().flatten().map(|r| r == 1).collect())
     }
 }

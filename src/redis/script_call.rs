@@ -1,21 +1,27 @@
-//! One script call, built straight into one command sized for it.
+//! One script call, built straight into one command.
 //!
-//! redis-rs's `ScriptInvocation` copies every key and argument into a vector of its own,
-//! then into the `EVALSHA` command, which it grows as it goes: seven to nine allocations
-//! for the release's five strings, on every lock cycle (`examples/alloc_count.rs`; on a
-//! 2-core machine at 64 tasks the client's allocations are about a third of its CPU,
-//! contended in glibc's arenas). A [`ScriptCall`] writes them once, into a command
-//! allocated once, and answers `NOSCRIPT` as `ScriptInvocation::invoke_async` does: it
-//! loads the script and sends the same command again (a server that lost its scripts: a
-//! restart, a failover, `SCRIPT FLUSH`). Sending it again is safe for every script it is
-//! used for: each is a compare-and-act that a second run after a `NOSCRIPT` (which ran
-//! nothing) applies once.
+//! redis-rs's `ScriptInvocation` copies every key and argument into a vector of its own
+//! (one allocation each, and the two vectors' growth), and only then into the `EVALSHA`
+//! command: seven to nine allocations for the release's five strings, on every lock
+//! cycle (`examples/alloc_count.rs`; on a 2-core machine at 64 tasks the client's
+//! allocations were about a third of its CPU, contended in glibc's arenas). A
+//! [`ScriptCall`] writes them once, into the command.
+//!
+//! It answers `NOSCRIPT` as `ScriptInvocation::invoke_async` does: it loads the script
+//! and sends the same command again (a server that lost its scripts: a restart, a
+//! failover, `SCRIPT FLUSH`). Sending again is safe because a `NOSCRIPT` answer means
+//! the server ran nothing of the call: it looks the script up before running any of it.
+//! Only that answer may be sent again. After a timeout or a dropped connection the call
+//! may have run, and a second `ACQUIRE` or `LOCK_ALL` would take another free slot under
+//! the same owner (a key nobody releases, until its TTL).
 
 use redis::aio::ConnectionManager;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, ToRedisArgs};
 
-/// Bytes reserved per argument beyond the keys: an owner value (32), a channel name or a
-/// waiter id; a longer one grows the command once.
+/// Bytes reserved for the arguments, per argument (all share the budget): an owner value
+/// (32 bytes), a channel name, a waiter id; an owner value with its holder record (about
+/// 130) is balanced by the short ones. A call whose arguments outgrow it grows the
+/// command, as redis-rs's would.
 const ARG_BYTES: usize = 64;
 
 /// An `EVALSHA` of a script with its keys and arguments.
@@ -48,14 +54,15 @@ impl ScriptCall {
         self
     }
 
-    /// Sends the call; on `NOSCRIPT`, loads the script and sends it again.
+    /// Sends the call; on `NOSCRIPT` (and on nothing else: see the module docs), loads
+    /// the script and sends it again.
     pub(crate) async fn invoke<T: FromRedisValue>(
         &self,
         conn: &mut ConnectionManager,
     ) -> RedisResult<T> {
         match self.cmd.query_async(conn).await {
             Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.script.prepare_invoke().load_async(conn).await?;
+                self.script.load_async(conn).await?;
                 self.cmd.query_async(conn).await
             }
             answer => answer,
@@ -65,23 +72,62 @@ impl ScriptCall {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::LazyLock;
+
     use super::ScriptCall;
 
-    static ECHO: std::sync::LazyLock<redis::Script> =
-        std::sync::LazyLock::new(|| redis::Script::new("return {KEYS[1], ARGV[1], ARGV[2]}"));
+    static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new("return 1"));
+
+    const OWNER: &str = "0123456789abcdef0123456789abcdef";
+
+    /// The bytes redis-rs's own invocation of `SCRIPT` with `keys` and `args` sends.
+    fn as_redis_rs_sends(keys: &[&str], args: &[&str]) -> Vec<u8> {
+        let mut invocation = SCRIPT.prepare_invoke();
+        for key in keys {
+            invocation.key(*key);
+        }
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        redis::pipe()
+            .invoke_script(&invocation)
+            .get_packed_pipeline()
+    }
 
     #[test]
-    fn the_command_is_the_evalsha_redis_rs_builds() {
-        let mut call = ScriptCall::new(&ECHO, &["lock:a"], 2);
-        call.arg("0123456789abcdef0123456789abcdef").arg(1500_u64);
-        let packed = call.cmd.get_packed_command();
-        let text = String::from_utf8_lossy(&packed);
-        let hash = ECHO.get_hash();
+    fn a_release_is_sent_as_redis_rs_sends_it_with_its_empty_waiter_id() {
+        let keys = ["p:lock:door", "p:waiters:door"];
+        let mut call = ScriptCall::new(&SCRIPT, &keys, 3);
+        call.arg(OWNER).arg("p:released:door").arg("");
         assert_eq!(
-            text,
-            format!(
-                "*6\r\n$7\r\nEVALSHA\r\n$40\r\n{hash}\r\n$1\r\n1\r\n$6\r\nlock:a\r\n$32\r\n0123456789abcdef0123456789abcdef\r\n$4\r\n1500\r\n"
-            )
+            call.cmd.get_packed_command(),
+            as_redis_rs_sends(&keys, &[OWNER, "p:released:door", ""])
+        );
+    }
+
+    #[test]
+    fn many_keys_and_numbers_are_sent_as_redis_rs_sends_them() {
+        // A semaphore's three slots, its counter and its waiters (lock_all's three names
+        // per lock are the same shape), a value longer than the arguments' budget, and
+        // numbers as their decimal digits.
+        let keys = [
+            "p:permit:s:0",
+            "p:permit:s:1",
+            "p:permit:s:2",
+            "p:permit-token:s",
+            "p:permit-waiters:s",
+        ];
+        let value = format!(
+            "{OWNER}\nfencelock-holder/1 host=host-a pid=4121 program=report.sh since=1764684131123 ttl=10000 label=nightly-report-job"
+        );
+        let mut call = ScriptCall::new(&SCRIPT, &keys, 4);
+        call.arg(value.as_bytes())
+            .arg(10_000_u64)
+            .arg("")
+            .arg(0_u64);
+        assert_eq!(
+            call.cmd.get_packed_command(),
+            as_redis_rs_sends(&keys, &[&value, "10000", "", "0"])
         );
     }
 }
