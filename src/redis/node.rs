@@ -483,8 +483,10 @@ impl Node {
         let mut conn = self.connection();
         let renewal = async {
             match pipe.query_async::<Vec<Vec<i64>>>(&mut conn).await {
-                // The server lost its scripts (restart, failover, SCRIPT FLUSH): none of
-                // the calls ran (`script_call.rs`); load, send again.
+                // The server lost its scripts (restart, failover, SCRIPT FLUSH): load,
+                // send again. With several chunks, some may have run (the scripts lost
+                // or loaded between them), which a second run repeats harmlessly: a
+                // renewal only extends the keys that still hold their owner values.
                 Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     scripts::RENEW.load_async(&mut conn).await?;
                     pipe.query_async(&mut conn).await
