@@ -7,6 +7,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use fencelock::testkit::RedisServer;
 use fencelock::{LockBackend, LockGuard, LockOptions};
 use redis::aio::MultiplexedConnection;
 
@@ -26,28 +27,19 @@ async fn flush_scripts(conn: &mut MultiplexedConnection) {
 }
 
 /// How many `SCRIPT LOAD`s the server ran (its `INFO commandstats`).
-async fn script_loads(conn: &mut MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
+async fn script_loads(server: &RedisServer) -> u64 {
+    server
+        .command_calls("script|load")
         .await
-        .expect("INFO commandstats");
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_script|load:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().expect("a count of calls"))
+        .expect("INFO commandstats")
 }
 
 /// Runs `step` and asserts that it loaded a script again.
-async fn reloads<T>(
-    conn: &mut MultiplexedConnection,
-    what: &str,
-    step: impl Future<Output = T>,
-) -> T {
-    let before = script_loads(conn).await;
+async fn reloads<T>(server: &RedisServer, what: &str, step: impl Future<Output = T>) -> T {
+    let before = script_loads(server).await;
     let out = step.await;
     assert!(
-        script_loads(conn).await > before,
+        script_loads(server).await > before,
         "{what}: answered NOSCRIPT, it loads its script and calls again"
     );
     out
@@ -65,13 +57,13 @@ async fn every_script_call_loads_its_script_again_after_the_server_lost_them() {
     let guard = locker.lock("door", &options).await.expect("lock");
     let key = guard.key().to_owned();
     flush_scripts(&mut conn).await;
-    released(reloads(&mut conn, "a release", guard.release()).await);
+    released(reloads(&server, "a release", guard.release()).await);
     assert!(!exists(&mut conn, &key).await, "the released key is gone");
 
     // A semaphore's acquisition is one script call.
     let semaphore = locker.semaphore("pool", 2).expect("semaphore");
     flush_scripts(&mut conn).await;
-    let permit = reloads(&mut conn, "a permit", semaphore.acquire(&options))
+    let permit = reloads(&server, "a permit", semaphore.acquire(&options))
         .await
         .expect("permit");
     released(permit.release().await);
@@ -79,7 +71,7 @@ async fn every_script_call_loads_its_script_again_after_the_server_lost_them() {
     // So is taking several locks at once.
     flush_scripts(&mut conn).await;
     let both = reloads(
-        &mut conn,
+        &server,
         "lock_all",
         locker.try_lock_all(&["left", "right"], &options),
     )
@@ -93,16 +85,16 @@ async fn every_script_call_loads_its_script_again_after_the_server_lost_them() {
     // release message takes the lock at once.
     let holder = locker.lock("gate", &long_held()).await.expect("lock");
     let waiter = sleepy_locker(&server, &prefix).await;
-    let before = script_loads(&mut conn).await;
+    let before = script_loads(&server).await;
     flush_scripts(&mut conn).await;
     let waiting = tokio::spawn(async move { waiter.lock("gate", &LockOptions::new()).await });
     until_waiters(&mut conn, &format!("{prefix}:waiters:gate"), 1).await;
     assert!(
-        script_loads(&mut conn).await > before,
+        script_loads(&server).await > before,
         "the registration loaded its script"
     );
     flush_scripts(&mut conn).await;
-    released(reloads(&mut conn, "the holder's release", holder.release()).await);
+    released(reloads(&server, "the holder's release", holder.release()).await);
     let next = within(Duration::from_secs(10), "the waiter's grant", waiting)
         .await
         .expect("join")
@@ -121,7 +113,7 @@ async fn every_script_call_loads_its_script_again_after_the_server_lost_them() {
         .expect("DEL");
     flush_scripts(&mut conn).await;
     let after = reloads(
-        &mut conn,
+        &server,
         "a token's advance",
         locker.lock("ledger", &options),
     )
@@ -142,14 +134,14 @@ async fn every_script_call_loads_its_script_again_after_the_server_lost_them() {
         .expect("lock");
     // Counted before the flush: a renewal due at once (an answer that came late) may
     // reload between the flush and a count after it.
-    let before = script_loads(&mut conn).await;
+    let before = script_loads(&server).await;
     flush_scripts(&mut conn).await;
     let flushed = tokio::time::Instant::now();
     within(
         Duration::from_secs(5),
         "a renewal reloads its script",
         async {
-            while script_loads(&mut conn).await == before {
+            while script_loads(&server).await == before {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         },
@@ -168,7 +160,7 @@ async fn every_script_call_loads_its_script_again_after_the_server_lost_them() {
     let stuck = locker.lock("stuck", &long_held()).await.expect("lock");
     flush_scripts(&mut conn).await;
     let broken = reloads(
-        &mut conn,
+        &server,
         "break",
         locker.break_holder("stuck", stuck.owner()),
     )
