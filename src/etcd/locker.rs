@@ -141,6 +141,15 @@ impl EtcdLocker {
         self.inner.hub.stop_task();
     }
 
+    /// How many times the client's watch task has woken so far, for tests of what wakes
+    /// it.
+    #[cfg(feature = "testkit")]
+    #[doc(hidden)]
+    #[must_use]
+    pub fn watch_task_turns_for_test(&self) -> u64 {
+        self.inner.hub.turns()
+    }
+
     /// The underlying etcd client, for reads and writes beside the locks.
     #[must_use]
     pub fn client(&self) -> &Client {

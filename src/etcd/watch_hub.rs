@@ -16,6 +16,7 @@
 //! Followers register under a lock shared with the task, so a grant costs no hop to the
 //! task; only opening and closing watches does.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -56,6 +57,9 @@ struct Shared {
     /// Set when the task has stopped (a panic, an abort): the waiters' signals come from
     /// the state, whose senders outlive the task, so they would never hear of it.
     stopped: Arc<tokio::sync::watch::Sender<bool>>,
+    /// How many turns the task has taken (each wake-up is one): short holds must not cost
+    /// one each (`watch_timers.rs`); tests read it.
+    turns: AtomicU64,
 }
 
 /// Sets [`Shared::stopped`] when dropped with the task's future, however it ends.
@@ -87,6 +91,7 @@ impl WatchHub {
             state: Mutex::new(HubState::default()),
             actions,
             stopped: stopped.clone(),
+            turns: AtomicU64::new(0),
         });
         let task = HubTask {
             kv: super::answers::kv(&client),
@@ -106,6 +111,12 @@ impl WatchHub {
     #[cfg(feature = "testkit")]
     pub(crate) fn stop_task(&self) {
         self.task.abort();
+    }
+
+    /// How many turns the watch task has taken so far (a test's count of its wake-ups).
+    #[cfg(feature = "testkit")]
+    pub(crate) fn turns(&self) -> u64 {
+        self.shared.turns.load(Ordering::Relaxed)
     }
 
     /// Whether the lock's watch is open (or being opened): following it before a join
@@ -337,9 +348,10 @@ impl HubTask {
             let Some(shared) = self.shared.upgrade() else {
                 return;
             };
+            shared.turns.fetch_add(1, Ordering::Relaxed);
             let (failing, due) = {
                 let mut state = shared.state();
-                (state.has_failing(), state.next_timer())
+                (state.has_failing(), state.next_timer(Instant::now()))
             };
             drop(shared);
             self.next_retry = match (failing, self.next_retry) {

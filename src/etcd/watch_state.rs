@@ -30,8 +30,7 @@
 //!   (most locks) costs the server no watch and no event: on the machines measured, one
 //!   watch event per release cost etcd a third more CPU per lock cycle.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -39,6 +38,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::time::{Duration, Instant};
 
 use super::small_map::SmallMap;
+use super::watch_timers::Timers;
 
 /// A lock prefix or key as the tables keep it: shared with the acquisition that follows it
 /// (one client may follow 100,000 keys; a copy per table is a heap block each).
@@ -244,7 +244,7 @@ struct LockWatch {
     waiters: SmallMap<u64, mpsc::UnboundedSender<Signal>>,
     keys: SmallMap<Name, KeyEntry>,
     idle_since: Option<Instant>,
-    /// The time of this watch's entry in [`HubState::timers`], if it has one.
+    /// The time of this watch's live entry in [`HubState::timers`], if it has one.
     queued: Option<Instant>,
 }
 
@@ -308,13 +308,10 @@ pub(crate) struct HubState {
     pending: VecDeque<i64>,
     next_id: i64,
     next_follower: u64,
-    /// When the task means to wake next (for deferred watches); `None` if it sleeps on.
-    planned_wake: Option<Instant>,
-    /// Deferred watches to ask for and idle ones to close, earliest first: at most one
-    /// entry per watch ([`LockWatch::queued`]); an entry whose watch changed since is
-    /// checked again when it comes up. A heap, not a scan: one client may follow 100,000
-    /// locks, and the task consults this on every turn.
-    timers: BinaryHeap<Reverse<(Instant, Name)>>,
+    /// Deferred watches to ask for and idle ones to close, and when the task wakes for
+    /// them: at most one live entry per watch ([`LockWatch::queued`]); an entry whose
+    /// watch changed since is checked again when it comes up.
+    timers: Timers,
     /// Watches that failed and wait to be asked again (some may have recovered since).
     failing: HashSet<Name>,
 }
@@ -474,7 +471,7 @@ impl HubState {
             if let Some(watch) = self.locks.get_mut(prefix) {
                 watch.queued = Some(due);
             }
-            self.timers.push(Reverse((due, name)));
+            self.timers.push(due, name);
         }
     }
 
@@ -486,43 +483,25 @@ impl HubState {
         let Some(due) = self.locks.get(prefix).and_then(|w| w.queued) else {
             return;
         };
-        if self.planned_wake.is_none_or(|planned| planned > due) {
-            self.planned_wake = Some(due);
+        if self.timers.wake_for(due) {
             actions.push(Action::Wake);
         }
     }
 
-    /// When the next timer is due; the task plans to wake then. Entries of watches gone
-    /// or queued again since are dropped first: at one short hold after another (each
-    /// deferred, then forgotten at its release) the task then sleeps instead of waking
-    /// for every one of them.
-    pub(crate) fn next_timer(&mut self) -> Option<Instant> {
-        while let Some(Reverse((at, prefix))) = self.timers.peek() {
-            let live = self
-                .locks
-                .get(prefix)
-                .is_some_and(|w| w.queued == Some(*at));
-            if live {
-                break;
-            }
-            self.timers.pop();
-        }
-        let next = self.timers.peek().map(|Reverse((at, _))| *at);
-        self.planned_wake = next;
-        next
+    /// When the task, planning at `now`, wakes next (see [`Timers::plan`]): an entry
+    /// stands while its watch is still queued for its time.
+    pub(crate) fn next_timer(&mut self, now: Instant) -> Option<Instant> {
+        let locks = &self.locks;
+        self.timers.plan(now, |at, prefix| {
+            locks.get(prefix).is_some_and(|w| w.queued == Some(at))
+        })
     }
 
     /// Runs the timers that are due: asks for the deferred watches still followed (from
     /// their start revision: nothing since the grant is missed) and forgets the others;
     /// closes the watches idle for [`LINGER`].
     pub(crate) fn run_timers(&mut self, now: Instant, actions: &mut Vec<Action>) {
-        while let Some(Reverse((at, _))) = self.timers.peek() {
-            if *at > now {
-                break;
-            }
-            let Some(Reverse((at, prefix))) = self.timers.pop() else {
-                break;
-            };
+        while let Some((at, prefix)) = self.timers.pop_due(now) {
             let Some(watch) = self.locks.get_mut(&prefix) else {
                 continue;
             };
@@ -656,8 +635,7 @@ impl HubState {
             deferred.phase = Phase::Deferred(open_at);
             self.locks.insert(prefix.clone(), deferred);
             self.schedule(prefix);
-            if self.planned_wake.is_none_or(|planned| planned > open_at) {
-                self.planned_wake = Some(open_at);
+            if self.timers.wake_for(open_at) {
                 actions.push(Action::Wake);
             }
         }
@@ -1105,7 +1083,7 @@ mod tests {
             vec![Action::Wake],
             "nothing asked of the server yet"
         );
-        assert_eq!(state.next_timer(), Some(now + DEFER));
+        assert_eq!(state.next_timer(now), Some(now + DEFER));
         let mut actions = Vec::new();
         state.run_timers(now + DEFER, &mut actions);
         assert!(
@@ -1137,6 +1115,56 @@ mod tests {
         let mut actions = Vec::new();
         state.hold(&name(P), &name(b"ns/x/k-0"), 50, None, now, &mut actions);
         assert!(actions.is_empty(), "{actions:?}");
+    }
+
+    #[test]
+    fn short_holds_one_after_another_wake_the_task_once_not_once_each() {
+        let now = Instant::now();
+        let mut state = HubState::default();
+        let key = name(b"ns/x/k-0");
+        for i in 0..50u32 {
+            let at = now + Duration::from_micros(250) * i;
+            let mut actions = Vec::new();
+            let held = state.hold(&name(P), &key, 41 + i64::from(i), None, at, &mut actions);
+            assert_eq!(
+                actions.is_empty(),
+                i > 0,
+                "hold {i}: only the first wakes the task: {actions:?}"
+            );
+            state.untrack(P, &key, held.follower, at, &mut Vec::new());
+            // Were the task to plan after the release (woken, it runs after the caller):
+            // the grant's time is still ahead, so it sleeps until then, not with no
+            // deadline that the next grant would have to wake it from.
+            assert_eq!(state.next_timer(at), Some(at + DEFER), "hold {i}");
+        }
+        let mut actions = Vec::new();
+        state.run_timers(now + DEFER, &mut actions);
+        assert!(actions.is_empty(), "every hold was released: {actions:?}");
+        assert_eq!(state.watched(), 0);
+    }
+
+    #[test]
+    fn a_hold_that_outlives_stale_entries_gets_its_watch_on_time() {
+        let now = Instant::now();
+        let mut state = HubState::default();
+        let key = name(b"ns/x/k-0");
+        let short = state.hold(&name(P), &key, 41, None, now, &mut Vec::new());
+        state.untrack(P, &key, short.follower, now, &mut Vec::new());
+        assert_eq!(state.next_timer(now), Some(now + DEFER));
+        // Granted again 1 ms later and held: no wake-up, the task wakes before it is due.
+        let later = now + Duration::from_millis(1);
+        let mut actions = Vec::new();
+        let held = state.hold(&name(P), &key, 43, None, later, &mut actions);
+        assert!(actions.is_empty(), "{actions:?}");
+        state.run_timers(now + DEFER, &mut actions);
+        assert!(actions.is_empty(), "not due yet: {actions:?}");
+        assert_eq!(state.next_timer(now + DEFER), Some(later + DEFER));
+        state.run_timers(later + DEFER, &mut actions);
+        assert!(
+            matches!(actions.as_slice(), [Action::Open { start: 44, .. }]),
+            "{actions:?}"
+        );
+        assert!(!held.loss.is_lost());
     }
 
     #[test]
@@ -1253,7 +1281,7 @@ mod tests {
         state.unsubscribe(P, follower, now, &mut actions);
         // The task may sleep with no deadline: it is woken to plan the close.
         assert_eq!(actions, vec![Action::Wake]);
-        assert_eq!(state.next_timer(), Some(now + LINGER));
+        assert_eq!(state.next_timer(now), Some(now + LINGER));
         actions.clear();
         state.run_timers(now + LINGER / 2, &mut actions);
         assert!(actions.is_empty());
@@ -1278,10 +1306,10 @@ mod tests {
         state.unsubscribe(P, again, later, &mut Vec::new());
         state.run_timers(now + LINGER, &mut actions);
         assert!(actions.is_empty(), "closed too early: {actions:?}");
-        assert_eq!(state.next_timer(), Some(later + LINGER));
+        assert_eq!(state.next_timer(now), Some(later + LINGER));
         state.run_timers(later + LINGER, &mut actions);
         assert_eq!(actions, vec![Action::Cancel { id }]);
         assert_eq!(state.watched(), 0);
-        assert_eq!(state.next_timer(), None, "nothing left queued");
+        assert_eq!(state.next_timer(now), None, "nothing left queued");
     }
 }

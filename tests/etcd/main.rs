@@ -56,3 +56,4 @@ mod unreachable;
 mod watch_refused;
 mod watch_stream_lost;
 mod watch_task_stopped;
+mod watch_task_turns;
