@@ -357,9 +357,16 @@ impl HubTask {
             self.next_retry = match (failing, self.next_retry) {
                 (false, _) => None,
                 (true, None) => Some(Instant::now() + RETRY),
-                (true, due) => due,
+                (true, retry) => retry,
             };
             let wake = [self.next_retry, due].into_iter().flatten().min();
+            // Due already: run it before anything else, or a channel that stays ready
+            // (the biased select below takes actions first) would put it off for good:
+            // a held lock's deferred watch never asked for, its loss unseen.
+            if wake.is_some_and(|wake| wake <= Instant::now()) {
+                self.run_due().await;
+                continue;
+            }
             tokio::select! {
                 // Actions first: a watch asked for must be sent before later answers are
                 // awaited.
@@ -378,24 +385,27 @@ impl HubTask {
                         self.checked(checked).await;
                     }
                 }
-                () = sleep_until_opt(wake) => {
-                    let mut more = Vec::new();
-                    let now = Instant::now();
-                    let retry = self.next_retry.is_some_and(|due| due <= now);
-                    if retry {
-                        self.next_retry = None;
-                    }
-                    if let Some(shared) = self.shared.upgrade() {
-                        let mut state = shared.state();
-                        state.run_timers(now, &mut more);
-                        if retry {
-                            state.retry_failing(&mut more);
-                        }
-                    }
-                    self.perform(more).await;
-                }
+                () = sleep_until_opt(wake) => self.run_due().await,
             }
         }
+    }
+
+    /// Runs the timers that are due, and the retry of failed watches if that is due.
+    async fn run_due(&mut self) {
+        let mut more = Vec::new();
+        let now = Instant::now();
+        let retry = self.next_retry.is_some_and(|due| due <= now);
+        if retry {
+            self.next_retry = None;
+        }
+        if let Some(shared) = self.shared.upgrade() {
+            let mut state = shared.state();
+            state.run_timers(now, &mut more);
+            if retry {
+                state.retry_failing(&mut more);
+            }
+        }
+        self.perform(more).await;
     }
 
     /// Carries out `actions`, and whatever they lead to.

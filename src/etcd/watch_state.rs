@@ -492,7 +492,7 @@ impl HubState {
     /// stands while its watch is still queued for its time.
     pub(crate) fn next_timer(&mut self, now: Instant) -> Option<Instant> {
         let locks = &self.locks;
-        self.timers.plan(now, |at, prefix| {
+        self.timers.plan(now, DEFER, |at, prefix| {
             locks.get(prefix).is_some_and(|w| w.queued == Some(at))
         })
     }
@@ -634,10 +634,7 @@ impl HubState {
             let mut deferred = LockWatch::new(0, token + 1, now);
             deferred.phase = Phase::Deferred(open_at);
             self.locks.insert(prefix.clone(), deferred);
-            self.schedule(prefix);
-            if self.timers.wake_for(open_at) {
-                actions.push(Action::Wake);
-            }
+            self.schedule_waking(prefix, actions);
         }
         let watch = self.watch(prefix, token + 1, now, actions);
         let loss = Arc::new(KeyLoss::default());
@@ -1306,10 +1303,14 @@ mod tests {
         state.unsubscribe(P, again, later, &mut Vec::new());
         state.run_timers(now + LINGER, &mut actions);
         assert!(actions.is_empty(), "closed too early: {actions:?}");
-        assert_eq!(state.next_timer(now), Some(later + LINGER));
+        assert_eq!(state.next_timer(now + LINGER), Some(later + LINGER));
         state.run_timers(later + LINGER, &mut actions);
         assert_eq!(actions, vec![Action::Cancel { id }]);
         assert_eq!(state.watched(), 0);
-        assert_eq!(state.next_timer(now), None, "nothing left queued");
+        assert_eq!(
+            state.next_timer(later + LINGER),
+            None,
+            "nothing left queued"
+        );
     }
 }

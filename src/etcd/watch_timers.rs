@@ -12,7 +12,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use tokio::time::Instant;
+use tokio::time::{Duration, Instant};
 
 use super::watch_state::Name;
 
@@ -55,32 +55,39 @@ impl Timers {
         }
     }
 
-    /// When the task wakes next, planned at `now`; `is_live` says whether an entry still
-    /// stands. Stale entries ahead of the earliest live one are dropped, and the task
-    /// wakes at the earliest live one, or sooner: at the latest stale entry dropped here
-    /// if that is ahead of `now`. Planning past it (at a watch lingering 10 s, or with no
-    /// deadline when nothing is live) would make the next grant, due `DEFER` after it is
-    /// made and so after that stale entry, wake the task to plan again, and one short hold
-    /// after another would cost a turn of the task each (measured: one turn per lock cycle
-    /// at one task). Planned this way, they cost one per `DEFER`. Waking early is
-    /// harmless: the task runs what is due and plans again.
+    /// When the task wakes next, planned at `now`. `is_live` says whether an entry still
+    /// stands; `soonest` is the least time after its queuing at which any entry is due
+    /// (`DEFER`). Stale entries before the earliest live one are dropped. If one of them
+    /// was later than `now` (a short hold, released since: more are likely to follow),
+    /// the task wakes at `now + soonest` if that comes before the earliest live entry:
+    /// whatever is queued from now on is due no sooner, so it needs no wake-up of its own.
+    /// Planning at the live entry (a watch lingering 10 s) or with no deadline instead
+    /// would make the next grant wake the task to plan again: a turn per lock cycle at one
+    /// task (measured). Planned this way, short holds cost about one turn per `soonest`,
+    /// however long their cycles. Once no stale entry later than `now` is left, the plan is
+    /// the earliest live entry, or none. Waking early is harmless: the task runs what is
+    /// due and plans again.
     pub(crate) fn plan(
         &mut self,
         now: Instant,
+        soonest: Duration,
         is_live: impl Fn(Instant, &Name) -> bool,
     ) -> Option<Instant> {
-        let mut latest_stale = None;
+        let mut stale_later = false;
         while let Some(Reverse((at, name))) = self.queue.peek() {
             if is_live(*at, name) {
                 break;
             }
-            latest_stale = Some(*at);
+            stale_later |= *at > now;
             self.queue.pop();
         }
-        // Every stale entry dropped is no later than the live one left on top.
-        let next = latest_stale
-            .filter(|at| *at > now)
-            .or_else(|| self.queue.peek().map(|Reverse((at, _))| *at));
+        let live = self.queue.peek().map(|Reverse((at, _))| *at);
+        let next = if stale_later {
+            let horizon = now + soonest;
+            Some(live.map_or(horizon, |live| live.min(horizon)))
+        } else {
+            live
+        };
         self.planned = next;
         next
     }
@@ -90,9 +97,9 @@ impl Timers {
 mod tests {
     use std::sync::Arc;
 
-    use tokio::time::Duration;
-
     use super::*;
+
+    const DEFER: Duration = Duration::from_millis(100);
 
     fn name(text: &str) -> Name {
         Arc::from(text.as_bytes())
@@ -121,29 +128,32 @@ mod tests {
         timers.push(a, name("stale"));
         timers.push(b, name("live"));
         // Planned once the stale entry's time has come: the live one is next.
-        assert_eq!(timers.plan(a, |_, n| &**n == b"live"), Some(b));
+        assert_eq!(timers.plan(a, DEFER, |_, n| &**n == b"live"), Some(b));
         assert_eq!(timers.pop_due(b), Some((b, name("live"))));
         assert_eq!(timers.pop_due(b), None, "the stale one went at planning");
     }
 
     #[test]
-    fn a_stale_entry_ahead_is_planned_before_a_later_live_one() {
+    fn a_stale_entry_later_than_now_brings_the_plan_before_a_later_live_one() {
         let now = Instant::now();
         let mut timers = Timers::default();
         let linger = now + Duration::from_secs(10);
         timers.push(linger, name("idle"));
         let stale = now + Duration::from_millis(100);
         timers.push(stale, name("released"));
-        assert_eq!(timers.plan(now, |_, n| &**n == b"idle"), Some(stale));
+        assert_eq!(timers.plan(now, DEFER, |_, n| &**n == b"idle"), Some(stale));
         // A grant made since is due after the stale entry: no wake-up for it.
         assert!(!timers.wake_for(stale + Duration::from_millis(1)));
-        // At the stale entry's time, nothing stale is ahead: the live one is next.
+        // At the stale entry's time, nothing stale is later: the live one is next.
         assert_eq!(timers.pop_due(stale), None, "dropped when planned");
-        assert_eq!(timers.plan(stale, |_, n| &**n == b"idle"), Some(linger));
+        assert_eq!(
+            timers.plan(stale, DEFER, |_, n| &**n == b"idle"),
+            Some(linger)
+        );
     }
 
     #[test]
-    fn with_only_stale_entries_the_task_wakes_at_the_latest_ahead_and_not_for_each_hold() {
+    fn with_only_stale_entries_the_task_wakes_one_soonest_later_not_for_each_hold() {
         let now = Instant::now();
         let defer = Duration::from_millis(100);
         let mut timers = Timers::default();
@@ -151,15 +161,41 @@ mod tests {
         timers.push(now + defer, name("p"));
         assert!(timers.wake_for(now + defer));
         // Released before the task ran: its entry is stale when the task plans.
-        assert_eq!(timers.plan(now, |_, _| false), Some(now + defer));
+        assert_eq!(timers.plan(now, defer, |_, _| false), Some(now + defer));
         // Every later hold is due after that: none wakes the task.
         for i in 1..100u32 {
             let at = now + Duration::from_micros(250) * i + defer;
             timers.push(at, name("p"));
             assert!(!timers.wake_for(at), "hold {i} woke the task");
         }
-        // Nothing stale ahead of now: the task sleeps with no deadline.
-        assert_eq!(timers.plan(now + defer * 3, |_, _| false), None);
+        // Nothing stale later than now: the task sleeps with no deadline.
+        assert_eq!(timers.plan(now + defer * 3, defer, |_, _| false), None);
         assert!(timers.wake_for(now + defer * 4), "and a new time wakes it");
+    }
+
+    #[test]
+    fn slow_short_holds_cost_a_turn_per_soonest_not_one_each() {
+        // A grant every 30 ms, each released 1 ms later, and the task as the hub runs it:
+        // woken by a grant, it plans after the release; at its planned time it runs what
+        // is due and plans again.
+        let start = Instant::now();
+        let mut timers = Timers::default();
+        let (mut turns, mut planned) = (0u32, None::<Instant>);
+        for i in 0..100u32 {
+            let grant = start + Duration::from_millis(30) * i;
+            while let Some(at) = planned.filter(|at| *at <= grant) {
+                turns += 1;
+                while timers.pop_due(at).is_some() {}
+                planned = timers.plan(at, DEFER, |_, _| false);
+            }
+            timers.push(grant + DEFER, name("p"));
+            if timers.wake_for(grant + DEFER) {
+                turns += 1;
+                let released = grant + Duration::from_millis(1);
+                planned = timers.plan(released, DEFER, |_, _| false);
+            }
+        }
+        // 3 s of holds: about one turn per DEFER (30), not one per hold (100).
+        assert!(turns <= 35, "{turns} turns for 100 holds in 3 s");
     }
 }
