@@ -141,8 +141,8 @@ impl EtcdLocker {
         self.inner.hub.stop_task();
     }
 
-    /// How many times the client's watch task has woken so far, for tests of what wakes
-    /// it.
+    /// How many turns the client's watch task has taken so far (passes of its loop, one
+    /// per wake-up or piece of work found ready), for tests of what wakes it.
     #[cfg(feature = "testkit")]
     #[doc(hidden)]
     #[must_use]

@@ -57,8 +57,8 @@ struct Shared {
     /// Set when the task has stopped (a panic, an abort): the waiters' signals come from
     /// the state, whose senders outlive the task, so they would never hear of it.
     stopped: Arc<tokio::sync::watch::Sender<bool>>,
-    /// How many turns the task has taken (each wake-up is one): short holds must not cost
-    /// one each (`watch_timers.rs`); tests read it.
+    /// How many turns the task has taken (passes of its loop, each ending in one arm of
+    /// its select): short holds must not cost one each (`watch_timers.rs`); tests read it.
     turns: AtomicU64,
 }
 
@@ -345,27 +345,27 @@ const REFRESH_EVERY: Duration = Duration::from_secs(1);
 impl HubTask {
     async fn run(mut self, mut actions: mpsc::UnboundedReceiver<Vec<Action>>) {
         loop {
-            let Some(shared) = self.shared.upgrade() else {
+            let Some(mut wake) = self.plan_wake(true) else {
                 return;
             };
-            shared.turns.fetch_add(1, Ordering::Relaxed);
-            let (failing, due) = {
-                let mut state = shared.state();
-                (state.has_failing(), state.next_timer(Instant::now()))
-            };
-            drop(shared);
-            self.next_retry = match (failing, self.next_retry) {
-                (false, _) => None,
-                (true, None) => Some(Instant::now() + RETRY),
-                (true, retry) => retry,
-            };
-            let wake = [self.next_retry, due].into_iter().flatten().min();
-            // Due already: run it before anything else, or a channel that stays ready
-            // (the biased select below takes actions first) would put it off for good:
-            // a held lock's deferred watch never asked for, its loss unseen.
+            // Something due already is run once per turn, before the select: there it
+            // comes last (actions first), and a channel that stays ready would put it off
+            // for good (a held lock's deferred watch never asked for, its loss unseen).
+            // The actions queued before it go first, in order (the server answers watch
+            // creations in the order they are sent, and `pending` matches them so); then
+            // one arm of the select runs, so that timers cannot starve the rest either.
             if wake.is_some_and(|wake| wake <= Instant::now()) {
+                for _ in 0..actions.len() {
+                    let Ok(batch) = actions.try_recv() else {
+                        break;
+                    };
+                    self.perform(batch).await;
+                }
                 self.run_due().await;
-                continue;
+                let Some(replanned) = self.plan_wake(false) else {
+                    return;
+                };
+                wake = replanned;
             }
             tokio::select! {
                 // Actions first: a watch asked for must be sent before later answers are
@@ -388,6 +388,26 @@ impl HubTask {
                 () = sleep_until_opt(wake) => self.run_due().await,
             }
         }
+    }
+
+    /// When the task wakes next (the timers' plan, and the retry of failed watches);
+    /// `None` once the hub is gone. `new_turn` counts a turn (one per pass of the loop,
+    /// which ends in one arm of its select: a wake-up, or work found ready).
+    fn plan_wake(&mut self, new_turn: bool) -> Option<Option<Instant>> {
+        let shared = self.shared.upgrade()?;
+        if new_turn {
+            shared.turns.fetch_add(1, Ordering::Relaxed);
+        }
+        let (failing, due) = {
+            let mut state = shared.state();
+            (state.has_failing(), state.next_timer(Instant::now()))
+        };
+        self.next_retry = match (failing, self.next_retry) {
+            (false, _) => None,
+            (true, None) => Some(Instant::now() + RETRY),
+            (true, retry) => retry,
+        };
+        Some([self.next_retry, due].into_iter().flatten().min())
     }
 
     /// Runs the timers that are due, and the retry of failed watches if that is due.
