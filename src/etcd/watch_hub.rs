@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, EventType, GetOptions, KvClient, WatchFilterType, WatchOptions};
 use etcd_client::{WatchRequestSender, WatchResponse, WatchResponseStream};
+use futures_util::FutureExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -59,7 +60,7 @@ struct Shared {
     stopped: Arc<tokio::sync::watch::Sender<bool>>,
     /// How many turns the task has taken (passes of its loop, each ending in one arm of
     /// its select): short holds must not cost one each (`watch_timers.rs`); tests read it.
-    turns: AtomicU64,
+    turns: Arc<AtomicU64>,
 }
 
 /// Sets [`Shared::stopped`] when dropped with the task's future, however it ends.
@@ -87,11 +88,12 @@ impl WatchHub {
     pub(crate) fn start(client: Client) -> Self {
         let (actions, receiver) = mpsc::unbounded_channel();
         let stopped = Arc::new(tokio::sync::watch::Sender::new(false));
+        let turns = Arc::new(AtomicU64::new(0));
         let shared = Arc::new(Shared {
             state: Mutex::new(HubState::default()),
             actions,
             stopped: stopped.clone(),
-            turns: AtomicU64::new(0),
+            turns: turns.clone(),
         });
         let task = HubTask {
             kv: super::answers::kv(&client),
@@ -101,6 +103,7 @@ impl WatchHub {
             checks: JoinSet::new(),
             next_retry: None,
             refreshed: None,
+            turns,
             _stop_signal: StopSignal(stopped),
         };
         let task = tokio::spawn(task.run(receiver)).abort_handle();
@@ -113,7 +116,8 @@ impl WatchHub {
         self.task.abort();
     }
 
-    /// How many turns the watch task has taken so far (a test's count of its wake-ups).
+    /// How many turns the watch task has taken so far (a test's count of its wake-ups:
+    /// passes of its loop).
     #[cfg(feature = "testkit")]
     pub(crate) fn turns(&self) -> u64 {
         self.shared.turns.load(Ordering::Relaxed)
@@ -334,6 +338,8 @@ struct HubTask {
     next_retry: Option<Instant>,
     /// When the client last authenticated again for a watch the stream's token failed.
     refreshed: Option<Instant>,
+    /// [`Shared::turns`].
+    turns: Arc<AtomicU64>,
     /// Tells the waiters when the task's future is dropped.
     _stop_signal: StopSignal,
 }
@@ -345,24 +351,31 @@ const REFRESH_EVERY: Duration = Duration::from_secs(1);
 impl HubTask {
     async fn run(mut self, mut actions: mpsc::UnboundedReceiver<Vec<Action>>) {
         loop {
-            let Some(mut wake) = self.plan_wake(true) else {
+            self.turns.fetch_add(1, Ordering::Relaxed);
+            let Some(mut wake) = self.plan_wake() else {
                 return;
             };
             // Something due already is run once per turn, before the select: there it
             // comes last (actions first), and a channel that stays ready would put it off
             // for good (a held lock's deferred watch never asked for, its loss unseen).
-            // The actions queued before it go first, in order (the server answers watch
-            // creations in the order they are sent, and `pending` matches them so); then
-            // one arm of the select runs, so that timers cannot starve the rest either.
+            // Then one arm of the select runs, so that timers cannot starve the rest
+            // either. The actions already queued go first, as one batch (one stream open
+            // at most, where the stream is down): watch creations then go out in the
+            // order they were asked for, which `pending` assumes for a refusal answered
+            // with id -1 (servers before 3.4 and the gRPC proxy; 3.4 and later answer
+            // with the request's own id). Taken without waiting: `try_recv` would block
+            // the thread on a send in progress.
             if wake.is_some_and(|wake| wake <= Instant::now()) {
+                let mut queued = Vec::new();
                 for _ in 0..actions.len() {
-                    let Ok(batch) = actions.try_recv() else {
-                        break;
-                    };
-                    self.perform(batch).await;
+                    match actions.recv().now_or_never() {
+                        Some(Some(batch)) => queued.extend(batch),
+                        Some(None) | None => break,
+                    }
                 }
+                self.perform(queued).await;
                 self.run_due().await;
-                let Some(replanned) = self.plan_wake(false) else {
+                let Some(replanned) = self.plan_wake() else {
                     return;
                 };
                 wake = replanned;
@@ -391,13 +404,9 @@ impl HubTask {
     }
 
     /// When the task wakes next (the timers' plan, and the retry of failed watches);
-    /// `None` once the hub is gone. `new_turn` counts a turn (one per pass of the loop,
-    /// which ends in one arm of its select: a wake-up, or work found ready).
-    fn plan_wake(&mut self, new_turn: bool) -> Option<Option<Instant>> {
+    /// `None` once the hub is gone.
+    fn plan_wake(&mut self) -> Option<Option<Instant>> {
         let shared = self.shared.upgrade()?;
-        if new_turn {
-            shared.turns.fetch_add(1, Ordering::Relaxed);
-        }
         let (failing, due) = {
             let mut state = shared.state();
             (state.has_failing(), state.next_timer(Instant::now()))

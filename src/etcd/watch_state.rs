@@ -304,7 +304,8 @@ pub(crate) struct HubState {
     locks: HashMap<Name, LockWatch>,
     by_id: HashMap<i64, Name>,
     /// Watch ids asked for and not yet answered, in order: a refused watch is answered
-    /// with id -1 (`v3rpc/watch.go`), so it is matched to the oldest one asked.
+    /// with id -1 by servers before 3.4 and the gRPC proxy (3.4 and later answer with the
+    /// request's own id, `v3rpc/watch.go`), so it is matched to the oldest one asked.
     pending: VecDeque<i64>,
     next_id: i64,
     next_follower: u64,
