@@ -325,6 +325,21 @@ mod tests {
             .sum()
     }
 
+    /// Returns once `key` exists on the server of `conn` (polled: nothing tells).
+    async fn until_exists(conn: &mut redis::aio::MultiplexedConnection, key: &str) {
+        loop {
+            let exists: bool = redis::cmd("EXISTS")
+                .arg(key)
+                .query_async(conn)
+                .await
+                .expect("EXISTS");
+            if exists {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     async fn within<T>(limit: Duration, what: &str, future: impl Future<Output = T>) -> T {
         tokio::time::timeout(limit, future)
             .await
@@ -432,12 +447,9 @@ mod tests {
             RedisServer::start().await.expect("redis"),
         );
         let proxy = proxy_to(&a).await;
-        // B and C answer later than A: the attempt's grant on A is in before their
-        // refusals decide it (a master still pending then would be undone in the
-        // background, and the owner value change for that alone).
+        // B and C are reached through proxies of their own, paused during the attempt
+        // until A has granted it (below).
         let (slow_b, slow_c) = (proxy_to(&b).await, proxy_to(&c).await);
-        slow_b.delay(Duration::from_millis(250));
-        slow_c.delay(Duration::from_millis(250));
         let prefix = "undo-copied";
         // Long: nothing times out, no renewal runs during the test.
         let ttl = LockOptions::new().with_ttl(Duration::from_secs(60));
@@ -450,8 +462,11 @@ mod tests {
         )
         .await
         .expect("connect");
+        // Long too: its grant counts every master's answer, however loaded the machine.
         let other = RedlockLocker::connect(
-            RedisConfig::masters([a.url(), b.url(), c.url()]).with_prefix(prefix),
+            RedisConfig::masters([a.url(), b.url(), c.url()])
+                .with_prefix(prefix)
+                .with_request_timeout(Duration::from_secs(10)),
         )
         .await
         .expect("connect");
@@ -465,6 +480,15 @@ mod tests {
             .await
             .expect("no error")
             .expect("free");
+        // On B and C both (a master's grant may land after the quorum answered): else
+        // our attempt takes A and that master, a lock the other client would hold on one
+        // master alone once A's key is deleted below, not a refusal (seen on a loaded
+        // machine: the attempt granted).
+        for (master, server) in [("B", &b), ("C", &c)] {
+            let mut conn = server.connection().await.expect("connect");
+            let what = format!("the other client's grant on {master}");
+            within(Duration::from_secs(5), &what, until_exists(&mut conn, &key)).await;
+        }
         let _: () = redis::cmd("DEL")
             .arg(&key)
             .query_async(&mut on_a)
@@ -480,12 +504,26 @@ mod tests {
             .await
             .expect("PING on the new connection");
         // One acquisition, which waits: refused first (B and C held), and granted on a
-        // later attempt, with the owner value it has then.
+        // later attempt, with the owner value it has then. Its first attempt's grant on
+        // A is in before B's and C's refusals decide it (a master still pending then is
+        // undone in the background, and the owner value changes for that alone): they
+        // get the attempt only once A holds its key. (Delays of B and C instead, 250 ms
+        // each way, left that order to the scheduler.)
+        slow_b.pause();
+        slow_c.pause();
         let waiting = {
             let ours = ours.clone();
             let options = ttl.clone().with_wait_timeout(Duration::from_secs(30));
             tokio::spawn(async move { ours.lock("l", &options).await })
         };
+        within(
+            Duration::from_secs(5),
+            "the attempt granted on A",
+            until_exists(&mut on_a, &key),
+        )
+        .await;
+        slow_b.resume();
+        slow_c.resume();
         within(
             Duration::from_secs(5),
             "the undo's copy on A's replaced connection",
