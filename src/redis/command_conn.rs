@@ -291,6 +291,8 @@ mod tests {
 
     use std::time::Duration;
 
+    use futures_util::StreamExt;
+
     use crate::redis::{RedisConfig, RedisLocker, RedlockLocker};
     use crate::testkit::{FaultProxy, RedisServer};
     use crate::{LockBackend, LockGuard, LockOptions};
@@ -323,21 +325,6 @@ mod tests {
                     .ok()
             })
             .sum()
-    }
-
-    /// Returns once `key` exists on the server of `conn` (polled: nothing tells).
-    async fn until_exists(conn: &mut redis::aio::MultiplexedConnection, key: &str) {
-        loop {
-            let exists: bool = redis::cmd("EXISTS")
-                .arg(key)
-                .query_async(conn)
-                .await
-                .expect("EXISTS");
-            if exists {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
     }
 
     async fn within<T>(limit: Duration, what: &str, future: impl Future<Output = T>) -> T {
@@ -451,8 +438,9 @@ mod tests {
         // until A has granted it (below).
         let (slow_b, slow_c) = (proxy_to(&b).await, proxy_to(&c).await);
         let prefix = "undo-copied";
-        // Long: nothing times out, no renewal runs during the test.
-        let ttl = LockOptions::new().with_ttl(Duration::from_secs(60));
+        // Long: nothing times out, no renewal runs during the test (a master's answer is
+        // awaited min(request timeout, TTL / 10): 10 s).
+        let ttl = LockOptions::new().with_ttl(Duration::from_secs(120));
         let ours = RedlockLocker::connect(
             RedisConfig::masters(
                 [&proxy, &slow_b, &slow_c].map(|p| format!("redis://{}/", p.address())),
@@ -462,38 +450,23 @@ mod tests {
         )
         .await
         .expect("connect");
-        // Long too: its grant counts every master's answer, however loaded the machine.
-        let other = RedlockLocker::connect(
-            RedisConfig::masters([a.url(), b.url(), c.url()])
-                .with_prefix(prefix)
-                .with_request_timeout(Duration::from_secs(10)),
-        )
-        .await
-        .expect("connect");
+        // The other client's masters are B and C alone: its grant (2 of 2) is on both. (On
+        // all three, its grant came at the quorum and the third master's request could
+        // be dropped unsent: on a loaded machine, our attempt then took A and B or C.)
+        let other =
+            RedlockLocker::connect(RedisConfig::masters([b.url(), c.url()]).with_prefix(prefix))
+                .await
+                .expect("connect");
         let key = ours.core().keys("l").lock.to_string();
         let mut on_a = a.connection().await.expect("connect");
 
-        // The other client holds the lock on B and C (its key on A gone): our attempt
-        // is granted by A alone, and undone there.
+        // The other client holds the lock on B and C: our attempt is granted by A alone,
+        // and undone there.
         let held = other
             .try_lock("l", &ttl)
             .await
             .expect("no error")
             .expect("free");
-        // On B and C both (a master's grant may land after the quorum answered): else
-        // our attempt takes A and that master, a lock the other client would hold on one
-        // master alone once A's key is deleted below, not a refusal (seen on a loaded
-        // machine: the attempt granted).
-        for (master, server) in [("B", &b), ("C", &c)] {
-            let mut conn = server.connection().await.expect("connect");
-            let what = format!("the other client's grant on {master}");
-            within(Duration::from_secs(5), &what, until_exists(&mut conn, &key)).await;
-        }
-        let _: () = redis::cmd("DEL")
-            .arg(&key)
-            .query_async(&mut on_a)
-            .await
-            .expect("DEL");
         // A's connection goes silent and is replaced (as a probe would): the undo goes on
         // the new one, and a copy on the old one, kept by the proxy.
         proxy.blackhole_keeping(1);
@@ -507,8 +480,25 @@ mod tests {
         // later attempt, with the owner value it has then. Its first attempt's grant on
         // A is in before B's and C's refusals decide it (a master still pending then is
         // undone in the background, and the owner value changes for that alone): they
-        // get the attempt only once A holds its key. (Delays of B and C instead, 250 ms
-        // each way, left that order to the scheduler.)
+        // get the attempt only once A has applied it (its keyspace event) and answered
+        // (a PING on the same connection answered after it). Delays of B and C instead,
+        // 250 ms each way, left that order to the scheduler.
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("notify-keyspace-events")
+            .arg("E$")
+            .query_async(&mut on_a)
+            .await
+            .expect("CONFIG SET");
+        let mut sets = redis::Client::open(a.url())
+            .expect("url")
+            .get_async_pubsub()
+            .await
+            .expect("pubsub");
+        sets.subscribe("__keyevent@0__:set")
+            .await
+            .expect("subscribe");
+        let mut sets = sets.into_on_message();
         slow_b.pause();
         slow_c.pause();
         let waiting = {
@@ -516,12 +506,19 @@ mod tests {
             let options = ttl.clone().with_wait_timeout(Duration::from_secs(30));
             tokio::spawn(async move { ours.lock("l", &options).await })
         };
-        within(
-            Duration::from_secs(5),
-            "the attempt granted on A",
-            until_exists(&mut on_a, &key),
-        )
+        within(Duration::from_secs(5), "the attempt applied on A", async {
+            while let Some(set) = sets.next().await {
+                if set.get_payload::<String>().is_ok_and(|set| set == key) {
+                    return;
+                }
+            }
+            panic!("A's keyspace events ended");
+        })
         .await;
+        let _: String = redis::cmd("PING")
+            .query_async(&mut ours.connections()[0])
+            .await
+            .expect("PING after the attempt on A");
         slow_b.resume();
         slow_c.resume();
         within(
