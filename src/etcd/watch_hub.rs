@@ -60,6 +60,7 @@ struct Shared {
     stopped: Arc<tokio::sync::watch::Sender<bool>>,
     /// How many turns the task has taken (passes of its loop, each ending in one arm of
     /// its select): short holds must not cost one each (`watch_timers.rs`); tests read it.
+    #[cfg_attr(not(feature = "testkit"), allow(dead_code))]
     turns: Arc<AtomicU64>,
 }
 
