@@ -5,26 +5,10 @@
 
 use std::time::Duration;
 
-use fencelock::etcd::{EtcdGuard, EtcdLocker};
+use fencelock::etcd::EtcdLocker;
 use fencelock::{LockBackend, LockGuard, LockOptions, LossReason};
 
-use crate::support::{etcd, locker, namespace, within};
-
-/// Deletes `guard`'s key as an operator would, then checks the guard finds out.
-async fn delete_and_expect_loss(cluster: &fencelock::testkit::EtcdCluster, guard: &EtcdGuard) {
-    assert!(guard.is_held());
-    let mut client = cluster.client().await.expect("client");
-    client.delete(guard.key(), None).await.expect("delete");
-    let reason = within(
-        Duration::from_secs(5),
-        "the guard learns its key is gone",
-        guard.lost(),
-    )
-    .await;
-    assert_eq!(reason, LossReason::KeyDeleted);
-    assert!(!guard.is_held());
-    assert_eq!(guard.lease_remaining(), Some(Duration::ZERO));
-}
+use crate::support::{delete_and_expect_loss, etcd, locker, namespace, within};
 
 async fn setup(test: &str) -> (fencelock::testkit::EtcdCluster, EtcdLocker) {
     let cluster = etcd().await;

@@ -270,3 +270,23 @@ pub async fn with_locker_user(cluster: &EtcdCluster, namespace: &str, user: &str
         .await
         .expect("root client")
 }
+
+/// Deletes `guard`'s key as an operator would, then checks the guard finds out.
+pub async fn delete_and_expect_loss(
+    cluster: &fencelock::testkit::EtcdCluster,
+    guard: &fencelock::etcd::EtcdGuard,
+) {
+    use fencelock::LockGuard;
+    assert!(guard.is_held());
+    let mut client = cluster.client().await.expect("client");
+    client.delete(guard.key(), None).await.expect("delete");
+    let reason = within(
+        std::time::Duration::from_secs(5),
+        "the guard learns its key is gone",
+        guard.lost(),
+    )
+    .await;
+    assert_eq!(reason, fencelock::LossReason::KeyDeleted);
+    assert!(!guard.is_held());
+    assert_eq!(guard.lease_remaining(), Some(std::time::Duration::ZERO));
+}

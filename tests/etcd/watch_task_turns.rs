@@ -8,9 +8,9 @@
 use std::time::{Duration, Instant};
 
 use fencelock::etcd::EtcdLocker;
-use fencelock::{LockBackend, LockGuard, LockOptions, LossReason, ReleaseOutcome};
+use fencelock::{LockBackend, LockGuard, LockOptions, ReleaseOutcome};
 
-use crate::support::{etcd, locker, namespace, within};
+use crate::support::{delete_and_expect_loss, etcd, locker, namespace};
 
 const CYCLES: u64 = 200;
 
@@ -92,13 +92,5 @@ async fn short_holds_do_not_wake_the_watch_task_once_each() {
 
     // A hold after all of them still gets its watch: an operator's delete is seen.
     let guard = locks.lock("after", &options).await.expect("lock");
-    let mut client = cluster.client().await.expect("client");
-    client.delete(guard.key(), None).await.expect("delete");
-    let reason = within(
-        Duration::from_secs(5),
-        "the holder learns its key is gone",
-        guard.lost(),
-    )
-    .await;
-    assert_eq!(reason, LossReason::KeyDeleted);
+    delete_and_expect_loss(&cluster, &guard).await;
 }
