@@ -53,6 +53,7 @@ mod slots;
 mod small_map;
 mod watch_hub;
 mod watch_state;
+mod watch_stream;
 mod watch_timers;
 
 pub use config::EtcdConfig;

@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use etcd_client::WatchResponse;
 use etcd_client::{Client, EventType, GetOptions, KvClient, WatchFilterType, WatchOptions};
-use etcd_client::{WatchRequestSender, WatchResponse, WatchResponseStream};
 use futures_util::FutureExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -31,6 +31,7 @@ use super::call::call_retrying;
 pub(crate) use super::watch_state::EndReason;
 pub(crate) use super::watch_state::OnLost;
 use super::watch_state::{Action, HubState, KeyLoss, Registered, Signal};
+use super::watch_stream::{Read, WatchStream};
 use crate::LossReason;
 
 /// How long opening the watch stream may take.
@@ -333,7 +334,7 @@ struct HubTask {
     kv: KvClient,
     /// Weak: the task ends with the last hub handle.
     shared: std::sync::Weak<Shared>,
-    stream: Option<(WatchRequestSender, WatchResponseStream)>,
+    stream: Option<WatchStream>,
     checks: JoinSet<Checked>,
     /// When failed watches are asked for again.
     next_retry: Option<Instant>,
@@ -357,10 +358,9 @@ impl HubTask {
                 return;
             };
             // Something due already is run once per turn, before the select: there it
-            // comes last (actions first), and a channel that stays ready would put it off
-            // for good (a held lock's deferred watch never asked for, its loss unseen).
-            // Then one arm of the select runs, so that timers cannot starve the rest
-            // either. The actions already queued go first, as one batch (one stream open
+            // would have to win against arms that stay ready (a held lock's deferred
+            // watch asked for late, its loss told late). Then one arm of the select runs,
+            // so that timers cannot starve the rest either. The actions already queued go first, as one batch (one stream open
             // at most, where the stream is down): watch creations then go out in the
             // order they were asked for, which `pending` assumes for a refusal answered
             // with id -1 (servers before 3.4 and the gRPC proxy; 3.4 and later answer
@@ -381,19 +381,26 @@ impl HubTask {
                 };
                 wake = replanned;
             }
+            // Answers read while a request waited for room on the stream (see
+            // `watch_stream.rs`) are handled in the turn that read them: a turn sends up
+            // to a batch of requests but takes one arm below, so answers would otherwise
+            // pile up faster than they are handled (a watch's creation, or a deletion,
+            // told seconds late).
+            if self.handle_kept().await {
+                let Some(replanned) = self.plan_wake() else {
+                    return;
+                };
+                wake = replanned;
+            }
+            // No arm comes first (tokio picks among the ready ones at random): a channel
+            // of actions that stays ready must not keep the stream's answers unread, nor
+            // a busy stream the actions unsent.
             tokio::select! {
-                // Actions first: a watch asked for must be sent before later answers are
-                // awaited.
-                biased;
                 batch = actions.recv() => match batch {
                     Some(batch) => self.perform(batch).await,
                     None => return,
                 },
-                response = next_response(&mut self.stream) => match response {
-                    Ok(Some(response)) => self.dispatch(&response).await,
-                    Ok(None) => self.broken("watch stream ended").await,
-                    Err(err) => self.broken(&err.to_string()).await,
-                },
+                read = next_response(self.stream.as_mut()) => self.handle(read).await,
                 Some(checked) = self.checks.join_next(), if !self.checks.is_empty() => {
                     if let Ok(checked) = checked {
                         self.checked(checked).await;
@@ -401,6 +408,30 @@ impl HubTask {
                 }
                 () = sleep_until_opt(wake) => self.run_due().await,
             }
+        }
+    }
+
+    /// Handles the answers the stream read while requests waited, as many as it holds
+    /// now (handling one may send requests, and those may read more: the next turn's);
+    /// returns whether there were any.
+    async fn handle_kept(&mut self) -> bool {
+        let kept = self.stream.as_ref().map_or(0, WatchStream::kept);
+        for _ in 0..kept {
+            match self.stream.as_mut().and_then(WatchStream::take_kept) {
+                Some(read) => self.handle(read).await,
+                // The stream broke meanwhile: what it read went with it.
+                None => break,
+            }
+        }
+        kept > 0
+    }
+
+    /// Handles what reading the stream gave.
+    async fn handle(&mut self, read: Read) {
+        match read {
+            Ok(Some(response)) => self.dispatch(&response).await,
+            Ok(None) => self.broken("watch stream ended").await,
+            Err(err) => self.broken(&err.to_string()).await,
         }
     }
 
@@ -456,7 +487,7 @@ impl HubTask {
                 },
                 Action::Cancel { id } => {
                     let failed = match &mut self.stream {
-                        Some((sender, _)) => sender.cancel(id).await.err(),
+                        Some(stream) => stream.cancel(id).await.err(),
                         None => None,
                     };
                     match failed {
@@ -524,7 +555,7 @@ impl HubTask {
         let sent = match &mut self.stream {
             // A request that cannot be sent means the stream is gone, for every watch on
             // it: all of them are asked for again (this one too).
-            Some((sender, _)) => match sender.watch(prefix, Some(options)).await {
+            Some(stream) => match stream.watch(prefix, options).await {
                 Ok(()) => Ok(()),
                 Err(err) => return (self.stream_lost(&err.to_string()), None),
             },
@@ -533,7 +564,7 @@ impl HubTask {
                 let mut watch = super::answers::watch(&self.client);
                 match tokio::time::timeout(OPEN_TIMEOUT, watch.watch(prefix, Some(options))).await {
                     Ok(Ok(stream)) => {
-                        self.stream = Some(stream.split());
+                        self.stream = Some(WatchStream::new(stream));
                         Ok(())
                     }
                     Ok(Err(err)) => Err(err.to_string()),
@@ -669,11 +700,9 @@ impl HubTask {
     }
 }
 
-async fn next_response(
-    stream: &mut Option<(WatchRequestSender, WatchResponseStream)>,
-) -> Result<Option<WatchResponse>, etcd_client::Error> {
+async fn next_response(stream: Option<&mut WatchStream>) -> Read {
     match stream {
-        Some((_, responses)) => responses.message().await,
+        Some(stream) => stream.next().await,
         None => std::future::pending().await,
     }
 }

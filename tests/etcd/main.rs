@@ -33,6 +33,7 @@ mod local_expiry;
 mod lock_all;
 mod lock_all_faults;
 mod many_waiters;
+mod many_watches_reopened;
 mod member_down;
 mod mixed_primitives;
 mod mutual_exclusion;
