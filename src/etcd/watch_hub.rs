@@ -360,12 +360,10 @@ impl HubTask {
             // Something due already is run once per turn, before the select: there it
             // would have to win against arms that stay ready (a held lock's deferred
             // watch asked for late, its loss told late). Then one arm of the select runs,
-            // so that timers cannot starve the rest either. The actions already queued go first, as one batch (one stream open
-            // at most, where the stream is down): watch creations then go out in the
-            // order they were asked for, which `pending` assumes for a refusal answered
-            // with id -1 (servers before 3.4 and the gRPC proxy; 3.4 and later answer
-            // with the request's own id). Taken without waiting: `try_recv` would block
-            // the thread on a send in progress.
+            // so that timers cannot starve the rest either. The actions already queued go
+            // first, as one batch (one stream open at most, where the stream is down),
+            // taken without waiting: `try_recv` would block the thread on a send in
+            // progress.
             if wake.is_some_and(|wake| wake <= Instant::now()) {
                 let mut queued = Vec::new();
                 for _ in 0..actions.len() {
@@ -419,7 +417,9 @@ impl HubTask {
         for _ in 0..kept {
             match self.stream.as_mut().and_then(WatchStream::take_kept) {
                 Some(read) => self.handle(read).await,
-                // The stream broke meanwhile: what it read went with it.
+                // The stream broke meanwhile and none is open: what it read went with it
+                // (its watches are asked for again). Where a new one opened, its answers
+                // are taken above, in order.
                 None => break,
             }
         }
@@ -537,11 +537,12 @@ impl HubTask {
         start: i64,
     ) -> (Vec<Action>, Option<String>) {
         // Asked for again meanwhile (the stream broke): only the newest request counts,
-        // or the server would keep a watch nobody reads.
+        // or the server would keep a watch nobody reads. Recorded as sent here, where it
+        // goes out: `pending` must be in the order sent.
         let current = self
             .shared
             .upgrade()
-            .is_some_and(|shared| shared.state().is_current(&prefix, id));
+            .is_some_and(|shared| shared.state().sending(&prefix, id));
         if !current {
             return (Vec::new(), None);
         }
@@ -632,9 +633,18 @@ impl HubTask {
             return false;
         }
         self.refreshed = Some(Instant::now());
-        if let Err(err) = self.client.refresh_token().await {
-            tracing::debug!(%err, "could not authenticate again for the watch stream");
-            return false;
+        // Bounded: the task reads no answer meanwhile, and a stalled member would stall
+        // every watch of the client.
+        match tokio::time::timeout(VERIFY_TIMEOUT, self.client.refresh_token()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                tracing::debug!(%err, "could not authenticate again for the watch stream");
+                return false;
+            }
+            Err(_) => {
+                tracing::debug!("authenticating again for the watch stream timed out");
+                return false;
+            }
         }
         self.broken("a watch was refused for the stream's auth token")
             .await;

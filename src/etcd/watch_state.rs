@@ -303,9 +303,13 @@ impl LockWatch {
 pub(crate) struct HubState {
     locks: HashMap<Name, LockWatch>,
     by_id: HashMap<i64, Name>,
-    /// Watch ids asked for and not yet answered, in order: a refused watch is answered
-    /// with id -1 by servers before 3.4 and the gRPC proxy (3.4 and later answer with the
-    /// request's own id, `v3rpc/watch.go`), so it is matched to the oldest one asked.
+    /// Watch creations sent and not answered yet, in the order sent. etcd answers them in
+    /// the order it reads them, and a refused one (permission denied, a stale auth token)
+    /// with id -1, `InvalidWatchID` (`v3rpc/watch.go`, 3.4 and 3.5 alike), so a refusal
+    /// is matched to the oldest one sent. Recorded as the task sends ([`Self::sending`]),
+    /// not when a watch is asked for: the task sends in its own order (answers handled
+    /// before queued actions can ask for and send a watch first), and an id asked for but
+    /// superseded before it went out must never be in line.
     pending: VecDeque<i64>,
     next_id: i64,
     next_follower: u64,
@@ -335,9 +339,14 @@ impl HubState {
         self.next_follower
     }
 
-    /// Whether `id` is the watch of `prefix` now asked for.
-    pub(crate) fn is_current(&self, prefix: &[u8], id: i64) -> bool {
-        self.locks.get(prefix).is_some_and(|w| w.id == id)
+    /// Whether `id` is still the watch of `prefix` asked for (not superseded since the
+    /// request was queued); if so it is recorded as sent: the caller sends it now.
+    pub(crate) fn sending(&mut self, prefix: &[u8], id: i64) -> bool {
+        let current = self.locks.get(prefix).is_some_and(|w| w.id == id);
+        if current {
+            self.pending.push_back(id);
+        }
+        current
     }
 
     /// Whether a watch of `prefix` exists (open or being opened).
@@ -359,7 +368,6 @@ impl HubState {
                 self.next_id += 1;
                 let id = self.next_id;
                 self.by_id.insert(id, prefix.clone());
-                self.pending.push_back(id);
                 actions.push(Action::Open {
                     prefix: prefix.to_vec(),
                     id,
@@ -443,7 +451,6 @@ impl HubState {
             }
         }
         self.by_id.insert(id, name);
-        self.pending.push_back(id);
         actions.push(Action::Open {
             prefix: prefix.to_vec(),
             id,
@@ -833,7 +840,6 @@ impl HubState {
         if reopen && !watch.keys.is_empty() {
             watch.phase = Phase::Requested;
             self.by_id.insert(id, name);
-            self.pending.push_back(id);
             actions.push(Action::Open {
                 prefix: prefix.to_vec(),
                 id,
@@ -873,7 +879,6 @@ impl HubState {
             watch.start = start;
             watch.phase = Phase::Requested;
             self.by_id.insert(id, prefix.clone());
-            self.pending.push_back(id);
             actions.push(Action::Open {
                 prefix: prefix.to_vec(),
                 id,
@@ -905,7 +910,6 @@ impl HubState {
                 watch.id = id;
                 watch.phase = Phase::Requested;
                 self.by_id.insert(id, prefix.clone());
-                self.pending.push_back(id);
                 actions.push(Action::Open {
                     prefix: prefix.to_vec(),
                     id,
@@ -980,6 +984,7 @@ mod tests {
             [Action::Open { id, start: 0, .. }] => *id,
             other => panic!("{other:?}"),
         };
+        assert!(state.sending(P, id), "the task sends it");
         (follower, rx, id)
     }
 
@@ -1267,6 +1272,77 @@ mod tests {
             Ok(Signal::Ended(EndReason::Refused(_)))
         ));
         assert_eq!(state.watched(), 0, "nobody left to serve");
+    }
+
+    #[test]
+    fn a_refusal_is_matched_to_the_creation_sent_first_not_the_one_asked_for_first() {
+        // etcd answers a refused creation with id -1. The task may send a watch asked for
+        // later (one it asks for itself while handling answers) before one still queued.
+        let now = Instant::now();
+        let mut state = HubState::default();
+        let (a, b): (&[u8], &[u8]) = (b"ns/a/", b"ns/b/");
+        let (tx_a, mut rx_a) = mpsc::unbounded_channel();
+        let (tx_b, mut rx_b) = mpsc::unbounded_channel();
+        let mut actions = Vec::new();
+        state.subscribe(&name(a), tx_a, now, &mut actions);
+        state.subscribe(&name(b), tx_b, now, &mut actions);
+        let ids: Vec<i64> = actions
+            .iter()
+            .map(|action| match action {
+                Action::Open { id, .. } => *id,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert!(state.sending(b, ids[1]));
+        assert!(state.sending(a, ids[0]));
+        state.on_response(
+            -1,
+            true,
+            true,
+            0,
+            "permission denied",
+            5,
+            &[],
+            &mut Vec::new(),
+        );
+        assert!(matches!(
+            rx_b.try_recv(),
+            Ok(Signal::Ended(EndReason::Refused(_)))
+        ));
+        assert!(rx_a.try_recv().is_err(), "a's watch was not refused");
+        created(&mut state, ids[0], 6);
+        assert_eq!(rx_a.try_recv(), Ok(Signal::Covered(6)));
+    }
+
+    #[test]
+    fn a_creation_superseded_before_it_was_sent_is_never_in_line_for_a_refusal() {
+        let now = Instant::now();
+        let mut state = HubState::default();
+        let (_f, mut rx, old) = open_now(&mut state, now);
+        // The stream breaks: every watch is asked for again; the first request, not
+        // current any more, is skipped by the task.
+        let mut actions = Vec::new();
+        state.stream_broken(&mut actions);
+        let new = match actions.as_slice() {
+            [Action::Open { id, .. }] => *id,
+            other => panic!("{other:?}"),
+        };
+        assert!(!state.sending(P, old), "superseded");
+        assert!(state.sending(P, new));
+        state.on_response(
+            -1,
+            true,
+            true,
+            0,
+            "permission denied",
+            5,
+            &[],
+            &mut Vec::new(),
+        );
+        assert!(matches!(
+            rx.try_recv(),
+            Ok(Signal::Ended(EndReason::Refused(_)))
+        ));
     }
 
     #[test]

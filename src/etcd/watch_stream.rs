@@ -3,15 +3,16 @@
 //!
 //! Why: a stream's answers and requests are bound together on the server. etcd's
 //! `recvLoop` hands each creation's answer to `sendLoop` through a channel of 16
-//! (`etcdserver/api/v3rpc/watch.go`, `ctrlStreamBufLen`), and `sendLoop` blocks in gRPC's
-//! `Send` once the client's HTTP/2 window for the stream is full of answers it has not
-//! read (2 MiB by hyper's default). Then `recvLoop` stops reading requests, the client's
-//! send window and etcd-client's request channel (100) fill, and a request's send waits
-//! for good. A task that reads answers only between its requests then never reads again:
-//! after the stream broke with 20,000 lock watches, asking for all of them again on the
-//! new stream deadlocked, and no deletion reached a holder or a waiter any more
-//! (`tests/etcd/many_watches.rs`). Reading while a send waits keeps `sendLoop` going;
-//! what is read is kept here, in order, and handed out before anything newer.
+//! (`etcdserver/api/v3rpc/watch.go`, `ctrlStreamBufLen`, 3.4 to 3.6), and `sendLoop`
+//! blocks in gRPC's `Send` once the client's HTTP/2 window for the stream is full of
+//! answers it has not read (2 MiB, hyper's default, which tonic and etcd-client keep).
+//! Then `recvLoop` stops reading requests, the client's send window and etcd-client's
+//! request channel (100) fill, and a request's send waits for good. A task that reads
+//! answers only between its requests then never reads again, and no deletion reaches a
+//! holder or a waiter of the client any more: with 20,000 lock watches, asked for as
+//! their grants aged or all again after the stream broke
+//! (`tests/etcd/many_watches_reopened.rs`). Reading while a send waits keeps `sendLoop`
+//! going; what is read is kept here, in order, and handed out before anything newer.
 
 use std::collections::VecDeque;
 
@@ -43,10 +44,13 @@ impl WatchStream {
 
     /// Asks for a watch of `prefix` on the stream.
     ///
+    /// Fails once the stream's end has been read: nothing sent on it would be answered.
+    ///
     /// # Cancel safety
     ///
-    /// Not cancel safe: dropped before it resolves, the request may or may not be sent
-    /// (answers read meanwhile are kept).
+    /// Cancel safe: dropped before it resolves, the request was not sent (etcd-client
+    /// hands it to a tokio channel, whose `send` is cancel safe), and the answers read
+    /// meanwhile are kept.
     pub(crate) async fn watch(
         &mut self,
         prefix: Vec<u8>,
@@ -96,22 +100,33 @@ impl WatchStream {
     }
 }
 
-/// Awaits `send`, reading the stream's answers into `inbox` meanwhile (until its end).
+fn stream_ended() -> etcd_client::Error {
+    etcd_client::Error::WatchError("the watch stream ended".into())
+}
+
+/// Awaits `send`, reading the stream's answers into `inbox` meanwhile; fails once the
+/// stream's end is read (the end stays in `inbox`, after what came before it).
 async fn read_while(
     send: impl Future<Output = Result<(), etcd_client::Error>>,
     responses: &mut WatchResponseStream,
     inbox: &mut VecDeque<Read>,
     ended: &mut bool,
 ) -> Result<(), etcd_client::Error> {
+    if *ended {
+        return Err(stream_ended());
+    }
     tokio::pin!(send);
     loop {
         tokio::select! {
             // A send with room goes at once; reading is for when it has to wait.
             biased;
             sent = &mut send => return sent,
-            read = responses.message(), if !*ended => {
+            read = responses.message() => {
                 *ended = !matches!(read, Ok(Some(_)));
                 inbox.push_back(read);
+                if *ended {
+                    return Err(stream_ended());
+                }
             }
         }
     }
