@@ -708,7 +708,7 @@ impl HubState {
         actions: &mut Vec<Action>,
     ) -> usize {
         let id = if created {
-            // Answers to creates come in the order asked; a refused one carries id -1.
+            // Answers to creates come in the order sent; a refused one carries id -1.
             let answered = if watch_id == -1 {
                 self.pending.pop_front()
             } else {
@@ -890,10 +890,11 @@ impl HubState {
     /// A watch could not even be asked for (no stream could be opened): its waiters read
     /// again; its keys are checked by read and the watch is asked again later.
     pub(crate) fn open_failed(&mut self, id: i64, why: &str, actions: &mut Vec<Action>) {
+        // Never answered, whatever became of its watch.
+        self.pending.retain(|p| *p != id);
         let Some(prefix) = self.by_id.get(&id).cloned() else {
             return;
         };
-        self.pending.retain(|p| *p != id);
         self.lose_continuity(&prefix, EndReason::Gap(why.to_owned()), false, actions);
     }
 
@@ -1316,19 +1317,30 @@ mod tests {
 
     #[test]
     fn a_creation_superseded_before_it_was_sent_is_never_in_line_for_a_refusal() {
+        // A watch asked for and closed (idle) before the task sent it, then asked for
+        // again: only the second request goes out, and a refusal is its.
         let now = Instant::now();
         let mut state = HubState::default();
-        let (_f, mut rx, old) = open_now(&mut state, now);
-        // The stream breaks: every watch is asked for again; the first request, not
-        // current any more, is skipped by the task.
+        let (tx, _rx) = mpsc::unbounded_channel();
         let mut actions = Vec::new();
-        state.stream_broken(&mut actions);
-        let new = match actions.as_slice() {
+        let first = state.subscribe(&name(P), tx, now, &mut actions);
+        let unsent = match actions.as_slice() {
             [Action::Open { id, .. }] => *id,
             other => panic!("{other:?}"),
         };
-        assert!(!state.sending(P, old), "superseded");
-        assert!(state.sending(P, new));
+        state.unsubscribe(P, first, now, &mut Vec::new());
+        let mut actions = Vec::new();
+        state.run_timers(now + LINGER, &mut actions);
+        assert_eq!(actions, vec![Action::Cancel { id: unsent }]);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut actions = Vec::new();
+        state.subscribe(&name(P), tx, now + LINGER, &mut actions);
+        let again = match actions.as_slice() {
+            [Action::Open { id, .. }] => *id,
+            other => panic!("{other:?}"),
+        };
+        assert!(!state.sending(P, unsent), "superseded: skipped by the task");
+        assert!(state.sending(P, again));
         state.on_response(
             -1,
             true,

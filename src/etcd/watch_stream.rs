@@ -105,7 +105,7 @@ fn stream_ended() -> etcd_client::Error {
 }
 
 /// Awaits `send`, reading the stream's answers into `inbox` meanwhile; fails once the
-/// stream's end is read (the end stays in `inbox`, after what came before it).
+/// stream ends, with its own error if it failed (nothing sent on it would be answered).
 async fn read_while(
     send: impl Future<Output = Result<(), etcd_client::Error>>,
     responses: &mut WatchResponseStream,
@@ -121,13 +121,17 @@ async fn read_while(
             // A send with room goes at once; reading is for when it has to wait.
             biased;
             sent = &mut send => return sent,
-            read = responses.message() => {
-                *ended = !matches!(read, Ok(Some(_)));
-                inbox.push_back(read);
-                if *ended {
+            read = responses.message() => match read {
+                Ok(Some(response)) => inbox.push_back(Ok(Some(response))),
+                Ok(None) => {
+                    *ended = true;
                     return Err(stream_ended());
                 }
-            }
+                Err(err) => {
+                    *ended = true;
+                    return Err(err);
+                }
+            },
         }
     }
 }

@@ -124,6 +124,7 @@ async fn a_client_with_twenty_thousand_watches_still_hears_deletions_after_its_s
 
     // Another client holds a lock this one will wait for.
     let first = other.lock("contended", &options()).await.expect("lock");
+    let connections = proxy.connections_accepted();
     proxy.sever();
     proxy.heal();
     let mut client = cluster.client().await.expect("client");
@@ -139,9 +140,12 @@ async fn a_client_with_twenty_thousand_watches_still_hears_deletions_after_its_s
         joins.next_put(),
     )
     .await;
+    // The join went through a new connection: the stream broke with the old one.
+    assert!(proxy.connections_accepted() > connections);
     released(first.release().await);
+    // The waiter's watch goes out after the 20,480 asked for again.
     let granted = within(
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         "the waiter is granted once the holder released",
         waiting,
     )
