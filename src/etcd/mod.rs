@@ -55,6 +55,7 @@ mod watch_hub;
 mod watch_state;
 mod watch_stream;
 mod watch_timers;
+mod watch_token;
 
 pub use config::EtcdConfig;
 pub use election::{EtcdElection, Leader, Leadership, Observer};

@@ -32,6 +32,7 @@ pub(crate) use super::watch_state::EndReason;
 pub(crate) use super::watch_state::OnLost;
 use super::watch_state::{Action, HubState, KeyLoss, Registered, Signal};
 use super::watch_stream::{Read, WatchStream};
+use super::watch_token::{TokenRefresh, may_be_stale_token};
 use crate::LossReason;
 
 /// How long opening the watch stream may take.
@@ -104,7 +105,7 @@ impl WatchHub {
             stream: None,
             checks: JoinSet::new(),
             next_retry: None,
-            refreshed: None,
+            tokens: TokenRefresh::default(),
             turns,
             _stop_signal: StopSignal(stopped),
         };
@@ -338,17 +339,13 @@ struct HubTask {
     checks: JoinSet<Checked>,
     /// When failed watches are asked for again.
     next_retry: Option<Instant>,
-    /// When the client last authenticated again for a watch the stream's token failed.
-    refreshed: Option<Instant>,
+    /// When a refused watch makes the client authenticate again (`watch_token.rs`).
+    tokens: TokenRefresh,
     /// [`Shared::turns`].
     turns: Arc<AtomicU64>,
     /// Tells the waiters when the task's future is dropped.
     _stop_signal: StopSignal,
 }
-
-/// How often a watch refused for the stream's token may make the client authenticate
-/// again and reopen the stream: a refusal soon after one is taken as it comes.
-const REFRESH_EVERY: Duration = Duration::from_secs(1);
 
 impl HubTask {
     async fn run(mut self, mut actions: mpsc::UnboundedReceiver<Vec<Action>>) {
@@ -587,6 +584,15 @@ impl HubTask {
         if self.stale_token(response).await {
             return;
         }
+        if response.created() && !response.canceled() && self.tokens.is_waiting() {
+            let prefix = self
+                .shared
+                .upgrade()
+                .and_then(|shared| shared.state().answered_prefix(response.watch_id(), true));
+            if let Some(prefix) = prefix {
+                self.tokens.created(&prefix);
+            }
+        }
         let deletions: Vec<(Vec<u8>, i64)> = response
             .events()
             .iter()
@@ -613,26 +619,23 @@ impl HubTask {
     }
 
     /// Whether `response` refuses a watch for the stream's auth token, now renewed and the
-    /// stream given up (every watch is asked for again on a new one). etcd checks the
-    /// token a stream was opened with on every watch created on it (`v3rpc/watch.go`
-    /// `isWatchPermitted`), and etcd-client's refresh covers unary calls only: a client
-    /// whose stream outlived its token (unused for `--auth-token-ttl`, or a JWT's `ttl`)
-    /// had every new watch cancelled, "invalid auth token" on etcd 3.4 ("permission
-    /// denied" on some versions), and its waiters fell back to reading after pauses. At
-    /// most once per [`REFRESH_EVERY`]; otherwise the refusal is handled as it comes.
+    /// stream given up (every watch is asked for again on a new one); see
+    /// `watch_token.rs` for when a refusal is taken as that.
     async fn stale_token(&mut self, response: &WatchResponse) -> bool {
-        let reason = response.cancel_reason();
-        let token = reason.contains("invalid auth token") || reason.contains("permission denied");
-        if !response.canceled() || response.compact_revision() != 0 || !token {
-            return false;
-        }
-        if self
-            .refreshed
-            .is_some_and(|at| at.elapsed() < REFRESH_EVERY)
+        if !response.canceled()
+            || response.compact_revision() != 0
+            || !may_be_stale_token(response.cancel_reason())
         {
             return false;
         }
-        self.refreshed = Some(Instant::now());
+        let prefix = self.shared.upgrade().and_then(|shared| {
+            shared
+                .state()
+                .answered_prefix(response.watch_id(), response.created())
+        });
+        if !self.tokens.wants_refresh(prefix.as_ref(), Instant::now()) {
+            return false;
+        }
         // Bounded: the task reads no answer meanwhile, and a stalled member would stall
         // every watch of the client.
         match tokio::time::timeout(VERIFY_TIMEOUT, self.client.refresh_token()).await {
@@ -646,6 +649,7 @@ impl HubTask {
                 return false;
             }
         }
+        self.tokens.refreshed(prefix);
         self.broken("a watch was refused for the stream's auth token")
             .await;
         true

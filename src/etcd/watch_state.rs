@@ -349,6 +349,17 @@ impl HubState {
         current
     }
 
+    /// The prefix an answer with `watch_id` is about (a creation's: `created`), before it
+    /// is handled: a refused creation's id is -1, and it answers the oldest one sent.
+    pub(crate) fn answered_prefix(&self, watch_id: i64, created: bool) -> Option<Name> {
+        let id = if created && watch_id == -1 {
+            *self.pending.front()?
+        } else {
+            watch_id
+        };
+        self.by_id.get(&id).cloned()
+    }
+
     /// Whether a watch of `prefix` exists (open or being opened).
     pub(crate) fn is_open(&self, prefix: &[u8]) -> bool {
         self.locks.contains_key(prefix)

@@ -55,6 +55,7 @@ mod try_lock;
 mod ttl_from_grant;
 mod unreachable;
 mod watch_refused;
+mod watch_refused_while_held;
 mod watch_stream_lost;
 mod watch_task_stopped;
 mod watch_task_turns;
