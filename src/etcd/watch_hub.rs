@@ -584,15 +584,6 @@ impl HubTask {
         if self.stale_token(response).await {
             return;
         }
-        if response.created() && !response.canceled() && self.tokens.is_waiting() {
-            let prefix = self
-                .shared
-                .upgrade()
-                .and_then(|shared| shared.state().answered_prefix(response.watch_id(), true));
-            if let Some(prefix) = prefix {
-                self.tokens.created(&prefix);
-            }
-        }
         let deletions: Vec<(Vec<u8>, i64)> = response
             .events()
             .iter()
@@ -620,7 +611,7 @@ impl HubTask {
 
     /// Whether `response` refuses a watch for the stream's auth token, now renewed and the
     /// stream given up (every watch is asked for again on a new one); see
-    /// `watch_token.rs` for when a refusal is taken as that.
+    /// `watch_token.rs` for how a refusal is told to be that.
     async fn stale_token(&mut self, response: &WatchResponse) -> bool {
         if !response.canceled()
             || response.compact_revision() != 0
@@ -633,7 +624,10 @@ impl HubTask {
                 .state()
                 .answered_prefix(response.watch_id(), response.created())
         });
-        if !self.tokens.wants_refresh(prefix.as_ref(), Instant::now()) {
+        let Some(prefix) = prefix else {
+            return false;
+        };
+        if !self.tokens.may_check(Instant::now()) || !self.readable(&prefix).await {
             return false;
         }
         // Bounded: the task reads no answer meanwhile, and a stalled member would stall
@@ -649,10 +643,25 @@ impl HubTask {
                 return false;
             }
         }
-        self.tokens.refreshed(prefix);
         self.broken("a watch was refused for the stream's auth token")
             .await;
         true
+    }
+
+    /// Whether the client may read the keys under `prefix` (a unary read, whose auth
+    /// token etcd-client keeps fresh): `false` if refused, or if it could not tell
+    /// within [`VERIFY_TIMEOUT`] (the task reads no answer meanwhile).
+    async fn readable(&mut self, prefix: &[u8]) -> bool {
+        let options = GetOptions::new().with_prefix().with_count_only();
+        let read = tokio::time::timeout(VERIFY_TIMEOUT, self.kv.get(prefix, Some(options))).await;
+        match read {
+            Ok(Ok(_)) => true,
+            Ok(Err(err)) => {
+                tracing::debug!(%err, "a refused watch's prefix cannot be read either");
+                false
+            }
+            Err(_) => false,
+        }
     }
 
     /// Every watch on a broken stream is asked again on a new one.
