@@ -32,7 +32,7 @@ pub(crate) use super::watch_state::EndReason;
 pub(crate) use super::watch_state::OnLost;
 use super::watch_state::{Action, HubState, KeyLoss, Registered, Signal};
 use super::watch_stream::{Read, WatchStream};
-use super::watch_token::{TokenRefresh, may_be_stale_token};
+use super::watch_token::{TokenRefresh, TokenRefusal};
 use crate::LossReason;
 
 /// How long opening the watch stream may take.
@@ -613,23 +613,29 @@ impl HubTask {
     /// stream given up (every watch is asked for again on a new one); see
     /// `watch_token.rs` for how a refusal is told to be that.
     async fn stale_token(&mut self, response: &WatchResponse) -> bool {
-        if !response.canceled()
-            || response.compact_revision() != 0
-            || !may_be_stale_token(response.cancel_reason())
-        {
+        if !response.canceled() || response.compact_revision() != 0 {
             return false;
         }
-        let prefix = self.shared.upgrade().and_then(|shared| {
-            shared
-                .state()
-                .answered_prefix(response.watch_id(), response.created())
-        });
-        let Some(prefix) = prefix else {
+        let Some(refusal) = TokenRefusal::of(response.cancel_reason()) else {
             return false;
         };
-        if !self.tokens.may_check(Instant::now()) || !self.readable(&prefix).await {
+        if !self.tokens.may_refresh(Instant::now()) {
             return false;
         }
+        if refusal == TokenRefusal::Maybe {
+            let prefix = self.shared.upgrade().and_then(|shared| {
+                shared
+                    .state()
+                    .answered_prefix(response.watch_id(), response.created())
+            });
+            let Some(prefix) = prefix else {
+                return false;
+            };
+            if !self.tokens.may_check(&prefix, Instant::now()) || !self.readable(&prefix).await {
+                return false;
+            }
+        }
+        self.tokens.refreshing(Instant::now());
         // Bounded: the task reads no answer meanwhile, and a stalled member would stall
         // every watch of the client.
         match tokio::time::timeout(VERIFY_TIMEOUT, self.client.refresh_token()).await {

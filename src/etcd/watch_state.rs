@@ -798,6 +798,10 @@ impl HubState {
         actions: &mut Vec<Action>,
     ) {
         let refused = compact_revision == 0 && reason.contains("permission denied");
+        // Refused for the stream's stale token (and not renewed, or not yet): asked for
+        // again after a pause, not at once on the same stream, which would refuse it again
+        // at once.
+        let stale = compact_revision == 0 && super::watch_token::is_stale_token(reason);
         let why = if compact_revision != 0 {
             format!("watch start revision compacted (compact revision {compact_revision})")
         } else if reason.is_empty() {
@@ -810,7 +814,7 @@ impl HubState {
         } else {
             EndReason::Gap(why)
         };
-        self.lose_continuity(prefix, end, !refused, actions);
+        self.lose_continuity(prefix, end, !refused && !stale, actions);
     }
 
     /// Continuity of `prefix`'s watch is lost: waiters are told to read again, and (when

@@ -37,12 +37,15 @@ fn watchdog_of(parent: i32) -> Option<i32> {
 }
 
 /// Sends SIGTERM to the watchdog of `fencelock` from the moment it has exec'd (its
-/// command line names it) until `stop` is set, as often as the test can find it: the first
-/// signals land while the watchdog is still starting up, which is where the race was.
-/// Returns how many signals were sent.
+/// command line names it) until `stop` is set and at least one signal was sent, as often
+/// as the test can find it: the first signals land while the watchdog is still starting
+/// up, which is where the race was. (On a loaded machine this thread may not run at all
+/// before the command has started: it then goes on signalling the running watchdog,
+/// which must survive that too, for up to 10 s.) Returns how many signals were sent.
 fn terminate_watchdog_until(fencelock: i32, stop: &AtomicBool) -> usize {
+    let give_up = std::time::Instant::now() + Duration::from_secs(10);
     let mut sent = 0;
-    while !stop.load(Ordering::Acquire) {
+    while !(stop.load(Ordering::Acquire) && sent > 0) && std::time::Instant::now() < give_up {
         if let Some(watchdog) = watchdog_of(fencelock) {
             // SAFETY: kill(2) of a process this test's fencelock started.
             unsafe {
