@@ -32,7 +32,7 @@ pub(crate) use super::watch_state::EndReason;
 pub(crate) use super::watch_state::OnLost;
 use super::watch_state::{Action, HubState, KeyLoss, Registered, Signal};
 use super::watch_stream::{Read, WatchStream};
-use super::watch_token::{TokenRefresh, TokenRefusal};
+use super::watch_token::{STALE_TOKEN, TokenRefresh, TokenRefusal, is_stale_token};
 use crate::LossReason;
 
 /// How long opening the watch stream may take.
@@ -326,6 +326,28 @@ impl Drop for Subscription {
     }
 }
 
+/// What a refused watch said of the stream's auth token.
+enum Token {
+    /// Not known to be stale: the answer is handled as it came.
+    NotKnownStale,
+    /// Stale, renewed, and the stream given up.
+    Renewed,
+    /// Stale, but it could not be renewed.
+    StaleNotRenewed,
+}
+
+/// What a read of a refused watch's prefix told.
+enum Check {
+    /// Allowed: the refusal was the stream's stale token.
+    Allowed,
+    /// Refused for a stale token itself.
+    Stale,
+    /// Denied: the refusal was real.
+    Denied,
+    /// Nothing (a timeout, another error).
+    Unknown,
+}
+
 /// The result of a read that checks the held keys of one prefix (an error: why, and
 /// whether it was a refusal).
 type Checked = (Vec<u8>, Result<(i64, Vec<(Vec<u8>, i64)>), (String, bool)>);
@@ -581,9 +603,13 @@ impl HubTask {
     }
 
     async fn dispatch(&mut self, response: &WatchResponse) {
-        if self.stale_token(response).await {
-            return;
-        }
+        let reason = match self.stale_token(response).await {
+            Token::Renewed => return,
+            // Proved stale, not renewed: a gap (asked for again after a pause), never a
+            // refusal told to waiters.
+            Token::StaleNotRenewed => STALE_TOKEN,
+            Token::NotKnownStale => response.cancel_reason(),
+        };
         let deletions: Vec<(Vec<u8>, i64)> = response
             .events()
             .iter()
@@ -600,7 +626,7 @@ impl HubTask {
             response.created(),
             response.canceled(),
             response.compact_revision(),
-            response.cancel_reason(),
+            reason,
             response.header().map_or(0, |h| h.revision()),
             &deletions,
             &mut more,
@@ -609,18 +635,19 @@ impl HubTask {
         self.perform(more).await;
     }
 
-    /// Whether `response` refuses a watch for the stream's auth token, now renewed and the
-    /// stream given up (every watch is asked for again on a new one); see
+    /// What `response` says of the stream's auth token, renewing it (and giving up the
+    /// stream: every watch is asked for again on a new one) when it is stale; see
     /// `watch_token.rs` for how a refusal is told to be that.
-    async fn stale_token(&mut self, response: &WatchResponse) -> bool {
+    async fn stale_token(&mut self, response: &WatchResponse) -> Token {
         if !response.canceled() || response.compact_revision() != 0 {
-            return false;
+            return Token::NotKnownStale;
         }
         let Some(refusal) = TokenRefusal::of(response.cancel_reason()) else {
-            return false;
+            return Token::NotKnownStale;
         };
-        if !self.tokens.may_refresh(Instant::now()) {
-            return false;
+        let now = Instant::now();
+        if !self.tokens.may_refresh(now) {
+            return Token::NotKnownStale;
         }
         if refusal == TokenRefusal::Maybe {
             let prefix = self.shared.upgrade().and_then(|shared| {
@@ -629,10 +656,18 @@ impl HubTask {
                     .answered_prefix(response.watch_id(), response.created())
             });
             let Some(prefix) = prefix else {
-                return false;
+                return Token::NotKnownStale;
             };
-            if !self.tokens.may_check(&prefix, Instant::now()) || !self.readable(&prefix).await {
-                return false;
+            if !self.tokens.may_check(&prefix, now) {
+                return Token::NotKnownStale;
+            }
+            match self.read_check(&prefix).await {
+                Check::Allowed | Check::Stale => {}
+                Check::Denied => {
+                    self.tokens.denied(&prefix, Instant::now());
+                    return Token::NotKnownStale;
+                }
+                Check::Unknown => return Token::NotKnownStale,
             }
         }
         self.tokens.refreshing(Instant::now());
@@ -642,31 +677,38 @@ impl HubTask {
             Ok(Ok(())) => {}
             Ok(Err(err)) => {
                 tracing::debug!(%err, "could not authenticate again for the watch stream");
-                return false;
+                return Token::StaleNotRenewed;
             }
             Err(_) => {
                 tracing::debug!("authenticating again for the watch stream timed out");
-                return false;
+                return Token::StaleNotRenewed;
             }
         }
         self.broken("a watch was refused for the stream's auth token")
             .await;
-        true
+        Token::Renewed
     }
 
-    /// Whether the client may read the keys under `prefix` (a unary read, whose auth
-    /// token etcd-client keeps fresh): `false` if refused, or if it could not tell
-    /// within [`VERIFY_TIMEOUT`] (the task reads no answer meanwhile).
-    async fn readable(&mut self, prefix: &[u8]) -> bool {
+    /// Reads the keys under `prefix` (a unary read, whose auth token etcd-client renews
+    /// when it is invalid) to tell what a refusal of its watch was; bounded by
+    /// [`VERIFY_TIMEOUT`] (the task reads no answer meanwhile).
+    async fn read_check(&mut self, prefix: &[u8]) -> Check {
         let options = GetOptions::new().with_prefix().with_count_only();
         let read = tokio::time::timeout(VERIFY_TIMEOUT, self.kv.get(prefix, Some(options))).await;
         match read {
-            Ok(Ok(_)) => true,
-            Ok(Err(err)) => {
+            Ok(Ok(_)) => Check::Allowed,
+            // etcd-client renews a token only when it is invalid, not when its auth
+            // revision is old (a JWT after a role changed).
+            Ok(Err(err)) if is_stale_token(&err.to_string()) => Check::Stale,
+            Ok(Err(err)) if err.to_string().contains("permission denied") => {
                 tracing::debug!(%err, "a refused watch's prefix cannot be read either");
-                false
+                Check::Denied
             }
-            Err(_) => false,
+            Ok(Err(err)) => {
+                tracing::debug!(%err, "could not tell what refused a watch");
+                Check::Unknown
+            }
+            Err(_) => Check::Unknown,
         }
     }
 

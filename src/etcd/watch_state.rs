@@ -1269,6 +1269,29 @@ mod tests {
     }
 
     #[test]
+    fn a_watch_refused_for_a_stale_token_is_asked_for_again_after_a_pause_not_at_once() {
+        let now = Instant::now();
+        let mut state = HubState::default();
+        let (_f, mut rx, id) = open_now(&mut state, now);
+        created(&mut state, id, 10);
+        let tracked = state.track(P, &name(b"ns/x/k")).expect("open");
+        state.settle_token(P, b"ns/x/k", tracked.follower, 11);
+        state.hold_tracked(P, b"ns/x/k", tracked.follower, 11, None, &mut Vec::new());
+        let mut actions = Vec::new();
+        let reason = "etcdserver: invalid auth token";
+        state.on_response(id, false, true, 0, reason, 30, &[], &mut actions);
+        assert_eq!(rx.try_recv(), Ok(Signal::Covered(10)));
+        // Waiters read again (a gap), never told the lock is refused to them.
+        assert!(matches!(
+            rx.try_recv(),
+            Ok(Signal::Ended(EndReason::Gap(_)))
+        ));
+        // Not asked for at once on the same stream; the held key is checked by read.
+        assert_eq!(actions, vec![Action::Verify { prefix: P.to_vec() }]);
+        assert!(state.has_failing());
+    }
+
+    #[test]
     fn a_refused_watch_answered_with_id_minus_one_is_matched_to_its_request() {
         let now = Instant::now();
         let mut state = HubState::default();

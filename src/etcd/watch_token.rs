@@ -8,7 +8,8 @@
 //! pauses (`tests/etcd/auth_token_expiry.rs`). etcd 3.4 and 3.5 refuse it as "permission
 //! denied"; later versions as "invalid auth token", or, for a JWT issued before a role
 //! changed, "revision of auth store is old". Those two are the token's for sure: the
-//! client authenticates again and reopens the stream at once.
+//! client authenticates again and reopens the stream without a check (at most once a
+//! second; a watch refused meanwhile is asked for again after a pause).
 //!
 //! But "permission denied" is also what a watch gets once its lock's keys may no longer be
 //! read, and a held lock's refused watch is asked for again every 250 ms. Reopening the
@@ -17,24 +18,34 @@
 //! their deletions came seconds late for as long as the lock was held
 //! (`tests/etcd/watch_refused_while_held.rs`). So such a refusal is first told apart by a
 //! read of the same prefix (a unary call, whose token etcd-client renews when it is
-//! invalid): the stream's token is stale only if the read is allowed. A prefix is read at
-//! most once a second, and at most [`CHECKS_PER_SECOND`] prefixes a second: a read blocks
-//! the watch task, and one prefix's denied read tells nothing of another's. A refusal not
-//! checked is taken as it comes.
+//! invalid; a read refused as "auth store is old" counts as stale too): the stream's token
+//! is stale only if the read is allowed. At most [`CHECKS_PER_SECOND`] prefixes are read a
+//! second (a read blocks the watch task), a prefix whose read was denied not again for a
+//! while (doubling from 2 s to [`MAX_BACKOFF`]: a few truly refused locks retried every
+//! 250 ms must not take every check), and one prefix's denied read tells nothing of
+//! another's. A refusal not checked, or within a second of a refresh, is taken as it
+//! comes; one found stale whose refresh failed is a gap (asked for again after a pause),
+//! never a refusal.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::watch_state::Name;
 
-/// How often the client may authenticate again and reopen its stream for a refusal, and
-/// how often one prefix's refusal may be checked by a read.
+/// How often the client may authenticate again and reopen its stream for a refusal.
 const REFRESH_EVERY: Duration = Duration::from_secs(1);
 
-/// How many refused prefixes may be checked by a read per [`REFRESH_EVERY`].
+/// How many refused prefixes may be checked by a read per second.
 const CHECKS_PER_SECOND: usize = 4;
+
+/// The longest a prefix whose read was denied waits for its next check.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// A cancel reason that says the stream's token is stale for sure: what the hub uses for a
+/// refusal its check found stale, when the refresh then failed.
+pub(crate) const STALE_TOKEN: &str = "the watch stream's auth token is stale";
 
 /// What a watch's cancel reason says of the stream's auth token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,9 +69,11 @@ impl TokenRefusal {
     }
 }
 
-/// Whether a cancel `reason` says the stream's token is stale for sure.
+/// Whether an error or cancel `reason` says the stream's token is stale for sure.
 pub(crate) fn is_stale_token(reason: &str) -> bool {
-    reason.contains("invalid auth token") || reason.contains("auth store is old")
+    reason.contains("invalid auth token")
+        || reason.contains("auth store is old")
+        || reason.contains(STALE_TOKEN)
 }
 
 /// The refreshes and checks made for refused watches; see the module docs.
@@ -68,8 +81,10 @@ pub(crate) fn is_stale_token(reason: &str) -> bool {
 pub(crate) struct TokenRefresh {
     /// When the client last tried to authenticate again for a refused watch.
     refreshed: Option<Instant>,
-    /// The prefixes checked by a read in the last [`REFRESH_EVERY`], and when.
-    checked: HashMap<Name, Instant>,
+    /// When the checks of the last second were made.
+    recent: VecDeque<Instant>,
+    /// Prefixes whose read was denied: when each may be checked again, and its backoff.
+    denied: HashMap<Name, (Instant, Duration)>,
 }
 
 impl TokenRefresh {
@@ -85,12 +100,33 @@ impl TokenRefresh {
 
     /// Whether `prefix`'s refusal may be checked by a read now; if so, it counts.
     pub(crate) fn may_check(&mut self, prefix: &Name, now: Instant) -> bool {
-        self.checked.retain(|_, at| now < *at + REFRESH_EVERY);
-        if self.checked.len() >= CHECKS_PER_SECOND || self.checked.contains_key(prefix) {
+        while self
+            .recent
+            .front()
+            .is_some_and(|at| *at + Duration::from_secs(1) <= now)
+        {
+            self.recent.pop_front();
+        }
+        if self.recent.len() >= CHECKS_PER_SECOND
+            || self.denied.get(prefix).is_some_and(|(next, _)| now < *next)
+        {
             return false;
         }
-        self.checked.insert(prefix.clone(), now);
+        self.recent.push_back(now);
+        // Forget the backoffs long past (bounded work: at most a few checks a second).
+        self.denied
+            .retain(|_, (next, backoff)| now < *next + *backoff + MAX_BACKOFF);
         true
+    }
+
+    /// `prefix`'s read was denied at `now`: a real refusal; checked again only later.
+    pub(crate) fn denied(&mut self, prefix: &Name, now: Instant) {
+        let backoff = self
+            .denied
+            .get(prefix)
+            .map_or(Duration::from_secs(2), |(_, backoff)| *backoff * 2)
+            .min(MAX_BACKOFF);
+        self.denied.insert(prefix.clone(), (now + backoff, backoff));
     }
 }
 
@@ -115,18 +151,46 @@ mod tests {
     }
 
     #[test]
-    fn each_prefix_is_checked_once_a_second_and_a_few_a_second_in_all() {
+    fn a_few_prefixes_are_checked_a_second_and_a_denied_one_backs_off() {
         let now = Instant::now();
         let mut refresh = TokenRefresh::default();
-        // One prefix's check does not use up another's (a denied read of one lock says
-        // nothing of another's).
-        assert!(refresh.may_check(&name("a"), now));
-        assert!(!refresh.may_check(&name("a"), now + Duration::from_millis(250)));
-        for other in ["b", "c", "d"] {
-            assert!(refresh.may_check(&name(other), now + Duration::from_millis(300)));
+        for prefix in ["a", "b", "c", "d"] {
+            assert!(refresh.may_check(&name(prefix), now));
         }
-        assert!(!refresh.may_check(&name("e"), now + Duration::from_millis(300)));
-        assert!(refresh.may_check(&name("a"), now + REFRESH_EVERY));
+        assert!(!refresh.may_check(&name("e"), now), "four a second");
+        assert!(refresh.may_check(&name("e"), now + Duration::from_secs(1)));
+        // A prefix whose read was denied waits 2 s, then 4 s.
+        refresh.denied(&name("a"), now);
+        let later = now + Duration::from_secs(1);
+        assert!(!refresh.may_check(&name("a"), later));
+        assert!(refresh.may_check(&name("a"), now + Duration::from_secs(2)));
+        refresh.denied(&name("a"), now + Duration::from_secs(2));
+        assert!(!refresh.may_check(&name("a"), now + Duration::from_secs(5)));
+        assert!(refresh.may_check(&name("a"), now + Duration::from_secs(6)));
+    }
+
+    #[test]
+    fn truly_refused_prefixes_retried_often_leave_checks_for_another() {
+        // Four locks truly refused, their watches asked for again every 250 ms and
+        // answered before a fifth's in every batch: the fifth is still checked soon.
+        let start = Instant::now();
+        let mut refresh = TokenRefresh::default();
+        let refused = ["r1", "r2", "r3", "r4"];
+        let mut fifth_checked = None;
+        for batch in 0..40u32 {
+            let now = start + Duration::from_millis(250) * batch;
+            for prefix in refused {
+                if refresh.may_check(&name(prefix), now) {
+                    refresh.denied(&name(prefix), now);
+                }
+            }
+            if refresh.may_check(&name("b"), now) {
+                fifth_checked = Some(now - start);
+                break;
+            }
+        }
+        let checked = fifth_checked.expect("the fifth prefix was never checked in 10 s");
+        assert!(checked <= Duration::from_millis(2_250), "{checked:?}");
     }
 
     #[test]
