@@ -603,11 +603,15 @@ impl HubTask {
     }
 
     async fn dispatch(&mut self, response: &WatchResponse) {
+        let stale_reason;
         let reason = match self.stale_token(response).await {
             Token::Renewed => return,
             // Proved stale, not renewed: a gap (asked for again after a pause), never a
             // refusal told to waiters.
-            Token::StaleNotRenewed => STALE_TOKEN,
+            Token::StaleNotRenewed => {
+                stale_reason = format!("{STALE_TOKEN} ({})", response.cancel_reason());
+                &stale_reason
+            }
             Token::NotKnownStale => response.cancel_reason(),
         };
         let deletions: Vec<(Vec<u8>, i64)> = response
@@ -662,12 +666,12 @@ impl HubTask {
                 return Token::NotKnownStale;
             }
             match self.read_check(&prefix).await {
-                Check::Allowed | Check::Stale => {}
-                Check::Denied => {
+                Check::Allowed => self.tokens.allowed(&prefix),
+                Check::Stale => {}
+                Check::Denied | Check::Unknown => {
                     self.tokens.denied(&prefix, Instant::now());
                     return Token::NotKnownStale;
                 }
-                Check::Unknown => return Token::NotKnownStale,
             }
         }
         self.tokens.refreshing(Instant::now());

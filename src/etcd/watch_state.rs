@@ -797,11 +797,11 @@ impl HubState {
         reason: &str,
         actions: &mut Vec<Action>,
     ) {
-        let refused = compact_revision == 0 && reason.contains("permission denied");
         // Refused for the stream's stale token (and not renewed, or not yet): asked for
         // again after a pause, not at once on the same stream, which would refuse it again
-        // at once.
+        // at once; never told to waiters as a refusal.
         let stale = compact_revision == 0 && super::watch_token::is_stale_token(reason);
+        let refused = compact_revision == 0 && !stale && reason.contains("permission denied");
         let why = if compact_revision != 0 {
             format!("watch start revision compacted (compact revision {compact_revision})")
         } else if reason.is_empty() {
@@ -1289,6 +1289,29 @@ mod tests {
         // Not asked for at once on the same stream; the held key is checked by read.
         assert_eq!(actions, vec![Action::Verify { prefix: P.to_vec() }]);
         assert!(state.has_failing());
+    }
+
+    #[test]
+    fn a_permission_refusal_the_hub_found_stale_is_a_gap_not_a_refusal() {
+        // The hub's read found the keys readable but could not renew the token: it
+        // hands the refusal on with this reason instead of "permission denied".
+        let now = Instant::now();
+        let mut state = HubState::default();
+        let (_f, mut rx, id) = open_now(&mut state, now);
+        let reason = format!(
+            "{} (etcdserver: permission denied)",
+            super::super::watch_token::STALE_TOKEN
+        );
+        let mut actions = Vec::new();
+        state.on_response(id, true, true, 0, &reason, 30, &[], &mut actions);
+        assert!(matches!(
+            rx.try_recv(),
+            Ok(Signal::Ended(EndReason::Gap(_)))
+        ));
+        assert!(
+            !actions.iter().any(|a| matches!(a, Action::Open { .. })),
+            "{actions:?}"
+        );
     }
 
     #[test]

@@ -119,7 +119,13 @@ impl TokenRefresh {
         true
     }
 
-    /// `prefix`'s read was denied at `now`: a real refusal; checked again only later.
+    /// `prefix`'s read was allowed: any backoff of it is over (its permission is back).
+    pub(crate) fn allowed(&mut self, prefix: &[u8]) {
+        self.denied.remove(prefix);
+    }
+
+    /// `prefix`'s read was denied at `now` (a real refusal), or told nothing (it timed
+    /// out: the task must not spend its time on such reads): checked again only later.
     pub(crate) fn denied(&mut self, prefix: &Name, now: Instant) {
         let backoff = self
             .denied
@@ -167,6 +173,10 @@ mod tests {
         refresh.denied(&name("a"), now + Duration::from_secs(2));
         assert!(!refresh.may_check(&name("a"), now + Duration::from_secs(5)));
         assert!(refresh.may_check(&name("a"), now + Duration::from_secs(6)));
+        // Readable again: no backoff left.
+        refresh.denied(&name("a"), now + Duration::from_secs(6));
+        refresh.allowed(b"a");
+        assert!(refresh.may_check(&name("a"), now + Duration::from_secs(7)));
     }
 
     #[test]
