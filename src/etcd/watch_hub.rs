@@ -32,7 +32,7 @@ pub(crate) use super::watch_state::EndReason;
 pub(crate) use super::watch_state::OnLost;
 use super::watch_state::{Action, HubState, KeyLoss, Registered, Signal};
 use super::watch_stream::{Read, WatchStream};
-use super::watch_token::{STALE_TOKEN, TokenRefresh, TokenRefusal, is_stale_token};
+use super::watch_token::{Check, STALE_TOKEN, TokenRefresh, TokenRefusal, check_read};
 use crate::LossReason;
 
 /// How long opening the watch stream may take.
@@ -334,18 +334,6 @@ enum Token {
     Renewed,
     /// Stale, but it could not be renewed.
     StaleNotRenewed,
-}
-
-/// What a read of a refused watch's prefix told.
-enum Check {
-    /// Allowed: the refusal was the stream's stale token.
-    Allowed,
-    /// Refused for a stale token itself.
-    Stale,
-    /// Denied: the refusal was real.
-    Denied,
-    /// Nothing (a timeout, another error).
-    Unknown,
 }
 
 /// The result of a read that checks the held keys of one prefix (an error: why, and
@@ -665,7 +653,7 @@ impl HubTask {
             if !self.tokens.may_check(&prefix, now) {
                 return Token::NotKnownStale;
             }
-            match self.read_check(&prefix).await {
+            match check_read(self.kv.clone(), &prefix, VERIFY_TIMEOUT).await {
                 Check::Allowed => self.tokens.allowed(&prefix),
                 Check::Stale => {}
                 Check::Denied | Check::Unknown => {
@@ -691,29 +679,6 @@ impl HubTask {
         self.broken("a watch was refused for the stream's auth token")
             .await;
         Token::Renewed
-    }
-
-    /// Reads the keys under `prefix` (a unary read, whose auth token etcd-client renews
-    /// when it is invalid) to tell what a refusal of its watch was; bounded by
-    /// [`VERIFY_TIMEOUT`] (the task reads no answer meanwhile).
-    async fn read_check(&mut self, prefix: &[u8]) -> Check {
-        let options = GetOptions::new().with_prefix().with_count_only();
-        let read = tokio::time::timeout(VERIFY_TIMEOUT, self.kv.get(prefix, Some(options))).await;
-        match read {
-            Ok(Ok(_)) => Check::Allowed,
-            // etcd-client renews a token only when it is invalid, not when its auth
-            // revision is old (a JWT after a role changed).
-            Ok(Err(err)) if is_stale_token(&err.to_string()) => Check::Stale,
-            Ok(Err(err)) if err.to_string().contains("permission denied") => {
-                tracing::debug!(%err, "a refused watch's prefix cannot be read either");
-                Check::Denied
-            }
-            Ok(Err(err)) => {
-                tracing::debug!(%err, "could not tell what refused a watch");
-                Check::Unknown
-            }
-            Err(_) => Check::Unknown,
-        }
     }
 
     /// Every watch on a broken stream is asked again on a new one.

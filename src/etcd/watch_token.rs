@@ -30,6 +30,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
+use etcd_client::{GetOptions, KvClient};
 use tokio::time::Instant;
 
 use super::watch_state::Name;
@@ -74,6 +75,40 @@ pub(crate) fn is_stale_token(reason: &str) -> bool {
     reason.contains("invalid auth token")
         || reason.contains("auth store is old")
         || reason.contains(STALE_TOKEN)
+}
+
+/// What a read of a refused watch's prefix told.
+pub(crate) enum Check {
+    /// Allowed: the refusal was the stream's stale token.
+    Allowed,
+    /// Refused for a stale token itself.
+    Stale,
+    /// Denied: the refusal was real.
+    Denied,
+    /// Nothing (a timeout, another error).
+    Unknown,
+}
+
+/// Reads the keys under `prefix` (a unary read, whose auth token etcd-client renews when
+/// it is invalid) to tell what a refusal of its watch was, within `timeout` (the watch
+/// task reads no answer meanwhile).
+pub(crate) async fn check_read(mut kv: KvClient, prefix: &[u8], timeout: Duration) -> Check {
+    let options = GetOptions::new().with_prefix().with_count_only();
+    match tokio::time::timeout(timeout, kv.get(prefix, Some(options))).await {
+        Ok(Ok(_)) => Check::Allowed,
+        // etcd-client renews a token only when it is invalid, not when its auth revision
+        // is old (a JWT after a role changed).
+        Ok(Err(err)) if is_stale_token(&err.to_string()) => Check::Stale,
+        Ok(Err(err)) if err.to_string().contains("permission denied") => {
+            tracing::debug!(%err, "a refused watch's prefix cannot be read either");
+            Check::Denied
+        }
+        Ok(Err(err)) => {
+            tracing::debug!(%err, "could not tell what refused a watch");
+            Check::Unknown
+        }
+        Err(_) => Check::Unknown,
+    }
 }
 
 /// The refreshes and checks made for refused watches; see the module docs.
