@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions, Permission, RoleRevokePermissionOptions};
+use etcd_client::{Client, GetOptions, Permission};
 use fencelock::etcd::EtcdLocker;
 use fencelock::{LockBackend, LockGuard, LockOptions};
 
@@ -13,14 +13,7 @@ use crate::support::{PrefixWatch, etcd, handled, namespace, within};
 
 /// The role may read `<ns>/` but no longer write it.
 async fn revoke_write(admin: &mut Client, ns: &str) {
-    admin
-        .role_revoke_permission(
-            "locker",
-            format!("{ns}/"),
-            Some(RoleRevokePermissionOptions::new().with_prefix()),
-        )
-        .await
-        .expect("revoke");
+    crate::support::revoke_namespace(admin, ns).await;
     admin
         .role_grant_permission("locker", Permission::read(format!("{ns}/")).with_prefix())
         .await

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, Permission, RoleRevokePermissionOptions};
+use etcd_client::{Client, Permission};
 use fencelock::etcd::EtcdLocker;
 use fencelock::{LockGuard, LockOptions};
 
@@ -17,14 +17,7 @@ const NAMES: [&str; 2] = ["x", "y"];
 
 /// Grants the role `permission` on `<ns>/` in place of the one it has.
 async fn set_permission(admin: &mut Client, ns: &str, permission: Permission) {
-    admin
-        .role_revoke_permission(
-            "locker",
-            format!("{ns}/"),
-            Some(RoleRevokePermissionOptions::new().with_prefix()),
-        )
-        .await
-        .expect("revoke");
+    crate::support::revoke_namespace(admin, ns).await;
     admin
         .role_grant_permission("locker", permission)
         .await

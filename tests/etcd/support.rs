@@ -242,6 +242,34 @@ pub async fn deliver_late(cluster: &EtcdCluster, proxy: &fencelock::testkit::Fau
     .await;
 }
 
+/// Takes away the `locker` role's permission on `<namespace>/` (the one
+/// [`with_locker_user`] granted).
+pub async fn revoke_namespace(admin: &mut Client, namespace: &str) {
+    admin
+        .role_revoke_permission(
+            "locker",
+            format!("{namespace}/"),
+            Some(etcd_client::RoleRevokePermissionOptions::new().with_prefix()),
+        )
+        .await
+        .expect("revoke");
+}
+
+/// A locker that reaches etcd only through `proxy`, as `user` of [`with_locker_user`].
+pub async fn locker_as_through(
+    proxy: &fencelock::testkit::FaultProxy,
+    namespace: &str,
+    user: &str,
+) -> EtcdLocker {
+    EtcdLocker::connect(
+        fencelock::etcd::EtcdConfig::new([proxy.http_url()])
+            .with_namespace(namespace)
+            .with_credentials(user, "pw"),
+    )
+    .await
+    .expect("connect through the proxy")
+}
+
 /// Auth on: a root user, and `user` (password `pw`) whose role `locker` reads and writes
 /// `<namespace>/`. Returns a client authenticated as root.
 pub async fn with_locker_user(cluster: &EtcdCluster, namespace: &str, user: &str) -> Client {

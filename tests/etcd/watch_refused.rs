@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use etcd_client::RoleRevokePermissionOptions;
 use fencelock::testkit::FaultProxy;
 use fencelock::{LockBackend, LockOptions};
 
@@ -25,13 +24,7 @@ async fn a_waiter_whose_watch_is_refused_gets_permission_denied() {
     let proxy = FaultProxy::start(address(&cluster.endpoint(0)))
         .await
         .expect("proxy");
-    let waiter = fencelock::etcd::EtcdLocker::connect(
-        fencelock::etcd::EtcdConfig::new([proxy.http_url()])
-            .with_namespace(&ns)
-            .with_credentials("waiter", "pw"),
-    )
-    .await
-    .expect("waiter");
+    let waiter = crate::support::locker_as_through(&proxy, &ns, "waiter").await;
     let prefix = format!("{ns}/x/");
     let mut watch = PrefixWatch::start(&mut admin, &prefix).await;
 
@@ -43,14 +36,7 @@ async fn a_waiter_whose_watch_is_refused_gets_permission_denied() {
 
     // The waiter may no longer read the lock's keys; its watch breaks and is refused when
     // it is asked for again.
-    admin
-        .role_revoke_permission(
-            "locker",
-            format!("{ns}/"),
-            Some(RoleRevokePermissionOptions::new().with_prefix()),
-        )
-        .await
-        .expect("revoke permission");
+    crate::support::revoke_namespace(&mut admin, &ns).await;
     proxy.sever();
     proxy.heal();
 

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{Permission, RoleRevokePermissionOptions};
+use etcd_client::Permission;
 use fencelock::testkit::{EtcdCluster, FaultProxy, metric_sum};
 use fencelock::{LockBackend, LockGuard, LockOptions, LossReason};
 
@@ -57,13 +57,7 @@ async fn held_locks_whose_watches_are_refused_do_not_reopen_the_stream() {
     let proxy = FaultProxy::start(address(&cluster.endpoint(0)))
         .await
         .expect("proxy");
-    let locks = fencelock::etcd::EtcdLocker::connect(
-        fencelock::etcd::EtcdConfig::new([proxy.http_url()])
-            .with_namespace(&ns)
-            .with_credentials("holder", "pw"),
-    )
-    .await
-    .expect("connect");
+    let locks = crate::support::locker_as_through(&proxy, &ns, "holder").await;
     let options = LockOptions::new().with_ttl(Duration::from_secs(60));
     let mut refused = Vec::new();
     for name in ["a1", "a2", "a3"] {
@@ -78,14 +72,7 @@ async fn held_locks_whose_watches_are_refused_do_not_reopen_the_stream() {
     })
     .await;
 
-    admin
-        .role_revoke_permission(
-            "locker",
-            format!("{ns}/"),
-            Some(RoleRevokePermissionOptions::new().with_prefix()),
-        )
-        .await
-        .expect("revoke");
+    crate::support::revoke_namespace(&mut admin, &ns).await;
     // The stream breaks: every watch is asked for again on a new one, and a1's, a2's and
     // a3's are refused (etcd checks permission when a watch is created).
     let before = streams_started(&cluster).await;
