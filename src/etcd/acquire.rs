@@ -341,6 +341,7 @@ impl Acquisition {
             "wait",
             Some(key.name()),
             inner.config.request_timeout,
+            &inner.renewal,
             || {
                 let mut client = inner.kv.clone();
                 let options = options.clone();

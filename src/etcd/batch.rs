@@ -58,6 +58,7 @@ use tracing::Instrument;
 use super::call::{Attempts, call_retrying_noting, may_have_applied};
 use super::request::{Answer, Request, Sent};
 use super::request::{copy_error, malformed_member};
+use super::token_renewal::TokenRenewal;
 use crate::{Backend, LockError};
 
 /// How many requests or batches of one session may be in flight at once before the next
@@ -142,6 +143,7 @@ struct State {
 /// One session's group commit; see the module docs.
 pub(crate) struct Batcher {
     kv: KvClient,
+    renewal: TokenRenewal,
     timeout: Duration,
     /// The most operations one batch may have (1: no batching).
     limit: AtomicUsize,
@@ -163,12 +165,14 @@ impl Batcher {
     /// at most `limit` operations, at most `in_flight` requests or batches in flight.
     pub(crate) fn new(
         kv: KvClient,
+        renewal: TokenRenewal,
         timeout: Duration,
         limit: usize,
         in_flight: usize,
     ) -> Arc<Self> {
         Arc::new(Self {
             kv,
+            renewal,
             timeout,
             limit: AtomicUsize::new(limit.max(1)),
             in_flight_limit: in_flight.max(1),
@@ -195,11 +199,17 @@ impl Batcher {
     /// waited for: the caller must treat it as sent without an answer.
     pub(super) async fn send(self: &Arc<Self>, request: Request, ticket: Arc<Ticket>) -> Sent {
         match self.route(request, &ticket) {
-            Route::Alone(request) => request.send_alone(&self.kv, self.timeout).await,
+            Route::Alone(request) => {
+                request
+                    .send_alone(&self.kv, &self.renewal, self.timeout)
+                    .await
+            }
             Route::Lead(request) => {
                 // Whatever becomes of this future, what queues behind it goes out.
                 let turn = Turn(Some(self.clone()));
-                let sent = request.send_alone(&self.kv, self.timeout).await;
+                let sent = request
+                    .send_alone(&self.kv, &self.renewal, self.timeout)
+                    .await;
                 drop(turn);
                 sent
             }
@@ -223,7 +233,9 @@ impl Batcher {
                 match self.reclaim(&ticket) {
                     Some(request) => {
                         tracing::debug!("queued past patience; sending alone");
-                        request.send_alone(&self.kv, self.timeout).await
+                        request
+                            .send_alone(&self.kv, &self.renewal, self.timeout)
+                            .await
                     }
                     // A batch took it meanwhile.
                     None => answer.await.unwrap_or_else(stopped),
@@ -383,10 +395,10 @@ impl Batcher {
             return;
         };
         for member in requests {
-            let (kv, timeout) = (self.kv.clone(), self.timeout);
+            let (kv, renewal, timeout) = (self.kv.clone(), self.renewal.clone(), self.timeout);
             runtime.spawn(
                 async move {
-                    let sent = member.request.send_alone(&kv, timeout).await;
+                    let sent = member.request.send_alone(&kv, &renewal, timeout).await;
                     let _ = member.reply.send(sent);
                 }
                 .in_current_span(),
@@ -398,7 +410,10 @@ impl Batcher {
     async fn send_batch(&self, batch: Vec<Queued>) {
         if batch.len() == 1 {
             for member in batch {
-                let sent = member.request.send_alone(&self.kv, self.timeout).await;
+                let sent = member
+                    .request
+                    .send_alone(&self.kv, &self.renewal, self.timeout)
+                    .await;
                 let _ = member.reply.send(sent);
             }
             return;
@@ -419,7 +434,7 @@ impl Batcher {
             Txn::new().when(compares).and_then(then).or_else(otherwise)
         };
         let Attempts { result, ambiguous } =
-            call_retrying_noting("batch", None, self.timeout, || {
+            call_retrying_noting("batch", None, self.timeout, &self.renewal, || {
                 let mut kv = self.kv.clone();
                 let txn = build(&batch);
                 async move { kv.txn(txn).await }
@@ -479,7 +494,10 @@ impl Batcher {
                         // put a key nobody owns (until its cleanup or sweep found it).
                         continue;
                     }
-                    let mut sent = member.request.send_alone(&self.kv, self.timeout).await;
+                    let mut sent = member
+                        .request
+                        .send_alone(&self.kv, &self.renewal, self.timeout)
+                        .await;
                     // An attempt of the batch without an answer was one of this member too.
                     sent.ambiguous |= ambiguous;
                     let _ = member.reply.send(sent);
@@ -501,11 +519,11 @@ impl Batcher {
                         // Its caller left, and this attempt was refused: nothing to send.
                         continue;
                     }
-                    let kv = self.kv.clone();
+                    let (kv, renewal) = (self.kv.clone(), self.renewal.clone());
                     let timeout = self.timeout;
                     alone.spawn(
                         async move {
-                            let mut sent = member.request.send_alone(&kv, timeout).await;
+                            let mut sent = member.request.send_alone(&kv, &renewal, timeout).await;
                             sent.ambiguous |= ambiguous;
                             let _ = member.reply.send(sent);
                         }

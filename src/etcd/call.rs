@@ -6,6 +6,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tonic::Code;
 
+use super::token_renewal::{MAX_RENEWALS, TokenRenewal, is_old_auth_revision};
 use crate::{Backend, LockError};
 
 /// Runs `request` for at most `timeout`, mapping failures to typed errors.
@@ -41,6 +42,35 @@ where
     })
 }
 
+/// Like [`call`], but a request refused for a token older than etcd's auth store is sent
+/// again once the client authenticated again (`token_renewal.rs`): that refusal proves it
+/// was not applied, so this suits every request, a guarded write too. Nothing else is
+/// retried.
+pub(crate) async fn call_renewing<T, F, Fut>(
+    operation: &'static str,
+    lock: Option<&str>,
+    timeout: Duration,
+    renewal: &TokenRenewal,
+    mut request: F,
+) -> Result<T, LockError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    let mut renewals = 0;
+    loop {
+        let seen = renewal.seen();
+        match call(operation, lock, timeout, request()).await {
+            Err(err) if renewals < MAX_RENEWALS && is_old_auth_revision(&err) => {
+                renewals += 1;
+                tracing::debug!(%err, "auth token older than the auth store; renewing it");
+                renewal.renew(seen, timeout).await?;
+            }
+            result => return result,
+        }
+    }
+}
+
 /// Like [`call`], but retries a request that found its member unreachable (connection
 /// refused or reset: the client balances over every endpoint, so the next attempt may
 /// reach a live member) until `timeout` has passed since the first attempt, and a request
@@ -60,18 +90,20 @@ where
 /// A confirmed retry does **not** prove that an earlier attempt is dead: one that got no
 /// answer may still be applied later (a proposal a follower forwarded to the leader is
 /// applied whatever became of its client, `etcdserver/v3_server.go`). Callers whose
-/// request must not land late use [`call_retrying_noting`].
+/// request must not land late use [`call_retrying_noting`]. A request refused for an old
+/// auth token is sent again as [`call_renewing`] does.
 pub(crate) async fn call_retrying<T, F, Fut>(
     operation: &'static str,
     lock: Option<&str>,
     timeout: Duration,
+    renewal: &TokenRenewal,
     request: F,
 ) -> Result<T, LockError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, etcd_client::Error>>,
 {
-    call_retrying_noting(operation, lock, timeout, request)
+    call_retrying_noting(operation, lock, timeout, renewal, request)
         .await
         .result
 }
@@ -91,6 +123,7 @@ pub(crate) async fn call_retrying_noting<T, F, Fut>(
     operation: &'static str,
     lock: Option<&str>,
     timeout: Duration,
+    renewal: &TokenRenewal,
     mut request: F,
 ) -> Attempts<T>
 where
@@ -104,7 +137,9 @@ where
     let (mut attempt, mut refused): (u32, u32) = (0, 0);
     let mut timed_out = false;
     let mut ambiguous = false;
+    let mut renewals = 0;
     loop {
+        let seen = renewal.seen();
         let result = call(operation, lock, timeout, request()).await;
         if let Err(err) = &result {
             ambiguous |= may_have_applied(err);
@@ -118,6 +153,18 @@ where
                 tracing::debug!(%err, attempt, "member unreachable; retrying");
                 let pause = (Duration::from_millis(25) * refused).min(Duration::from_millis(250));
                 tokio::time::sleep(pause).await;
+            }
+            // Refused before it was applied (`token_renewal.rs`).
+            Err(err) if renewals < MAX_RENEWALS && is_old_auth_revision(&err) => {
+                renewals += 1;
+                tracing::debug!(%err, "auth token older than the auth store; renewing it");
+                // A failed renewal says more than the refusal (a password changed, say).
+                if let Err(renewing) = renewal.renew(seen, timeout).await {
+                    return Attempts {
+                        result: Err(renewing),
+                        ambiguous,
+                    };
+                }
             }
             Err(err @ LockError::Timeout { .. }) if !timed_out => {
                 timed_out = true;
@@ -333,7 +380,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_retry_after_a_timeout_rides_out_an_unreachable_member() {
         let attempts = std::sync::atomic::AtomicU32::new(0);
-        let outcome = call_retrying_noting("acquire", Some("x"), Duration::from_secs(1), || {
+        let renewal = super::super::token_renewal::unused().await;
+        let timeout = Duration::from_secs(1);
+        let outcome = call_retrying_noting("acquire", Some("x"), timeout, &renewal, || {
             attempt(
                 attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
                 2,
@@ -349,7 +398,9 @@ mod tests {
     async fn the_retry_after_a_timeout_gives_up_when_its_own_window_ends() {
         let started = tokio::time::Instant::now();
         let attempts = std::sync::atomic::AtomicU32::new(0);
-        let outcome = call_retrying_noting("acquire", Some("x"), Duration::from_secs(1), || {
+        let renewal = super::super::token_renewal::unused().await;
+        let timeout = Duration::from_secs(1);
+        let outcome = call_retrying_noting("acquire", Some("x"), timeout, &renewal, || {
             attempt(
                 attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
                 u32::MAX,

@@ -8,7 +8,7 @@
 use etcd_client::{EventType, GetOptions, PutOptions, SortOrder, SortTarget, TxnOp, WatchOptions};
 
 use super::acquire::Mode;
-use super::call::{call, map_error};
+use super::call::{call_renewing, map_error};
 use super::keys::lock_prefix;
 use super::kind::{Kind, check_candidate_value};
 use super::{EtcdGuard, EtcdLocker};
@@ -89,17 +89,21 @@ impl EtcdElection {
 
     /// The current leader, if there is one.
     pub async fn leader(&self) -> Result<Option<Leader>, LockError> {
-        let mut client = super::answers::kv(self.locker.client());
         let oldest = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(1);
         let timeout = self.locker.config().request_timeout();
-        let response = call(
+        let response = call_renewing(
             "leader",
             Some(&self.name),
             timeout,
-            client.get(self.prefix.as_str(), Some(oldest)),
+            self.locker.renewal(),
+            || {
+                let mut kv = super::answers::kv(self.locker.client());
+                let oldest = oldest.clone();
+                async move { kv.get(self.prefix.as_str(), Some(oldest)).await }
+            },
         )
         .await?;
         Ok(response.kvs().first().map(|kv| Leader {

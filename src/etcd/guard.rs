@@ -3,7 +3,7 @@
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnResponse};
 
-use super::call::call;
+use super::call::call_renewing;
 use super::key_life::{Deleted, QueueKey};
 use super::session::Session;
 use super::watch_hub::TrackedKey;
@@ -106,13 +106,20 @@ impl EtcdGuard {
             )])
             .and_then(ops);
         let inner = self.key.inner();
-        let mut client = inner.kv.clone();
         let timeout = inner.config.request_timeout;
-        let response = call(
+        // Sent again only after a refusal that proves it was not applied (an old auth
+        // token): then from a copy, kept for that alone.
+        let (mut first, again) = (Some(txn.clone()), txn);
+        let response = call_renewing(
             "guarded txn",
             Some(self.key.name()),
             timeout,
-            client.txn(txn),
+            &inner.renewal,
+            || {
+                let mut kv = inner.kv.clone();
+                let txn = first.take().unwrap_or_else(|| again.clone());
+                async move { kv.txn(txn).await }
+            },
         )
         .await?;
         if response.succeeded() {

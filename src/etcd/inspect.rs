@@ -149,7 +149,7 @@ impl EtcdLocker {
         let timeout = self.config().request_timeout;
         let client = self.client();
         let key = format!("{}/", self.config().namespace);
-        let response = call_retrying("revision", None, timeout, || {
+        let response = call_retrying("revision", None, timeout, self.renewal(), || {
             let mut kv = super::answers::kv(client);
             let key = key.clone();
             async move { kv.get(key, Some(GetOptions::new().with_count_only())).await }
@@ -166,7 +166,7 @@ impl EtcdLocker {
     ) -> Result<Vec<LockState>, LockError> {
         let timeout = self.config().request_timeout;
         let client = self.client();
-        let response = call_retrying("inspect", lock, timeout, || {
+        let response = call_retrying("inspect", lock, timeout, self.renewal(), || {
             let mut kv = super::answers::kv(client);
             let prefix = prefix.to_owned();
             async move {
@@ -243,7 +243,7 @@ impl EtcdLocker {
     ) -> Result<(Option<Duration>, Option<Duration>), LockError> {
         let timeout = self.config().request_timeout;
         let client = self.client();
-        let answer = call_retrying("inspect lease", lock, timeout, || {
+        let answer = call_retrying("inspect lease", lock, timeout, self.renewal(), || {
             let mut lease = client.lease_client();
             async move { lease.time_to_live(id, None::<LeaseTimeToLiveOptions>).await }
         })

@@ -405,6 +405,7 @@ impl QueueKey {
             "release",
             Some(&label),
             inner.config.request_timeout,
+            &inner.renewal,
             || {
                 let mut kv = inner.kv.clone();
                 let txn = first_txn.take().unwrap_or_else(build);

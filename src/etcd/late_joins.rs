@@ -69,7 +69,8 @@ async fn sweeper(session: Weak<SessionInner>) {
         for (name, key) in keys {
             let timeout = inner.config.request_timeout;
             // A read first: a delete is a Raft write even when there is nothing to delete.
-            let read = call_retrying("late join sweep", Some(&name), timeout, || {
+            let renewal = &inner.renewal;
+            let read = call_retrying("late join sweep", Some(&name), timeout, renewal, || {
                 let mut client = inner.kv.clone();
                 let key = key.clone();
                 async move {
@@ -80,12 +81,13 @@ async fn sweeper(session: Weak<SessionInner>) {
             })
             .await;
             if read.is_ok_and(|read| read.count() > 0) {
-                let deleted = call_retrying("late join sweep", Some(&name), timeout, || {
-                    let mut client = inner.kv.clone();
-                    let key = key.clone();
-                    async move { client.delete(key, None).await }
-                })
-                .await;
+                let deleted =
+                    call_retrying("late join sweep", Some(&name), timeout, renewal, || {
+                        let mut client = inner.kv.clone();
+                        let key = key.clone();
+                        async move { client.delete(key, None).await }
+                    })
+                    .await;
                 if let Some(_deleted) = deleted.ok().filter(|deleted| deleted.deleted() > 0) {
                     #[cfg(feature = "testkit")]
                     super::observed::deleted(

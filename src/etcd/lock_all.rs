@@ -287,13 +287,18 @@ async fn join(
     };
     // Built again for a retry rather than cloned for every attempt.
     let mut first = Some(build());
-    let Attempts { result, ambiguous } =
-        call_retrying_noting("acquire", Some(label), inner.config.request_timeout, || {
+    let Attempts { result, ambiguous } = call_retrying_noting(
+        "acquire",
+        Some(label),
+        inner.config.request_timeout,
+        &inner.renewal,
+        || {
             let mut kv = inner.kv.clone();
             let txn = first.take().unwrap_or_else(build);
             async move { kv.txn(txn).await }
-        })
-        .await;
+        },
+    )
+    .await;
     if ambiguous {
         each_key(members, QueueKey::mark_join_unknown);
     }

@@ -7,9 +7,10 @@ use std::time::Duration;
 use etcd_client::{Client, GetOptions};
 
 use super::acquire::{CLEANUP_ALLOWANCE, Mode, acquire};
-use super::call::{call, call_retrying, map_error};
+use super::call::{call_renewing, call_retrying, map_error};
 use super::kind::Kind;
 use super::lock_all::{MAX_LOCK_ALL, acquire_all};
+use super::token_renewal::TokenRenewal;
 use super::watch_hub::WatchHub;
 use super::{EtcdConfig, EtcdElection, EtcdGuard, EtcdRwLock, EtcdSemaphore, Session};
 use crate::{Backend, LockBackend, LockError, LockOptions, MultiGuard, validate_name};
@@ -41,6 +42,8 @@ pub struct EtcdLocker {
 
 struct LockerInner {
     client: Client,
+    /// Authenticates again for requests refused with an old token (`token_renewal.rs`).
+    renewal: TokenRenewal,
     config: Arc<EtcdConfig>,
     /// One watch stream for the client, one watch per lock name on it (`watch_hub.rs`).
     hub: Arc<WatchHub>,
@@ -75,6 +78,7 @@ impl EtcdLocker {
             let client = Client::connect(&config.endpoints, Some(options))
                 .await
                 .map_err(|err| map_error("connect", None, err))?;
+            let renewal = TokenRenewal::new(client.clone());
             // One point read of the namespace's own key: it proves the connection, the
             // credentials and read access to the namespace, and costs the same however
             // many (live or deleted) keys the namespace holds, unlike a range over it.
@@ -90,7 +94,7 @@ impl EtcdLocker {
                 crate::tls::first_contact(
                     Backend::Etcd,
                     timeout,
-                    call("connect", None, timeout, read()),
+                    call_renewing("connect", None, timeout, &renewal, read),
                     |limit| {
                         let (endpoints, tls) = (&endpoints, tls.as_ref());
                         async move {
@@ -100,17 +104,17 @@ impl EtcdLocker {
                 )
                 .await;
             match first {
-                Ok(_) => return Ok(client),
+                Ok(_) => return Ok((client, renewal)),
                 Err(err) if err.is_unavailable() => {
                     tracing::debug!(%err, "first connect probe failed; trying the others");
                 }
                 Err(err) => return Err(err),
             }
             // One member down must not fail the connect: retry on another.
-            call_retrying("connect", None, timeout, read).await?;
-            Ok::<_, LockError>(client)
+            call_retrying("connect", None, timeout, &renewal, read).await?;
+            Ok::<_, LockError>((client, renewal))
         });
-        let client = match tokio::time::timeout(timeout, connecting).await {
+        let (client, renewal) = match tokio::time::timeout(timeout, connecting).await {
             Ok(client) => client?,
             Err(_) => {
                 return Err(LockError::Timeout {
@@ -123,8 +127,9 @@ impl EtcdLocker {
         };
         Ok(Self {
             inner: Arc::new(LockerInner {
-                hub: Arc::new(WatchHub::start(client.clone())),
+                hub: Arc::new(WatchHub::start(client.clone(), renewal.clone())),
                 client,
+                renewal,
                 config: Arc::new(config),
                 sessions: Mutex::new(HashMap::new()),
                 retired: Mutex::new(Vec::new()),
@@ -154,6 +159,12 @@ impl EtcdLocker {
     #[must_use]
     pub fn client(&self) -> &Client {
         &self.inner.client
+    }
+
+    /// The client's token renewal (`token_renewal.rs`), for requests made beside the
+    /// sessions'.
+    pub(crate) fn renewal(&self) -> &TokenRenewal {
+        &self.inner.renewal
     }
 
     /// The configuration this locker was made with.
@@ -198,6 +209,7 @@ impl EtcdLocker {
         });
         let session = Session::open(
             self.inner.client.clone(),
+            self.inner.renewal.clone(),
             self.inner.config.clone(),
             Duration::from_secs(seconds),
             self.inner.hub.clone(),
@@ -332,6 +344,7 @@ impl EtcdLocker {
             } else {
                 let session = Box::pin(Session::open(
                     self.inner.client.clone(),
+                    self.inner.renewal.clone(),
                     self.inner.config.clone(),
                     options.ttl(),
                     self.inner.hub.clone(),

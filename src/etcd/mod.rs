@@ -51,6 +51,7 @@ mod semaphore;
 mod session;
 mod slots;
 mod small_map;
+mod token_renewal;
 mod watch_hub;
 mod watch_state;
 mod watch_stream;

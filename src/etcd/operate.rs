@@ -4,7 +4,7 @@
 
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
 
-use super::call::{call, call_retrying};
+use super::call::{call_renewing, call_retrying};
 use super::kind::Kind;
 use super::locker::EtcdLocker;
 use crate::{BreakOutcome, FencingToken, LockError, TokenCheck, validate_name};
@@ -67,13 +67,12 @@ impl EtcdLocker {
                 revision,
             )])
             .and_then([TxnOp::delete(key.clone(), None)]);
-        let mut kv = super::answers::kv(self.client());
-        let answer = call(
-            "break",
-            Some(name),
-            self.config().request_timeout,
-            kv.txn(txn),
-        )
+        let timeout = self.config().request_timeout;
+        let answer = call_renewing("break", Some(name), timeout, self.renewal(), || {
+            let mut kv = super::answers::kv(self.client());
+            let txn = txn.clone();
+            async move { kv.txn(txn).await }
+        })
         .await?;
         if answer.succeeded() {
             return Ok(BreakOutcome::Broken);
@@ -96,16 +95,13 @@ impl EtcdLocker {
     pub async fn break_all(&self, name: &str) -> Result<usize, LockError> {
         validate_name(name)?;
         let prefix = super::keys::lock_prefix(&self.config().namespace, name);
-        let mut kv = super::answers::kv(self.client());
-        let deleted = call(
-            "break",
-            Some(name),
-            self.config().request_timeout,
-            kv.delete(
-                prefix.clone(),
-                Some(etcd_client::DeleteOptions::new().with_prefix()),
-            ),
-        )
+        let timeout = self.config().request_timeout;
+        let deleted = call_renewing("break", Some(name), timeout, self.renewal(), || {
+            let mut kv = super::answers::kv(self.client());
+            let delete = etcd_client::DeleteOptions::new().with_prefix();
+            let prefix = prefix.clone();
+            async move { kv.delete(prefix, Some(delete)).await }
+        })
         .await?;
         Ok(usize::try_from(deleted.deleted()).unwrap_or(usize::MAX))
     }
@@ -114,7 +110,8 @@ impl EtcdLocker {
     async fn holding(&self, name: &str) -> Result<Vec<(FencingToken, Vec<u8>)>, LockError> {
         let prefix = super::keys::lock_prefix(&self.config().namespace, name);
         let client = self.client();
-        let response = call_retrying("check", Some(name), self.config().request_timeout, || {
+        let timeout = self.config().request_timeout;
+        let response = call_retrying("check", Some(name), timeout, self.renewal(), || {
             let mut kv = super::answers::kv(client);
             let prefix = prefix.clone();
             async move {

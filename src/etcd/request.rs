@@ -11,6 +11,7 @@ use tokio::time::Duration;
 
 use super::call::{Attempts, call_retrying_noting};
 use super::keys::LockPath;
+use super::token_renewal::TokenRenewal;
 use crate::{Backend, LockError};
 
 /// One request about one lock key.
@@ -133,7 +134,12 @@ impl Request {
     }
 
     /// Sends the request on its own (retried as [`call_retrying_noting`] does).
-    pub(super) async fn send_alone(&self, kv: &KvClient, timeout: Duration) -> Sent {
+    pub(super) async fn send_alone(
+        &self,
+        kv: &KvClient,
+        renewal: &TokenRenewal,
+        timeout: Duration,
+    ) -> Sent {
         match self {
             Self::Join {
                 path,
@@ -147,7 +153,7 @@ impl Request {
                 // attempt: a deep clone of every key and option, on every join.
                 let mut first = Some(Self::join_txn(key, value, *lease, prefix, read));
                 let Attempts { result, ambiguous } =
-                    call_retrying_noting("acquire", Some(path.name()), timeout, || {
+                    call_retrying_noting("acquire", Some(path.name()), timeout, renewal, || {
                         let mut kv = kv.clone();
                         let txn = first
                             .take()
@@ -167,7 +173,7 @@ impl Request {
             }
             Self::Delete { path, key } => {
                 let Attempts { result, ambiguous } =
-                    call_retrying_noting("release", Some(path.name()), timeout, || {
+                    call_retrying_noting("release", Some(path.name()), timeout, renewal, || {
                         let mut kv = kv.clone();
                         async move { kv.delete(&**key, None).await }
                     })

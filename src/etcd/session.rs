@@ -10,7 +10,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::EtcdConfig;
-use super::call::{call, call_retrying, malformed};
+use super::call::{call_renewing, call_retrying, malformed};
+use super::token_renewal::TokenRenewal;
 use super::watch_hub::WatchHub;
 use crate::lease_clock::{Clock, ClockInstant, LeaseClock};
 use crate::loss::{LossNotifier, LossWatch, loss_channel};
@@ -33,6 +34,8 @@ pub struct Session {
 
 pub(crate) struct SessionInner {
     pub(crate) client: Client,
+    /// Authenticates again for requests refused with an old token (`token_renewal.rs`).
+    pub(crate) renewal: TokenRenewal,
     /// The key-value client alone: cheaper to clone per request than the whole client.
     pub(crate) kv: KvClient,
     pub(crate) config: Arc<EtcdConfig>,
@@ -90,16 +93,20 @@ impl Session {
     /// keeps it alive. A session for a lock without renewal is renewed only while its
     /// acquisition waits ([`stop_renewing`](SessionInner::stop_renewing) ends that at the
     /// grant), so that the lock's TTL counts from the grant, not from the queueing.
-    #[tracing::instrument(skip(client, config, hub, on_retire), fields(backend = "etcd"))]
+    #[tracing::instrument(
+        skip(client, renewal, config, hub, on_retire),
+        fields(backend = "etcd")
+    )]
     pub(crate) async fn open(
         client: Client,
+        renewal: TokenRenewal,
         config: Arc<EtcdConfig>,
         ttl: Duration,
         hub: Arc<WatchHub>,
         on_retire: Option<RetireHook>,
     ) -> Result<Self, LockError> {
         let timeout = config.request_timeout;
-        let (lease_id, ttl, clock) = grant(&client, &config, ttl).await?;
+        let (lease_id, ttl, clock) = grant(&client, &renewal, &config, ttl).await?;
         let (notifier, loss) = loss_channel(Backend::Etcd);
         let notifier = Arc::new(notifier);
         let (stop_tx, stop_rx) = oneshot::channel();
@@ -107,6 +114,7 @@ impl Session {
 
         let task = KeepAlive {
             client: client.clone(),
+            renewal: renewal.clone(),
             lease_id,
             ttl,
             timeout,
@@ -122,6 +130,7 @@ impl Session {
 
         let batch = super::batch::Batcher::new(
             super::answers::kv(&client),
+            renewal.clone(),
             timeout,
             config.max_batch,
             config.max_in_flight,
@@ -130,6 +139,7 @@ impl Session {
             inner: Arc::new(SessionInner {
                 kv: super::answers::kv(&client),
                 client,
+                renewal,
                 config,
                 lease_id,
                 ttl,
@@ -181,7 +191,8 @@ impl Session {
     pub async fn close(&self) -> Result<(), LockError> {
         // Mark first: from now on no guard of this session may believe it holds a lock.
         self.inner.notifier.mark(LossReason::Closed);
-        revoke(&self.inner.client, self.inner.lease_id, &self.inner.config).await
+        let inner = &self.inner;
+        revoke(&inner.client, &inner.renewal, inner.lease_id, &inner.config).await
     }
 }
 
@@ -197,6 +208,7 @@ impl Session {
 /// (`late_lease_grant.rs`). Opening a session can so take two grants' worth of retries.
 async fn grant(
     client: &Client,
+    renewal: &TokenRenewal,
     config: &Arc<EtcdConfig>,
     ttl: Duration,
 ) -> Result<(i64, Duration, Arc<LeaseClock>), LockError> {
@@ -207,7 +219,7 @@ async fn grant(
     loop {
         let sent = Clock::BOOT.now();
         // A retried grant can at worst leave an unused lease to run out.
-        let grant = call_retrying("lease grant", None, timeout, || {
+        let grant = call_retrying("lease grant", None, timeout, renewal, || {
             let mut client = client.clone();
             async move { client.lease_grant(seconds, None).await }
         })
@@ -229,10 +241,10 @@ async fn grant(
             ?left,
             "lease grant answered too late to be renewed; revoking it"
         );
-        let (client, config) = (client.clone(), config.clone());
+        let (client, renewal, config) = (client.clone(), renewal.clone(), config.clone());
         tokio::spawn(
             async move {
-                if let Err(err) = revoke(&client, lease_id, &config).await {
+                if let Err(err) = revoke(&client, &renewal, lease_id, &config).await {
                     tracing::debug!(%err, lease_id, "revoking a late grant failed");
                 }
             }
@@ -265,11 +277,22 @@ fn needs_renewal_now(interval: Duration, left: Duration) -> bool {
 
 /// Revokes `lease_id`, trying another member when one refuses or does not answer (a
 /// revoke applied twice finds the lease gone, which is what revoking wanted).
-async fn revoke(client: &Client, lease_id: i64, config: &EtcdConfig) -> Result<(), LockError> {
-    let revoked = call_retrying("lease revoke", None, config.request_timeout, || {
-        let mut client = client.clone();
-        async move { client.lease_revoke(lease_id).await }
-    })
+async fn revoke(
+    client: &Client,
+    renewal: &TokenRenewal,
+    lease_id: i64,
+    config: &EtcdConfig,
+) -> Result<(), LockError> {
+    let revoked = call_retrying(
+        "lease revoke",
+        None,
+        config.request_timeout,
+        renewal,
+        || {
+            let mut client = client.clone();
+            async move { client.lease_revoke(lease_id).await }
+        },
+    )
     .await;
     match revoked {
         Ok(_) => Ok(()),
@@ -350,13 +373,11 @@ impl SessionInner {
         if self.loss.current().is_some() {
             return true;
         }
-        let mut lease = self.client.lease_client();
-        let asked = call(
-            "lease check",
-            None,
-            self.config.request_timeout,
-            lease.time_to_live(self.lease_id, None),
-        )
+        let timeout = self.config.request_timeout;
+        let asked = call_renewing("lease check", None, timeout, &self.renewal, || {
+            let mut lease = self.client.lease_client();
+            async move { lease.time_to_live(self.lease_id, None).await }
+        })
         .await;
         match asked {
             // etcd answers -1 for a lease it does not know.
@@ -384,6 +405,7 @@ impl SessionInner {
 /// The background task behind one session's lease.
 struct KeepAlive {
     client: Client,
+    renewal: TokenRenewal,
     lease_id: i64,
     ttl: Duration,
     timeout: Duration,
@@ -617,7 +639,7 @@ impl KeepAlive {
     /// (`apply.go` `checkRequestPut`).
     async fn revoke_expired(self) {
         self.notifier.mark(LossReason::Expired);
-        match revoke(&self.client, self.lease_id, &self.config).await {
+        match revoke(&self.client, &self.renewal, self.lease_id, &self.config).await {
             Ok(()) => tracing::debug!("expired lease revoked"),
             Err(err) => tracing::debug!(%err, "expired lease not revoked; the server expires it"),
         }
@@ -626,7 +648,7 @@ impl KeepAlive {
     /// Best effort: the lease dies by its TTL anyway if this does not get through.
     async fn revoke(self) {
         self.notifier.mark(LossReason::Closed);
-        match revoke(&self.client, self.lease_id, &self.config).await {
+        match revoke(&self.client, &self.renewal, self.lease_id, &self.config).await {
             Ok(()) => tracing::debug!("lease revoked"),
             Err(err) => tracing::debug!(%err, "lease revoke failed"),
         }

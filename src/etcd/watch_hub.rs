@@ -28,6 +28,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::call::call_retrying;
+use super::token_renewal::TokenRenewal;
 pub(crate) use super::watch_state::EndReason;
 pub(crate) use super::watch_state::OnLost;
 use super::watch_state::{Action, HubState, KeyLoss, Registered, Signal};
@@ -88,7 +89,7 @@ impl Shared {
 }
 
 impl WatchHub {
-    pub(crate) fn start(client: Client) -> Self {
+    pub(crate) fn start(client: Client, renewal: TokenRenewal) -> Self {
         let (actions, receiver) = mpsc::unbounded_channel();
         let stopped = Arc::new(tokio::sync::watch::Sender::new(false));
         let turns = Arc::new(AtomicU64::new(0));
@@ -101,6 +102,7 @@ impl WatchHub {
         let task = HubTask {
             kv: super::answers::kv(&client),
             client,
+            renewal,
             shared: Arc::downgrade(&shared),
             stream: None,
             checks: JoinSet::new(),
@@ -343,6 +345,8 @@ type Checked = (Vec<u8>, Result<(i64, Vec<(Vec<u8>, i64)>), (String, bool)>);
 struct HubTask {
     client: Client,
     kv: KvClient,
+    /// The client's token renewal, for the check reads (`token_renewal.rs`).
+    renewal: TokenRenewal,
     /// Weak: the task ends with the last hub handle.
     shared: std::sync::Weak<Shared>,
     stream: Option<WatchStream>,
@@ -694,11 +698,11 @@ impl HubTask {
 
     /// Reads the live keys under `prefix` (after `delay`), to check the held keys there.
     fn check(&mut self, prefix: Vec<u8>, delay: Duration) {
-        let kv = self.kv.clone();
+        let (kv, renewal) = (self.kv.clone(), self.renewal.clone());
         self.checks.spawn(async move {
             tokio::time::sleep(delay).await;
             let options = GetOptions::new().with_prefix().with_keys_only();
-            let read = call_retrying("watch check", None, VERIFY_TIMEOUT, || {
+            let read = call_retrying("watch check", None, VERIFY_TIMEOUT, &renewal, || {
                 let (mut kv, prefix, options) = (kv.clone(), prefix.clone(), options.clone());
                 async move { kv.get(prefix, Some(options)).await }
             })

@@ -31,6 +31,8 @@ pub struct EtcdClusterBuilder {
     binary: Option<PathBuf>,
     /// `--auth-token-ttl`, when set.
     auth_token_ttl: Option<Duration>,
+    /// Signed JWT auth tokens (`--auth-token=jwt,...`) instead of simple ones.
+    jwt: bool,
     // Boxed: rarely set, and the builder travels inside every cluster handle.
     tls: Option<Box<(ServerTls, TlsConfig)>>,
 }
@@ -44,6 +46,7 @@ impl Default for EtcdClusterBuilder {
             fsync: false,
             binary: None,
             auth_token_ttl: None,
+            jwt: false,
             tls: None,
         }
     }
@@ -77,6 +80,16 @@ impl EtcdClusterBuilder {
     /// again.
     pub fn auth_token_ttl(mut self, ttl: Duration) -> Self {
         self.auth_token_ttl = Some(ttl);
+        self
+    }
+
+    /// Issues signed JWT auth tokens (`--auth-token=jwt`, ES256, with a key pair made in
+    /// the cluster's directory) instead of etcd's default simple tokens. A JWT carries
+    /// the auth store's revision it was issued at: after any change of users or roles,
+    /// etcd refuses it as "revision of auth store is old" until the client authenticates
+    /// again (a simple token is looked up at each request instead, and stays valid).
+    pub fn jwt_tokens(mut self) -> Self {
+        self.jwt = true;
         self
     }
 
@@ -240,6 +253,9 @@ impl EtcdCluster {
         if let Some(ttl) = self.settings.auth_token_ttl {
             args.push(format!("--auth-token-ttl={}", ttl.as_secs().max(1)));
         }
+        if self.settings.jwt {
+            args.push(self.jwt_flag()?);
+        }
         if let Some(tls) = self.settings.tls.as_deref().map(|(tls, _)| tls) {
             args.push(format!("--cert-file={}", tls.cert.display()));
             args.push(format!("--key-file={}", tls.key.display()));
@@ -254,6 +270,27 @@ impl EtcdCluster {
             .map_err(|e| TestkitError::io(format!("starting {}", self.binary.display()), e))?;
         self.members[i].process = Some(process);
         Ok(())
+    }
+
+    /// `--auth-token=jwt,...` with the cluster's signing key pair, written into its
+    /// directory the first time (every member and every restart signs with the same key).
+    fn jwt_flag(&self) -> Result<String, TestkitError> {
+        let private = self.dir.path().join("jwt-private.pem");
+        let public = self.dir.path().join("jwt-public.pem");
+        if !private.exists() {
+            let key = rcgen::KeyPair::generate().map_err(|e| {
+                TestkitError::Cluster(format!("generating the JWT signing key: {e}"))
+            })?;
+            std::fs::write(&public, key.public_key_pem())
+                .map_err(|e| TestkitError::io("writing the JWT public key", e))?;
+            std::fs::write(&private, key.serialize_pem())
+                .map_err(|e| TestkitError::io("writing the JWT private key", e))?;
+        }
+        Ok(format!(
+            "--auth-token=jwt,pub-key={},priv-key={},sign-method=ES256",
+            public.display(),
+            private.display()
+        ))
     }
 
     fn cluster_token(&self) -> String {

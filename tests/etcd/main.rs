@@ -6,6 +6,7 @@
 mod support;
 
 mod auth;
+mod auth_changed_jwt;
 mod auth_token_expiry;
 mod cancel_safety;
 mod close;

@@ -1,0 +1,205 @@
+//! Authenticating again when etcd refuses a request's token as older than its auth store.
+//!
+//! etcd stamps each request with an auth store revision and refuses it, before applying
+//! anything, when a change of users or roles came after that revision: "revision of auth
+//! store is old" (`ErrAuthOldRevision`, `InvalidArgument`; `auth/store.go`
+//! `isOpPermitted`, asked by `apply_auth.go` before the request is applied). A JWT carries
+//! the revision it was issued at, so after any change anywhere in the cluster every
+//! request of a client fails until it authenticates again; a simple token (or a
+//! certificate's user) gets the store's revision when the request enters the server, and
+//! fails only when a change is applied between that and its own apply. etcd's Go client
+//! authenticates again and retries on this error (`clientv3/retry_interceptor.go`,
+//! `shouldRefreshToken`); etcd-client does so only for "invalid auth token", so without
+//! this a JWT client could not take, wait for or release any lock until its token
+//! expired (5 minutes by default: `tests/etcd/auth_changed_jwt.rs`).
+//!
+//! The refusal proves the request was not applied, so sending it again is safe for every
+//! request, a guarded write included ([`call_renewing`](super::call::call_renewing)).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use etcd_client::Client;
+
+use crate::LockError;
+
+/// etcd's text for a request whose token is older than the auth store
+/// (`api/v3rpc/rpctypes/error.go`, `ErrGRPCAuthOldRevision`).
+const OLD_REVISION: &str = "etcdserver: revision of auth store is old";
+
+/// How many times one request is sent again after authenticating again: more than one
+/// only when users or roles keep changing while it is sent.
+pub(crate) const MAX_RENEWALS: u32 = 3;
+
+/// Whether `err` is etcd's refusal of a token older than its auth store.
+pub(crate) fn is_old_auth_revision(err: &LockError) -> bool {
+    matches!(err, LockError::Backend { source, .. } if source.to_string().contains(OLD_REVISION))
+}
+
+/// The client's token renewal after such refusals, shared by every request of one
+/// client: one change of users or roles, refused to many requests at once, makes one
+/// authentication, not one each (etcd checks a password with bcrypt, milliseconds of its
+/// CPU every time).
+#[derive(Clone)]
+pub(crate) struct TokenRenewal {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    /// Renewals made so far: a request notes it before it is sent, and a refusal of it
+    /// renews only if none was made since.
+    renewals: AtomicU64,
+    /// One renewal at a time.
+    renewing: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for TokenRenewal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenRenewal")
+            .field("renewals", &self.inner.renewals.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl TokenRenewal {
+    /// Renewal for `client`'s token (shared by every sub-client made from it).
+    pub(crate) fn new(client: Client) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                client,
+                renewals: AtomicU64::new(0),
+                renewing: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+
+    /// What a request notes before it is sent, for [`renew`](Self::renew).
+    pub(crate) fn seen(&self) -> u64 {
+        self.inner.renewals.load(Ordering::Acquire)
+    }
+
+    /// Authenticates again, unless another request did since `seen` (its refusal was of
+    /// the token that renewal replaced). Bounded by `timeout`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the token is replaced only once a new one was granted.
+    #[tracing::instrument(skip(self), fields(backend = "etcd"))]
+    pub(crate) async fn renew(&self, seen: u64, timeout: Duration) -> Result<(), LockError> {
+        let _turn = self.inner.renewing.lock().await;
+        if self.inner.renewals.load(Ordering::Acquire) != seen {
+            return Ok(());
+        }
+        super::call::call(
+            "authenticate",
+            None,
+            timeout,
+            self.inner.client.refresh_token(),
+        )
+        .await?;
+        self.inner.renewals.fetch_add(1, Ordering::Release);
+        tracing::debug!("authenticated again: the auth store changed");
+        Ok(())
+    }
+}
+
+/// A renewal for a client that never connects (nothing listens at its endpoint, and
+/// without credentials making one sends nothing), for unit tests of the calls.
+#[cfg(test)]
+pub(crate) async fn unused() -> TokenRenewal {
+    let client = Client::connect(["http://127.0.0.1:1"], None)
+        .await
+        .expect("a client connects lazily");
+    TokenRenewal::new(client)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Backend;
+
+    #[test]
+    fn only_the_old_revision_refusal_is_one() {
+        let refusal = |message: &str| {
+            super::super::call::map_error(
+                "acquire",
+                Some("x"),
+                etcd_client::Error::GRpcStatus(tonic::Status::invalid_argument(message)),
+            )
+        };
+        assert!(is_old_auth_revision(&refusal(OLD_REVISION)));
+        assert!(!is_old_auth_revision(&refusal(
+            "etcdserver: duplicate key given in txn request"
+        )));
+        assert!(!is_old_auth_revision(&LockError::PermissionDenied {
+            backend: Backend::Etcd,
+            operation: "acquire",
+            lock: None,
+            message: OLD_REVISION.into(),
+        }));
+    }
+
+    fn old_revision() -> Result<(), etcd_client::Error> {
+        Err(etcd_client::Error::GRpcStatus(
+            tonic::Status::invalid_argument(OLD_REVISION),
+        ))
+    }
+
+    #[tokio::test]
+    async fn a_refused_request_is_sent_again_after_one_renewal() {
+        let renewal = unused().await;
+        let mut sent = 0;
+        let answer = super::super::call::call_retrying_noting(
+            "acquire",
+            Some("x"),
+            Duration::from_secs(1),
+            &renewal,
+            || {
+                sent += 1;
+                std::future::ready(if sent == 1 { old_revision() } else { Ok(()) })
+            },
+        )
+        .await;
+        assert!(answer.result.is_ok(), "{:?}", answer.result);
+        assert!(!answer.ambiguous, "the refusal proves it was not applied");
+        assert_eq!((sent, renewal.seen()), (2, 1));
+    }
+
+    #[tokio::test]
+    async fn refusals_after_every_renewal_end_the_call() {
+        let renewal = unused().await;
+        let mut sent = 0;
+        let answer = super::super::call::call_renewing(
+            "guarded txn",
+            Some("x"),
+            Duration::from_secs(1),
+            &renewal,
+            || {
+                sent += 1;
+                std::future::ready(old_revision())
+            },
+        )
+        .await;
+        let err = answer.expect_err("refused throughout");
+        assert!(is_old_auth_revision(&err), "{err}");
+        assert_eq!(sent, MAX_RENEWALS + 1);
+    }
+
+    #[tokio::test]
+    async fn a_refusal_of_a_token_renewed_since_renews_nothing() {
+        let renewal = unused().await;
+        let seen = renewal.seen();
+        renewal
+            .renew(seen, Duration::from_secs(1))
+            .await
+            .expect("renewed");
+        // A second request, sent with the same old token, is refused after that.
+        renewal
+            .renew(seen, Duration::from_secs(1))
+            .await
+            .expect("nothing to do");
+        assert_eq!(renewal.seen(), seen + 1);
+    }
+}
