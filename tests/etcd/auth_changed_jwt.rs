@@ -90,3 +90,84 @@ async fn locks_are_taken_waited_for_and_released_after_an_unrelated_auth_change(
     assert_eq!(read.kvs().first().map(|kv| kv.value()), Some(&b"v"[..]));
     released(y.release().await);
 }
+
+/// A watch created on a stream whose JWT went old is refused (etcd 3.4.23 and 3.5 name
+/// the reason: "revision of auth store is old"), and the client authenticates again for
+/// its stream at most once a second. A second change of users just after the stream was
+/// renewed for a first one gets the next watch refused within that second: the waiter
+/// must not be told a refusal of its permission, and must be granted in the end (the
+/// watch asked for again after a pause, the stream renewed once the second passed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_auth_change_soon_after_the_stream_was_renewed_still_grants_the_waiter() {
+    let cluster = EtcdCluster::builder()
+        .jwt_tokens()
+        .start()
+        .await
+        .expect("etcd");
+    let ns = namespace("auth-changed-jwt-twice");
+    let mut admin = crate::support::with_locker_user(&cluster, &ns, "worker").await;
+    let holder = EtcdLocker::connect(cluster.config(&ns).with_credentials("root", "rootpw"))
+        .await
+        .expect("holder");
+    let waiter = EtcdLocker::connect(cluster.config(&ns).with_credentials("worker", "pw"))
+        .await
+        .expect("waiter");
+    let mut watch = PrefixWatch::start(&mut admin, &format!("{ns}/")).await;
+    let mut held = Vec::new();
+    for name in ["x", "y", "z"] {
+        held.push(holder.lock(name, &LockOptions::new()).await.expect("held"));
+        watch.next_put().await;
+    }
+    let wait = |name: &'static str| {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            let guard = waiter.lock(name, &LockOptions::new()).await?;
+            guard.release().await
+        })
+    };
+    // The waiter's watch stream opens with its first token.
+    let x = wait("x");
+    watch.next_put().await;
+
+    // A first change: the wait on y finds its watch refused on that stream, and the
+    // client authenticates again for it (after its unary calls did).
+    let authenticated = crate::support::handled(&cluster, "Authenticate").await;
+    admin
+        .user_add("first", "pw1", None)
+        .await
+        .expect("first change");
+    let y = wait("y");
+    watch.next_put().await;
+    within(Duration::from_secs(10), "the stream renewed", async {
+        while crate::support::handled(&cluster, "Authenticate").await < authenticated + 2.0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+
+    // A second change, and a wait whose watch the renewed stream refuses at once.
+    admin
+        .refresh_token()
+        .await
+        .expect("admin authenticates again");
+    admin
+        .user_add("second", "pw2", None)
+        .await
+        .expect("second change");
+    let mut z = wait("z");
+    watch.next_put().await;
+    // The waiter is still waiting (a refusal would have ended its wait by now: the
+    // refused creation comes right after its key was put, and is told at once).
+    let settled = tokio::time::timeout(Duration::from_secs(2), &mut z).await;
+    assert!(settled.is_err(), "the wait on z ended: {settled:?}");
+
+    for guard in held {
+        released(guard.release().await);
+    }
+    for (name, waiting) in [("x", x), ("y", y), ("z", z)] {
+        let outcome = within(Duration::from_secs(10), name, waiting)
+            .await
+            .expect("task");
+        released(outcome);
+    }
+}
