@@ -6,7 +6,9 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tonic::Code;
 
-use super::token_renewal::{MAX_RENEWALS, TokenRenewal, is_old_auth_revision};
+use super::token_renewal::{
+    MAX_RENEWALS, TokenRenewal, after_failed_renewal, is_old_auth_revision,
+};
 use crate::{Backend, LockError};
 
 /// Runs `request` for at most `timeout`, mapping failures to typed errors.
@@ -45,7 +47,8 @@ where
 /// Like [`call`], but a request refused for a token older than etcd's auth store is sent
 /// again once the client authenticated again (`token_renewal.rs`): that refusal proves it
 /// was not applied, so this suits every request, a guarded write too. Nothing else is
-/// retried.
+/// retried. At worst `timeout` and, for each of at most [`MAX_RENEWALS`] renewals, two
+/// more (authenticating, sending again).
 pub(crate) async fn call_renewing<T, F, Fut>(
     operation: &'static str,
     lock: Option<&str>,
@@ -64,7 +67,9 @@ where
             Err(err) if renewals < MAX_RENEWALS && is_old_auth_revision(&err) => {
                 renewals += 1;
                 tracing::debug!(%err, "auth token older than the auth store; renewing it");
-                renewal.renew(seen, timeout).await?;
+                if let Err(renewing) = renewal.renew(seen, timeout).await {
+                    return Err(after_failed_renewal(err, renewing));
+                }
             }
             result => return result,
         }
@@ -81,7 +86,10 @@ where
 /// be balanced to the dead member's refused port before a member that would answer.
 /// Without a window of its own that refusal ended the call, although a new leader had
 /// long been elected: `tests/etcd/retry_after_timeout.rs`.) At worst a call takes four
-/// times `timeout` plus half a second of pauses.
+/// times `timeout` plus half a second of pauses, and, for each of at most
+/// [`MAX_RENEWALS`] refusals of an old auth token, one `timeout` more to authenticate
+/// and one to send again (the time spent so counts against the window for unreachable
+/// members).
 ///
 /// Only for requests that are safe to apply twice: reads, deletes, revokes, transactions
 /// guarded by a compare that an earlier attempt would make fail, and lease grants (a
@@ -158,10 +166,9 @@ where
             Err(err) if renewals < MAX_RENEWALS && is_old_auth_revision(&err) => {
                 renewals += 1;
                 tracing::debug!(%err, "auth token older than the auth store; renewing it");
-                // A failed renewal says more than the refusal (a password changed, say).
                 if let Err(renewing) = renewal.renew(seen, timeout).await {
                     return Attempts {
-                        result: Err(renewing),
+                        result: Err(after_failed_renewal(err, renewing)),
                         ambiguous,
                     };
                 }

@@ -142,6 +142,55 @@ impl std::fmt::Debug for Observer {
 }
 
 impl Observer {
+    /// Opens the watch of the election's keys and waits until it is created (created
+    /// first, then read: no change can fall between the two). A creation refused for the
+    /// stream's auth token (a JWT older than a change of users, or an expired token:
+    /// "permission denied" on etcd 3.4 and 3.5) is asked for once more after
+    /// authenticating again; any other refusal, or a second one, is an error. (A refused
+    /// watch leaves a stream that will never tell a change.)
+    async fn open(&self) -> Result<etcd_client::WatchStream, LockError> {
+        let name = Some(self.election.name.as_str());
+        let locker = &self.election.locker;
+        let timeout = locker.config().request_timeout();
+        let mut renewed = false;
+        loop {
+            let seen = locker.renewal().seen();
+            let mut client = super::answers::watch(locker.client());
+            let options = WatchOptions::new().with_prefix();
+            let mut stream = client
+                .watch(self.election.prefix.as_str(), Some(options))
+                .await
+                .map_err(|err| map_error("observe", name, err))?;
+            let created = stream
+                .message()
+                .await
+                .map_err(|err| map_error("observe", name, err))?;
+            let Some(created) = created else {
+                return Err(LockError::Unavailable {
+                    backend: Backend::Etcd,
+                    operation: "observe",
+                    lock: name.map(str::to_owned),
+                    source: "the watch stream ended before the watch was created".into(),
+                });
+            };
+            if !created.canceled() {
+                return Ok(stream);
+            }
+            let reason = created.cancel_reason();
+            let token = super::watch_token::TokenRefusal::of(reason).is_some();
+            if renewed || !token {
+                return Err(LockError::PermissionDenied {
+                    backend: Backend::Etcd,
+                    operation: "observe",
+                    lock: name.map(str::to_owned),
+                    message: format!("the election's watch was refused: {reason}"),
+                });
+            }
+            renewed = true;
+            locker.renewal().renew(seen, timeout).await?;
+        }
+    }
+
     /// Waits for the leader (`None`: no leader) to differ from the last one returned; the
     /// first call returns the current state at once.
     ///
@@ -152,18 +201,7 @@ impl Observer {
     pub async fn next(&mut self) -> Result<Option<Leader>, LockError> {
         loop {
             if self.watch.is_none() {
-                let mut client = super::answers::watch(self.election.locker.client());
-                let options = WatchOptions::new().with_prefix();
-                let mut stream = client
-                    .watch(self.election.prefix.as_str(), Some(options))
-                    .await
-                    .map_err(|err| map_error("observe", Some(&self.election.name), err))?;
-                // Created first, then read: no change can fall between the two.
-                stream
-                    .message()
-                    .await
-                    .map_err(|err| map_error("observe", Some(&self.election.name), err))?;
-                self.watch = Some(stream);
+                self.watch = Some(self.open().await?);
             }
             let now = self.election.leader().await?;
             if self.last.as_ref() != Some(&now) {

@@ -13,16 +13,19 @@
 //! this a JWT client could not take, wait for or release any lock until its token
 //! expired (5 minutes by default: `tests/etcd/auth_changed_jwt.rs`).
 //!
-//! The refusal proves the request was not applied, so sending it again is safe for every
-//! request, a guarded write included ([`call_renewing`](super::call::call_renewing)).
+//! The refusal proves the request was not applied (`apply_auth.go` checks every
+//! operation of a transaction before it applies any, and every member agrees on the auth
+//! revision since etcd 3.4.8, PR #11652), so sending it again is safe for every request, a
+//! guarded write included ([`call_renewing`](super::call::call_renewing)).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use etcd_client::Client;
+use tokio::time::Instant;
 
-use crate::LockError;
+use crate::{Backend, LockError};
 
 /// etcd's text for a request whose token is older than the auth store
 /// (`api/v3rpc/rpctypes/error.go`, `ErrGRPCAuthOldRevision`).
@@ -37,10 +40,16 @@ pub(crate) fn is_old_auth_revision(err: &LockError) -> bool {
     matches!(err, LockError::Backend { source, .. } if source.to_string().contains(OLD_REVISION))
 }
 
+/// How long a failed renewal answers for every request refused with the same token:
+/// those queued behind it fail with it rather than each authenticate in turn (etcd
+/// checks a password with bcrypt, milliseconds of its CPU each, and in 3.4 and 3.5 an
+/// authentication goes through Raft: a cluster without a leader would get one per
+/// request, each waiting out its timeout behind the one before).
+const FAILURE_HOLDS: Duration = Duration::from_secs(1);
+
 /// The client's token renewal after such refusals, shared by every request of one
-/// client: one change of users or roles, refused to many requests at once, makes one
-/// authentication, not one each (etcd checks a password with bcrypt, milliseconds of its
-/// CPU every time).
+/// client and by its watch stream: one change of users or roles, refused to many
+/// requests at once, makes one authentication, not one each.
 #[derive(Clone)]
 pub(crate) struct TokenRenewal {
     inner: Arc<Inner>,
@@ -51,8 +60,17 @@ struct Inner {
     /// Renewals made so far: a request notes it before it is sent, and a refusal of it
     /// renews only if none was made since.
     renewals: AtomicU64,
-    /// One renewal at a time.
-    renewing: tokio::sync::Mutex<()>,
+    /// One renewal at a time; the last failed one.
+    renewing: tokio::sync::Mutex<Option<Failure>>,
+}
+
+/// A renewal that failed.
+struct Failure {
+    /// The renewals made before it (the token it meant to replace).
+    seen: u64,
+    at: Instant,
+    /// etcd refused the credentials: its message.
+    denied: Option<String>,
 }
 
 impl std::fmt::Debug for TokenRenewal {
@@ -70,7 +88,7 @@ impl TokenRenewal {
             inner: Arc::new(Inner {
                 client,
                 renewals: AtomicU64::new(0),
-                renewing: tokio::sync::Mutex::new(()),
+                renewing: tokio::sync::Mutex::new(None),
             }),
         }
     }
@@ -81,27 +99,86 @@ impl TokenRenewal {
     }
 
     /// Authenticates again, unless another request did since `seen` (its refusal was of
-    /// the token that renewal replaced). Bounded by `timeout`.
+    /// the token that renewal replaced), or a renewal of the same token failed less than
+    /// [`FAILURE_HOLDS`] ago (then fails as that one did, without asking etcd). The
+    /// whole of it, the wait for a renewal in progress included, is bounded by `timeout`.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: the token is replaced only once a new one was granted.
     #[tracing::instrument(skip(self), fields(backend = "etcd"))]
     pub(crate) async fn renew(&self, seen: u64, timeout: Duration) -> Result<(), LockError> {
-        let _turn = self.inner.renewing.lock().await;
-        if self.inner.renewals.load(Ordering::Acquire) != seen {
-            return Ok(());
+        let timed_out = || LockError::Timeout {
+            backend: Backend::Etcd,
+            operation: "authenticate",
+            lock: None,
+            after: timeout,
+        };
+        let renewing = async {
+            let mut last = self.inner.renewing.lock().await;
+            if self.inner.renewals.load(Ordering::Acquire) != seen {
+                return Ok(());
+            }
+            if let Some(failed) = last.as_ref().filter(|f| f.seen == seen) {
+                if failed.at.elapsed() < FAILURE_HOLDS {
+                    return Err(match &failed.denied {
+                        Some(message) => LockError::PermissionDenied {
+                            backend: Backend::Etcd,
+                            operation: "authenticate",
+                            lock: None,
+                            message: message.clone(),
+                        },
+                        None => LockError::Backend {
+                            backend: Backend::Etcd,
+                            operation: "authenticate",
+                            lock: None,
+                            source: "authenticating again failed just now".into(),
+                        },
+                    });
+                }
+            }
+            let answer = (self.inner.client.refresh_token().await)
+                .map_err(|err| super::call::map_error("authenticate", None, err));
+            match answer {
+                Ok(()) => {
+                    self.inner.renewals.fetch_add(1, Ordering::Release);
+                    *last = None;
+                    tracing::debug!("authenticated again: the auth store changed");
+                    Ok(())
+                }
+                Err(err) => {
+                    tracing::debug!(%err, "could not authenticate again");
+                    let denied = match &err {
+                        LockError::PermissionDenied { message, .. } => Some(message.clone()),
+                        _ => None,
+                    };
+                    *last = Some(Failure {
+                        seen,
+                        at: Instant::now(),
+                        denied,
+                    });
+                    Err(err)
+                }
+            }
+        };
+        // Boxed: a cold path, kept out of every call's future.
+        match tokio::time::timeout(timeout, Box::pin(renewing)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(timed_out()),
         }
-        super::call::call(
-            "authenticate",
-            None,
-            timeout,
-            self.inner.client.refresh_token(),
-        )
-        .await?;
-        self.inner.renewals.fetch_add(1, Ordering::Release);
-        tracing::debug!("authenticated again: the auth store changed");
-        Ok(())
+    }
+}
+
+/// What a request refused for an old token (`refusal`) ends with when authenticating
+/// again failed (`renewing`): credentials refused say why; anything else (no answer, no
+/// leader) leaves the refusal, which proves the request was not applied (unlike a
+/// timeout, which would leave it unknown).
+pub(crate) fn after_failed_renewal(refusal: LockError, renewing: LockError) -> LockError {
+    if renewing.is_permission_denied() {
+        renewing
+    } else {
+        tracing::debug!(%renewing, "authenticating again failed; the refusal stands");
+        refusal
     }
 }
 
@@ -201,5 +278,32 @@ mod tests {
             .await
             .expect("nothing to do");
         assert_eq!(renewal.seen(), seen + 1);
+    }
+
+    #[test]
+    fn a_failed_renewal_leaves_the_refusal_unless_the_credentials_were_refused() {
+        let refusal = || {
+            super::super::call::map_error(
+                "acquire",
+                Some("x"),
+                etcd_client::Error::GRpcStatus(tonic::Status::invalid_argument(OLD_REVISION)),
+            )
+        };
+        let timed_out = LockError::Timeout {
+            backend: Backend::Etcd,
+            operation: "authenticate",
+            lock: None,
+            after: Duration::from_secs(1),
+        };
+        let kept = after_failed_renewal(refusal(), timed_out);
+        assert!(is_old_auth_revision(&kept), "{kept}");
+        assert!(!super::super::call::may_have_applied(&kept));
+        let denied = LockError::PermissionDenied {
+            backend: Backend::Etcd,
+            operation: "authenticate",
+            lock: None,
+            message: "etcdserver: authentication failed".into(),
+        };
+        assert!(after_failed_renewal(refusal(), denied).is_permission_denied());
     }
 }

@@ -103,6 +103,7 @@ impl WatchHub {
             kv: super::answers::kv(&client),
             client,
             renewal,
+            stream_seen: 0,
             shared: Arc::downgrade(&shared),
             stream: None,
             checks: JoinSet::new(),
@@ -345,8 +346,11 @@ type Checked = (Vec<u8>, Result<(i64, Vec<(Vec<u8>, i64)>), (String, bool)>);
 struct HubTask {
     client: Client,
     kv: KvClient,
-    /// The client's token renewal, for the check reads (`token_renewal.rs`).
+    /// The client's token renewal (`token_renewal.rs`), shared with its unary calls.
     renewal: TokenRenewal,
+    /// The renewals made before the stream opened ([`TokenRenewal::seen`]): a refusal of
+    /// the stream's token renews it only if none was made since.
+    stream_seen: u64,
     /// Weak: the task ends with the last hub handle.
     shared: std::sync::Weak<Shared>,
     stream: Option<WatchStream>,
@@ -574,9 +578,11 @@ impl HubTask {
             // Bounded: a hub stuck on an unreachable member would stall every wait.
             None => {
                 let mut watch = super::answers::watch(&self.client);
+                let seen = self.renewal.seen();
                 match tokio::time::timeout(OPEN_TIMEOUT, watch.watch(prefix, Some(options))).await {
                     Ok(Ok(stream)) => {
                         self.stream = Some(WatchStream::new(stream));
+                        self.stream_seen = seen;
                         Ok(())
                     }
                     Ok(Err(err)) => Err(err.to_string()),
@@ -668,17 +674,11 @@ impl HubTask {
         }
         self.tokens.refreshing(Instant::now());
         // Bounded: the task reads no answer meanwhile, and a stalled member would stall
-        // every watch of the client.
-        match tokio::time::timeout(VERIFY_TIMEOUT, self.client.refresh_token()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => {
-                tracing::debug!(%err, "could not authenticate again for the watch stream");
-                return Token::StaleNotRenewed;
-            }
-            Err(_) => {
-                tracing::debug!("authenticating again for the watch stream timed out");
-                return Token::StaleNotRenewed;
-            }
+        // every watch of the client. Nothing to authenticate if the client's unary calls
+        // renewed the token since the stream opened: a new stream takes the new token.
+        if let Err(err) = self.renewal.renew(self.stream_seen, VERIFY_TIMEOUT).await {
+            tracing::debug!(%err, "could not authenticate again for the watch stream");
+            return Token::StaleNotRenewed;
         }
         self.broken("a watch was refused for the stream's auth token")
             .await;

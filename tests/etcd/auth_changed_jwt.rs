@@ -73,10 +73,11 @@ async fn locks_are_taken_waited_for_and_released_after_an_unrelated_auth_change(
     released(Ok(outcome));
     assert!(token.get() > 0);
 
-    // Another change; a client that did nothing since takes a new lock and writes
-    // through it (a guarded write, sent once unless refused unapplied).
-    admin.role_add("another-role").await.expect("role added");
+    // A client that did nothing since the change takes a new lock; another change, and
+    // it writes through the lock: the guarded write is refused unapplied, and applied
+    // once when sent again.
     let y = holder.lock("y", &LockOptions::new()).await.expect("lock y");
+    admin.role_add("another-role").await.expect("role added");
     let data = format!("{ns}/data");
     y.txn_if_held(vec![TxnOp::put(data.as_str(), "v", None)])
         .await
@@ -87,7 +88,8 @@ async fn locks_are_taken_waited_for_and_released_after_an_unrelated_auth_change(
         .await
         .expect("admin authenticates again");
     let read = admin.get(data.as_str(), None).await.expect("read");
-    assert_eq!(read.kvs().first().map(|kv| kv.value()), Some(&b"v"[..]));
+    let written = read.kvs().first().expect("written");
+    assert_eq!((written.value(), written.version()), (&b"v"[..], 1));
     released(y.release().await);
 }
 
@@ -170,4 +172,132 @@ async fn a_second_auth_change_soon_after_the_stream_was_renewed_still_grants_the
             .expect("task");
         released(outcome);
     }
+}
+
+/// An election observer made before a change of users opens its watch with the old JWT
+/// after it: a refused creation must not leave it on a stream that will never tell a
+/// change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_sees_a_new_leader_after_an_auth_change() {
+    let cluster = EtcdCluster::builder()
+        .jwt_tokens()
+        .start()
+        .await
+        .expect("etcd");
+    let ns = namespace("auth-changed-jwt-observer");
+    let mut admin = crate::support::with_locker_user(&cluster, &ns, "worker").await;
+    let worker = || async {
+        EtcdLocker::connect(cluster.config(&ns).with_credentials("worker", "pw"))
+            .await
+            .expect("connect")
+    };
+    let candidate = worker().await.election("scheduler").expect("election");
+    let mut observer = worker()
+        .await
+        .election("scheduler")
+        .expect("election")
+        .observe();
+
+    admin
+        .user_add("someone-else", "pw2", None)
+        .await
+        .expect("user added");
+    let first = within(Duration::from_secs(10), "the first state", observer.next())
+        .await
+        .expect("observed");
+    assert_eq!(first, None, "no leader yet");
+    let leader = candidate
+        .campaign("host-a", &LockOptions::new())
+        .await
+        .expect("elected");
+    let seen = within(
+        Duration::from_secs(10),
+        "the leader observed",
+        observer.next(),
+    )
+    .await
+    .expect("observed")
+    .expect("a leader");
+    assert_eq!(seen.token, leader.token());
+
+    // A change the observer can only learn from its watch: it has read the leader (one
+    // more Range handled) and waits on the stream when the leader proclaims.
+    let ranges = crate::support::handled(&cluster, "Range").await;
+    let waiting = tokio::spawn(async move { observer.next().await });
+    within(
+        Duration::from_secs(10),
+        "the observer read the leader",
+        async {
+            while crate::support::handled(&cluster, "Range").await < ranges + 1.0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        },
+    )
+    .await;
+    leader.proclaim("host-a:8080").await.expect("proclaimed");
+    let seen = within(
+        Duration::from_secs(10),
+        "the proclamation observed",
+        waiting,
+    )
+    .await
+    .expect("task")
+    .expect("observed")
+    .expect("a leader");
+    assert_eq!(seen.value, b"host-a:8080");
+    released(leader.resign().await);
+}
+
+/// Requests refused together for the same old token make one authentication between
+/// them; a renewal refused (the password changed) fails every one of them with the
+/// refusal of the credentials, and still makes only one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_refused_together_authenticate_once() {
+    let cluster = EtcdCluster::builder()
+        .jwt_tokens()
+        .start()
+        .await
+        .expect("etcd");
+    let ns = namespace("auth-changed-jwt-once");
+    let mut admin = crate::support::with_locker_user(&cluster, &ns, "worker").await;
+    let client = EtcdLocker::connect(cluster.config(&ns).with_credentials("worker", "pw"))
+        .await
+        .expect("connect");
+    let reads = |client: &EtcdLocker| {
+        let tasks: Vec<_> = (0..20)
+            .map(|_| {
+                let client = client.clone();
+                tokio::spawn(async move { client.current_revision().await })
+            })
+            .collect();
+        async move {
+            let mut answers = Vec::new();
+            for task in tasks {
+                answers.push(task.await.expect("task"));
+            }
+            answers
+        }
+    };
+
+    admin
+        .user_add("someone-else", "pw2", None)
+        .await
+        .expect("user added");
+    let before = crate::support::handled(&cluster, "Authenticate").await;
+    for answer in reads(&client).await {
+        answer.expect("read after the change");
+    }
+    let after = crate::support::handled(&cluster, "Authenticate").await;
+    assert_eq!(after - before, 1.0, "authentications for 20 refused reads");
+
+    admin
+        .user_change_password("worker", "changed")
+        .await
+        .expect("password changed");
+    for answer in reads(&client).await {
+        let err = answer.expect_err("the old password is refused");
+        assert!(err.is_permission_denied(), "{err}");
+    }
+    let refused = crate::support::handled(&cluster, "Authenticate").await;
+    assert_eq!(refused - after, 1.0, "authentications refused for 20 reads");
 }
