@@ -11,6 +11,8 @@ use super::acquire::Mode;
 use super::call::{call_renewing, map_error};
 use super::keys::lock_prefix;
 use super::kind::{Kind, check_candidate_value};
+use super::token_renewal::{MAX_RENEWALS, after_failed_renewal};
+use super::watch_token::TokenRefusal;
 use super::{EtcdGuard, EtcdLocker};
 use crate::{Backend, FencingToken, LockError, LockGuard, LockOptions, LossReason, validate_name};
 
@@ -143,16 +145,19 @@ impl std::fmt::Debug for Observer {
 
 impl Observer {
     /// Opens the watch of the election's keys and waits until it is created (created
-    /// first, then read: no change can fall between the two). A creation refused for the
-    /// stream's auth token (a JWT older than a change of users, or an expired token:
-    /// "permission denied" on etcd 3.4 and 3.5) is asked for once more after
-    /// authenticating again; any other refusal, or a second one, is an error. (A refused
-    /// watch leaves a stream that will never tell a change.)
+    /// first, then read: no change can fall between the two). A refused watch leaves a
+    /// stream that will never tell a change, so a refusal is never kept:
+    /// - one for the stream's auth token ("revision of auth store is old", "invalid auth
+    ///   token") is asked for again after authenticating again, up to [`MAX_RENEWALS`]
+    ///   times, then fails as the token's refusal;
+    /// - "permission denied" (a real refusal, or a stale token on older etcd) is told
+    ///   apart by a read of the leader: refused, it is the answer; allowed, the token
+    ///   was stale, and it goes as above.
     async fn open(&self) -> Result<etcd_client::WatchStream, LockError> {
         let name = Some(self.election.name.as_str());
         let locker = &self.election.locker;
         let timeout = locker.config().request_timeout();
-        let mut renewed = false;
+        let mut renewals = 0;
         loop {
             let seen = locker.renewal().seen();
             let mut client = super::answers::watch(locker.client());
@@ -177,17 +182,33 @@ impl Observer {
                 return Ok(stream);
             }
             let reason = created.cancel_reason();
-            let token = super::watch_token::TokenRefusal::of(reason).is_some();
-            if renewed || !token {
-                return Err(LockError::PermissionDenied {
-                    backend: Backend::Etcd,
-                    operation: "observe",
-                    lock: name.map(str::to_owned),
-                    message: format!("the election's watch was refused: {reason}"),
-                });
+            let refusal = LockError::Backend {
+                backend: Backend::Etcd,
+                operation: "observe",
+                lock: name.map(str::to_owned),
+                source: format!("the election's watch was refused: {reason}").into(),
+            };
+            match TokenRefusal::of(reason) {
+                Some(kind) if renewals < MAX_RENEWALS => {
+                    if kind == TokenRefusal::Maybe {
+                        // Denied here too: a real refusal, told as one.
+                        self.election.leader().await?;
+                    }
+                    renewals += 1;
+                    if let Err(renewing) = locker.renewal().renew(seen, timeout).await {
+                        return Err(after_failed_renewal(refusal, renewing));
+                    }
+                }
+                Some(TokenRefusal::Maybe) => {
+                    return Err(LockError::PermissionDenied {
+                        backend: Backend::Etcd,
+                        operation: "observe",
+                        lock: name.map(str::to_owned),
+                        message: format!("the election's watch was refused: {reason}"),
+                    });
+                }
+                _ => return Err(refusal),
             }
-            renewed = true;
-            locker.renewal().renew(seen, timeout).await?;
         }
     }
 

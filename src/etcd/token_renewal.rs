@@ -15,8 +15,8 @@
 //!
 //! The refusal proves the request was not applied (`apply_auth.go` checks every
 //! operation of a transaction before it applies any, and every member agrees on the auth
-//! revision since etcd 3.4.8, PR #11652), so sending it again is safe for every request, a
-//! guarded write included ([`call_renewing`](super::call::call_renewing)).
+//! store since etcd 3.4.22 / 3.5.6: PR #11652, issue #14571), so sending it again is safe
+//! for every request, a guarded write included ([`call_renewing`](super::call::call_renewing)).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -114,57 +114,69 @@ impl TokenRenewal {
             lock: None,
             after: timeout,
         };
-        let renewing = async {
-            let mut last = self.inner.renewing.lock().await;
-            if self.inner.renewals.load(Ordering::Acquire) != seen {
-                return Ok(());
-            }
-            if let Some(failed) = last.as_ref().filter(|f| f.seen == seen) {
-                if failed.at.elapsed() < FAILURE_HOLDS {
-                    return Err(match &failed.denied {
-                        Some(message) => LockError::PermissionDenied {
-                            backend: Backend::Etcd,
-                            operation: "authenticate",
-                            lock: None,
-                            message: message.clone(),
-                        },
-                        None => LockError::Backend {
-                            backend: Backend::Etcd,
-                            operation: "authenticate",
-                            lock: None,
-                            source: "authenticating again failed just now".into(),
-                        },
-                    });
-                }
-            }
-            let answer = (self.inner.client.refresh_token().await)
-                .map_err(|err| super::call::map_error("authenticate", None, err));
-            match answer {
-                Ok(()) => {
-                    self.inner.renewals.fetch_add(1, Ordering::Release);
-                    *last = None;
-                    tracing::debug!("authenticated again: the auth store changed");
-                    Ok(())
-                }
-                Err(err) => {
-                    tracing::debug!(%err, "could not authenticate again");
-                    let denied = match &err {
-                        LockError::PermissionDenied { message, .. } => Some(message.clone()),
-                        _ => None,
-                    };
-                    *last = Some(Failure {
-                        seen,
-                        at: Instant::now(),
-                        denied,
-                    });
-                    Err(err)
-                }
-            }
+        // One deadline for the wait and the authentication: a renewal that times out is
+        // held as a failure too (else each request queued behind a stalled one would
+        // authenticate in turn).
+        let deadline = Instant::now() + timeout;
+        let Ok(mut last) = tokio::time::timeout_at(deadline, self.inner.renewing.lock()).await
+        else {
+            return Err(timed_out());
         };
+        if self.inner.renewals.load(Ordering::Acquire) != seen {
+            return Ok(());
+        }
+        if let Some(failed) = last.as_ref().filter(|f| f.seen == seen) {
+            if failed.at.elapsed() < FAILURE_HOLDS {
+                return Err(failed.error());
+            }
+        }
         // Boxed: a cold path, kept out of every call's future.
-        match tokio::time::timeout(timeout, Box::pin(renewing)).await {
-            Ok(answer) => answer,
+        let authenticating = Box::pin(self.inner.client.refresh_token());
+        let answer = match tokio::time::timeout_at(deadline, authenticating).await {
+            Ok(answer) => answer.map_err(|err| super::call::map_error("authenticate", None, err)),
             Err(_) => Err(timed_out()),
+        };
+        match answer {
+            Ok(()) => {
+                self.inner.renewals.fetch_add(1, Ordering::Release);
+                *last = None;
+                tracing::debug!("authenticated again: the auth store changed");
+                Ok(())
+            }
+            Err(err) => {
+                tracing::debug!(%err, "could not authenticate again");
+                let denied = match &err {
+                    LockError::PermissionDenied { message, .. } => Some(message.clone()),
+                    _ => None,
+                };
+                *last = Some(Failure {
+                    seen,
+                    at: Instant::now(),
+                    denied,
+                });
+                Err(err)
+            }
+        }
+    }
+}
+
+impl Failure {
+    /// What a request that would have renewed the same token gets instead.
+    fn error(&self) -> LockError {
+        match &self.denied {
+            Some(message) => LockError::PermissionDenied {
+                backend: Backend::Etcd,
+                operation: "authenticate",
+                lock: None,
+                message: message.clone(),
+            },
+            None => LockError::Backend {
+                backend: Backend::Etcd,
+                operation: "authenticate",
+                lock: None,
+                source: format!("authenticating again failed less than {FAILURE_HOLDS:?} ago")
+                    .into(),
+            },
         }
     }
 }

@@ -5,10 +5,11 @@
 //! (`v3rpc/watch.go` `isWatchPermitted`), and etcd-client's refresh covers unary calls
 //! only: a client whose stream outlived its token (unused for `--auth-token-ttl`, or a
 //! JWT's `ttl`) had every new watch cancelled, and its waiters fell back to reading after
-//! pauses (`tests/etcd/auth_token_expiry.rs`). etcd 3.4 and 3.5 refuse an expired token
-//! as "permission denied", later versions as "invalid auth token"; a JWT issued before a
-//! change of users or roles is refused as "revision of auth store is old" (seen on 3.4.23
-//! and 3.5.16: `tests/etcd/auth_changed_jwt.rs`). The last two are the token's for sure: the
+//! pauses (`tests/etcd/auth_token_expiry.rs`). etcd refuses an expired token as "invalid
+//! auth token" (3.4.22 and 3.5.6 on, by their `v3rpc/watch.go`; earlier 3.4 and 3.5
+//! releases as "permission denied"), and a JWT issued before a change of users or roles
+//! as "revision of auth store is old" (seen on 3.4.23 and 3.5.16:
+//! `tests/etcd/auth_changed_jwt.rs`). The last two are the token's for sure: the
 //! client authenticates again and reopens the stream without a check (at most once a
 //! second; a watch refused meanwhile is asked for again after a pause).
 //!

@@ -93,12 +93,14 @@ async fn locks_are_taken_waited_for_and_released_after_an_unrelated_auth_change(
     released(y.release().await);
 }
 
-/// A watch created on a stream whose JWT went old is refused (etcd 3.4.23 and 3.5 name
-/// the reason: "revision of auth store is old"), and the client authenticates again for
-/// its stream at most once a second. A second change of users just after the stream was
-/// renewed for a first one gets the next watch refused within that second: the waiter
-/// must not be told a refusal of its permission, and must be granted in the end (the
-/// watch asked for again after a pause, the stream renewed once the second passed).
+/// A watch created on a stream whose JWT went old is refused (etcd 3.4.23 and 3.5.16 name
+/// the reason: "revision of auth store is old"), and the client renews its stream at most
+/// once a second. A second change of users just after the stream was renewed for a first
+/// one gets the next watch refused within that second: the waiter must not be told a
+/// refusal of its permission (as a refusal the hub left unchecked once was), and must be
+/// granted (the watch asked for again after a pause, the stream renewed once the second
+/// passed). The holders are plain keys the test's own client puts (a holder etcd's Lock
+/// RPC would make): the waiter's client is the only one that authenticates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_auth_change_soon_after_the_stream_was_renewed_still_grants_the_waiter() {
     let cluster = EtcdCluster::builder()
@@ -108,16 +110,16 @@ async fn a_second_auth_change_soon_after_the_stream_was_renewed_still_grants_the
         .expect("etcd");
     let ns = namespace("auth-changed-jwt-twice");
     let mut admin = crate::support::with_locker_user(&cluster, &ns, "worker").await;
-    let holder = EtcdLocker::connect(cluster.config(&ns).with_credentials("root", "rootpw"))
-        .await
-        .expect("holder");
     let waiter = EtcdLocker::connect(cluster.config(&ns).with_credentials("worker", "pw"))
         .await
         .expect("waiter");
     let mut watch = PrefixWatch::start(&mut admin, &format!("{ns}/")).await;
-    let mut held = Vec::new();
-    for name in ["x", "y", "z"] {
-        held.push(holder.lock(name, &LockOptions::new()).await.expect("held"));
+    let holders: Vec<String> = ["x", "y", "z"]
+        .iter()
+        .map(|name| format!("{ns}/{name}/held"))
+        .collect();
+    for key in &holders {
+        admin.put(key.as_str(), "", None).await.expect("held");
         watch.next_put().await;
     }
     let wait = |name: &'static str| {
@@ -127,13 +129,15 @@ async fn a_second_auth_change_soon_after_the_stream_was_renewed_still_grants_the
             guard.release().await
         })
     };
+    let counted = |method: &'static str| crate::support::handled(&cluster, method);
     // The waiter's watch stream opens with its first token.
     let x = wait("x");
     watch.next_put().await;
 
-    // A first change: the wait on y finds its watch refused on that stream, and the
-    // client authenticates again for it (after its unary calls did).
-    let authenticated = crate::support::handled(&cluster, "Authenticate").await;
+    // A first change: the wait on y is refused its join (the client authenticates
+    // again), then its watch on the stream opened before (the stream is renewed: a new
+    // one, with the new token).
+    let (authenticated, streams) = (counted("Authenticate").await, counted("Watch").await);
     admin
         .user_add("first", "pw1", None)
         .await
@@ -141,13 +145,15 @@ async fn a_second_auth_change_soon_after_the_stream_was_renewed_still_grants_the
     let y = wait("y");
     watch.next_put().await;
     within(Duration::from_secs(10), "the stream renewed", async {
-        while crate::support::handled(&cluster, "Authenticate").await < authenticated + 2.0 {
+        while counted("Watch").await < streams + 1.0 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
     .await;
+    let renewed = tokio::time::Instant::now();
+    assert_eq!(counted("Authenticate").await, authenticated + 1.0);
 
-    // A second change, and a wait whose watch the renewed stream refuses at once.
+    // A second change, and a wait whose watch the renewed stream refuses.
     admin
         .refresh_token()
         .await
@@ -156,15 +162,18 @@ async fn a_second_auth_change_soon_after_the_stream_was_renewed_still_grants_the
         .user_add("second", "pw2", None)
         .await
         .expect("second change");
-    let mut z = wait("z");
+    let z = wait("z");
     watch.next_put().await;
-    // The waiter is still waiting (a refusal would have ended its wait by now: the
-    // refused creation comes right after its key was put, and is told at once).
-    let settled = tokio::time::timeout(Duration::from_secs(2), &mut z).await;
-    assert!(settled.is_err(), "the wait on z ended: {settled:?}");
+    // Within the second the stream may not be renewed again (on a loaded machine it may
+    // not be: then this run showed only the renewal after it).
+    eprintln!("z queued {:?} after the renewal", renewed.elapsed());
 
-    for guard in held {
-        released(guard.release().await);
+    admin
+        .refresh_token()
+        .await
+        .expect("admin authenticates again");
+    for key in &holders {
+        admin.delete(key.as_str(), None).await.expect("released");
     }
     for (name, waiting) in [("x", x), ("y", y), ("z", z)] {
         let outcome = within(Duration::from_secs(10), name, waiting)
@@ -221,7 +230,12 @@ async fn an_observer_sees_a_new_leader_after_an_auth_change() {
     assert_eq!(seen.token, leader.token());
 
     // A change the observer can only learn from its watch: it has read the leader (one
-    // more Range handled) and waits on the stream when the leader proclaims.
+    // more Range handled) and waits on the stream when the leader proclaims. Nothing
+    // else reads ranges meanwhile: the leader's client, connected and elected after the
+    // change, has a current token, and its watches are not refused (no check reads).
+    // (Had another read come first, the proclamation could land before the observer's
+    // read, which would see it without the watch: a pass that shows nothing, not a
+    // failure.)
     let ranges = crate::support::handled(&cluster, "Range").await;
     let waiting = tokio::spawn(async move { observer.next().await });
     within(
