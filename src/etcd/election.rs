@@ -150,9 +150,9 @@ impl Observer {
     /// - one for the stream's auth token ("revision of auth store is old", "invalid auth
     ///   token") is asked for again after authenticating again, up to [`MAX_RENEWALS`]
     ///   times, then fails as the token's refusal;
-    /// - "permission denied" (a real refusal, or a stale token on older etcd) is told
-    ///   apart by a read of the leader: refused, it is the answer; allowed, the token
-    ///   was stale, and it goes as above.
+    /// - "permission denied" (a real refusal, or an expired token on older etcd) is told
+    ///   apart by a read of the leader: refused, that refusal is the answer; allowed,
+    ///   the token was stale, and it goes as above.
     async fn open(&self) -> Result<etcd_client::WatchStream, LockError> {
         let name = Some(self.election.name.as_str());
         let locker = &self.election.locker;
@@ -200,12 +200,9 @@ impl Observer {
                     }
                 }
                 Some(TokenRefusal::Maybe) => {
-                    return Err(LockError::PermissionDenied {
-                        backend: Backend::Etcd,
-                        operation: "observe",
-                        lock: name.map(str::to_owned),
-                        message: format!("the election's watch was refused: {reason}"),
-                    });
+                    // Still refused after every renewal: a read says if permission is gone.
+                    self.election.leader().await?;
+                    return Err(refusal);
                 }
                 _ => return Err(refusal),
             }

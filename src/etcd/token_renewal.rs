@@ -15,8 +15,9 @@
 //!
 //! The refusal proves the request was not applied (`apply_auth.go` checks every
 //! operation of a transaction before it applies any, and every member agrees on the auth
-//! store since etcd 3.4.22 / 3.5.6: PR #11652, issue #14571), so sending it again is safe
-//! for every request, a guarded write included ([`call_renewing`](super::call::call_renewing)).
+//! revision since etcd 3.4.8, PR #11652; `docs/server-versions.md` gives the floor, 3.4.22
+//! / 3.5.6, for the refusals taken as not applied), so sending it again is safe for every
+//! request, a guarded write included ([`call_renewing`](super::call::call_renewing)).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -130,10 +131,15 @@ impl TokenRenewal {
                 return Err(failed.error());
             }
         }
+        // What is left of this caller's time once its turn came: a timeout within less
+        // than half its own bound (it waited behind another renewal, or was given little)
+        // says nothing for the callers behind it, and is not held.
+        let budget = deadline.saturating_duration_since(Instant::now());
         // Boxed: a cold path, kept out of every call's future.
         let authenticating = Box::pin(self.inner.client.refresh_token());
         let answer = match tokio::time::timeout_at(deadline, authenticating).await {
             Ok(answer) => answer.map_err(|err| super::call::map_error("authenticate", None, err)),
+            Err(_) if budget < timeout / 2 => return Err(timed_out()),
             Err(_) => Err(timed_out()),
         };
         match answer {

@@ -130,9 +130,16 @@ async fn a_second_auth_change_soon_after_the_stream_was_renewed_still_grants_the
         })
     };
     let counted = |method: &'static str| crate::support::handled(&cluster, method);
-    // The waiter's watch stream opens with its first token.
+    // The waiter's watch stream opens with its first token (the hub opens it after the
+    // join: the test's watch and x's are both there before the change).
     let x = wait("x");
     watch.next_put().await;
+    within(Duration::from_secs(10), "x watched", async {
+        while counted_watchers(&cluster).await < 2.0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
 
     // A first change: the wait on y is refused its join (the client authenticates
     // again), then its watch on the stream opened before (the stream is renewed: a new
@@ -260,6 +267,12 @@ async fn an_observer_sees_a_new_leader_after_an_auth_change() {
     .expect("a leader");
     assert_eq!(seen.value, b"host-a:8080");
     released(leader.resign().await);
+}
+
+/// etcd's watchers (the test's own and the waiter's).
+async fn counted_watchers(cluster: &EtcdCluster) -> f64 {
+    let metrics = cluster.metrics(0).await.expect("metrics");
+    fencelock::testkit::metric_sum(&metrics, "etcd_debugging_mvcc_watcher_total", &[])
 }
 
 /// Requests refused together for the same old token make one authentication between
