@@ -426,8 +426,11 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
                 .await?;
         }
     }
+    let mut failed_rows: Vec<String> = Vec::new();
     if plan.renewal_locks > 0 {
         // The backends whose renewal rows this run has (the quick run: etcd's).
+        // A row that fails (locks lost while held) is reported, and the run goes on: its
+        // other figures are still worth having, and it ends with an error.
         let wants = |name: &str| wants(name) && plan.renewal_backends.contains(&name);
         let readable = targets
             .etcd_metrics
@@ -442,57 +445,64 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
         if let (true, true, Some(locks)) = (wants("etcd"), readable, &etcd) {
             let endpoints = targets.etcd_metrics.clone();
             let count = move || workloads::etcd_keepalives(endpoints.clone());
-            runner
+            let row = runner
                 .renewal(
                     "etcd",
                     locks.clone(),
                     count,
                     "keep-alive messages on the session's one stream",
                 )
-                .await?;
+                .await;
+            failed_rows.extend(row.err().map(|err| err.to_string()));
         }
         if let (true, Some(locks)) = (wants("redis"), &redis) {
             let connections = vec![locks.connection()];
             let count = move || workloads::redis_evalsha(connections.clone());
-            runner
+            let row = runner
                 .renewal(
                     "redis",
                     locks.clone(),
                     count,
                     "EVALSHA calls (one per 1,000 locks per tick)",
                 )
-                .await?;
+                .await;
+            failed_rows.extend(row.err().map(|err| err.to_string()));
         }
         if let (true, Some(locks), Some(hosts)) =
             (wants("zookeeper"), &zookeeper, targets.zookeeper.clone())
         {
             let count = move || workloads::zookeeper_packets(hosts.clone());
-            runner
+            let row = runner
                 .renewal(
                     "zookeeper",
                     locks.clone(),
                     count,
                     "packets the server received (mntr): the session's pings and our heartbeats",
                 )
-                .await?;
+                .await;
+            failed_rows.extend(row.err().map(|err| err.to_string()));
         }
         if let (true, Some(locks)) = (wants("redlock"), &redlock) {
             let connections = locks.connections();
             let count = move || workloads::redis_evalsha(connections.clone());
-            runner
+            let row = runner
                 .renewal(
                     "redlock",
                     locks.clone(),
                     count,
                     "EVALSHA calls, summed over the masters",
                 )
-                .await?;
+                .await;
+            failed_rows.extend(row.err().map(|err| err.to_string()));
         }
     }
     runner.progress.finish_and_clear();
 
     let outcome = report::Outcome::new(environment, runner.cells, runner.renewals);
     print!("{}", outcome.table());
+    for failed in &failed_rows {
+        println!("  FAILED renewal row: {failed}");
+    }
     if let Some(path) = &args.json {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
@@ -522,6 +532,9 @@ pub async fn run(args: BenchArgs) -> BoxResult<bool> {
             dir.join("report.html").display(),
             dir.display()
         );
+    }
+    if !failed_rows.is_empty() {
+        return Err(format!("renewal row(s) failed: {}", failed_rows.join("; ")).into());
     }
     if args.check && missed > 0 {
         eprintln!("--check: {missed} performance bar(s) missed");

@@ -579,9 +579,18 @@ impl Runner<'_> {
         let seconds = started.elapsed().as_secs_f64();
         let held = guards.iter().filter(|g| g.is_held()).count();
         if held != n {
-            return Err(
-                format!("{subject}: only {held} of {n} locks still held after the window").into(),
-            );
+            // Why the first one went (told at once for a lock already lost).
+            let why = match guards.iter().find(|g| !g.is_held()) {
+                Some(lost) => tokio::time::timeout(Duration::from_secs(1), lost.lost())
+                    .await
+                    .map_or_else(|_| "not told".to_owned(), |reason| format!("{reason:?}")),
+                None => String::new(),
+            };
+            return Err(format!(
+                "{subject}: only {held} of {n} locks still held after the window (the first \
+                 lost: {why})"
+            )
+            .into());
         }
         #[allow(clippy::cast_precision_loss)]
         let resident_bytes_per_lock = match (resident_before, resident_held) {
