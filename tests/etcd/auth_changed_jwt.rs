@@ -14,15 +14,22 @@ use fencelock::{LockBackend, LockGuard, LockOptions};
 
 use crate::support::{PrefixWatch, namespace, released, within};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn locks_are_taken_waited_for_and_released_after_an_unrelated_auth_change() {
+/// A single etcd issuing JWTs, with auth on and a user `worker` (password `pw`) who may
+/// read and write the test's namespace; its root client.
+async fn jwt_cluster(test: &str) -> (EtcdCluster, String, etcd_client::Client) {
     let cluster = EtcdCluster::builder()
         .jwt_tokens()
         .start()
         .await
         .expect("etcd");
-    let ns = namespace("auth-changed-jwt");
-    let mut admin = crate::support::with_locker_user(&cluster, &ns, "worker").await;
+    let ns = namespace(test);
+    let admin = crate::support::with_locker_user(&cluster, &ns, "worker").await;
+    (cluster, ns, admin)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_are_taken_waited_for_and_released_after_an_unrelated_auth_change() {
+    let (cluster, ns, mut admin) = jwt_cluster("auth-changed-jwt").await;
     let worker = || async {
         EtcdLocker::connect(cluster.config(&ns).with_credentials("worker", "pw"))
             .await
@@ -103,13 +110,7 @@ async fn locks_are_taken_waited_for_and_released_after_an_unrelated_auth_change(
 /// RPC would make): the waiter's client is the only one that authenticates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_auth_change_soon_after_the_stream_was_renewed_still_grants_the_waiter() {
-    let cluster = EtcdCluster::builder()
-        .jwt_tokens()
-        .start()
-        .await
-        .expect("etcd");
-    let ns = namespace("auth-changed-jwt-twice");
-    let mut admin = crate::support::with_locker_user(&cluster, &ns, "worker").await;
+    let (cluster, ns, mut admin) = jwt_cluster("auth-changed-jwt-twice").await;
     let waiter = EtcdLocker::connect(cluster.config(&ns).with_credentials("worker", "pw"))
         .await
         .expect("waiter");
@@ -135,7 +136,7 @@ async fn a_second_auth_change_soon_after_the_stream_was_renewed_still_grants_the
     let x = wait("x");
     watch.next_put().await;
     within(Duration::from_secs(10), "x watched", async {
-        while counted_watchers(&cluster).await < 2.0 {
+        while crate::support::watchers(&cluster).await < 2.0 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
@@ -195,13 +196,7 @@ async fn a_second_auth_change_soon_after_the_stream_was_renewed_still_grants_the
 /// change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_observer_sees_a_new_leader_after_an_auth_change() {
-    let cluster = EtcdCluster::builder()
-        .jwt_tokens()
-        .start()
-        .await
-        .expect("etcd");
-    let ns = namespace("auth-changed-jwt-observer");
-    let mut admin = crate::support::with_locker_user(&cluster, &ns, "worker").await;
+    let (cluster, ns, mut admin) = jwt_cluster("auth-changed-jwt-observer").await;
     let worker = || async {
         EtcdLocker::connect(cluster.config(&ns).with_credentials("worker", "pw"))
             .await
@@ -269,24 +264,12 @@ async fn an_observer_sees_a_new_leader_after_an_auth_change() {
     released(leader.resign().await);
 }
 
-/// etcd's watchers (the test's own and the waiter's).
-async fn counted_watchers(cluster: &EtcdCluster) -> f64 {
-    let metrics = cluster.metrics(0).await.expect("metrics");
-    fencelock::testkit::metric_sum(&metrics, "etcd_debugging_mvcc_watcher_total", &[])
-}
-
 /// Requests refused together for the same old token make one authentication between
 /// them; a renewal refused (the password changed) fails every one of them with the
 /// refusal of the credentials, and still makes only one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_refused_together_authenticate_once() {
-    let cluster = EtcdCluster::builder()
-        .jwt_tokens()
-        .start()
-        .await
-        .expect("etcd");
-    let ns = namespace("auth-changed-jwt-once");
-    let mut admin = crate::support::with_locker_user(&cluster, &ns, "worker").await;
+    let (cluster, ns, mut admin) = jwt_cluster("auth-changed-jwt-once").await;
     let client = EtcdLocker::connect(cluster.config(&ns).with_credentials("worker", "pw"))
         .await
         .expect("connect");

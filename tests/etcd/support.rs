@@ -215,6 +215,12 @@ pub async fn unary_handled(cluster: &EtcdCluster) -> f64 {
     )
 }
 
+/// etcd's watchers, on every client's streams (`etcd_debugging_mvcc_watcher_total`).
+pub async fn watchers(cluster: &EtcdCluster) -> f64 {
+    let metrics = cluster.metrics(0).await.expect("metrics");
+    fencelock::testkit::metric_sum(&metrics, "etcd_debugging_mvcc_watcher_total", &[])
+}
+
 /// Requests of `method` (`"DeleteRange"`, `"Txn"`, ...) the member has finished handling.
 pub async fn handled(cluster: &EtcdCluster, method: &str) -> f64 {
     let metrics = cluster.metrics(0).await.expect("metrics");

@@ -35,12 +35,6 @@ async fn watch_requests(cluster: &EtcdCluster) -> f64 {
     )
 }
 
-/// etcd's watchers (this test's etcd: only this client watches).
-async fn watchers(cluster: &EtcdCluster) -> f64 {
-    let metrics = cluster.metrics(0).await.expect("metrics");
-    metric_sum(&metrics, "etcd_debugging_mvcc_watcher_total", &[])
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_locks_whose_watches_are_refused_do_not_reopen_the_stream() {
     let cluster = etcd().await;
@@ -66,7 +60,7 @@ async fn held_locks_whose_watches_are_refused_do_not_reopen_the_stream() {
     let b = locks.lock("b", &options).await.expect("lock b");
     // The watches are asked for once their grants have held 100 ms.
     within(Duration::from_secs(10), "every lock watched", async {
-        while watchers(&cluster).await < 4.0 {
+        while crate::support::watchers(&cluster).await < 4.0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
