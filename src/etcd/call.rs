@@ -6,9 +6,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tonic::Code;
 
-use super::token_renewal::{
-    MAX_RENEWALS, TokenRenewal, after_failed_renewal, is_old_auth_revision,
-};
+use super::token_renewal::{MAX_RENEWALS, TokenRenewal, is_old_auth_revision};
 use crate::{Backend, LockError};
 
 /// Runs `request` for at most `timeout`, mapping failures to typed errors.
@@ -66,10 +64,7 @@ where
         match call(operation, lock, timeout, request()).await {
             Err(err) if renewals < MAX_RENEWALS && is_old_auth_revision(&err) => {
                 renewals += 1;
-                tracing::debug!(%err, "auth token older than the auth store; renewing it");
-                if let Err(renewing) = renewal.renew(seen, timeout).await {
-                    return Err(after_failed_renewal(err, renewing));
-                }
+                renewal.resend_after(err, seen, timeout).await?;
             }
             result => return result,
         }
@@ -165,10 +160,9 @@ where
             // Refused before it was applied (`token_renewal.rs`).
             Err(err) if renewals < MAX_RENEWALS && is_old_auth_revision(&err) => {
                 renewals += 1;
-                tracing::debug!(%err, "auth token older than the auth store; renewing it");
-                if let Err(renewing) = renewal.renew(seen, timeout).await {
+                if let Err(end) = renewal.resend_after(err, seen, timeout).await {
                     return Attempts {
-                        result: Err(after_failed_renewal(err, renewing)),
+                        result: Err(end),
                         ambiguous,
                     };
                 }

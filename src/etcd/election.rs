@@ -11,7 +11,7 @@ use super::acquire::Mode;
 use super::call::{call_renewing, map_error};
 use super::keys::lock_prefix;
 use super::kind::{Kind, check_candidate_value};
-use super::token_renewal::{MAX_RENEWALS, after_failed_renewal};
+use super::token_renewal::MAX_RENEWALS;
 use super::watch_token::TokenRefusal;
 use super::{EtcdGuard, EtcdLocker};
 use crate::{Backend, FencingToken, LockError, LockGuard, LockOptions, LossReason, validate_name};
@@ -195,9 +195,10 @@ impl Observer {
                         self.election.leader().await?;
                     }
                     renewals += 1;
-                    if let Err(renewing) = locker.renewal().renew(seen, timeout).await {
-                        return Err(after_failed_renewal(refusal, renewing));
-                    }
+                    locker
+                        .renewal()
+                        .resend_after(refusal, seen, timeout)
+                        .await?;
                 }
                 Some(TokenRefusal::Maybe) => {
                     // Still refused after every renewal: a read says if permission is gone.

@@ -187,11 +187,29 @@ impl Failure {
     }
 }
 
+impl TokenRenewal {
+    /// After `refusal` ([`is_old_auth_revision`]) of a request sent having [`seen`](Self::seen)
+    /// `seen`: `Ok` once the token is renewed (send it again), else what the request ends
+    /// with ([`after_failed_renewal`]). The one rule of every call that renews.
+    pub(crate) async fn resend_after(
+        &self,
+        refusal: LockError,
+        seen: u64,
+        timeout: Duration,
+    ) -> Result<(), LockError> {
+        tracing::debug!(%refusal, "auth token older than the auth store; renewing it");
+        match self.renew(seen, timeout).await {
+            Ok(()) => Ok(()),
+            Err(renewing) => Err(after_failed_renewal(refusal, renewing)),
+        }
+    }
+}
+
 /// What a request refused for an old token (`refusal`) ends with when authenticating
 /// again failed (`renewing`): credentials refused say why; anything else (no answer, no
 /// leader) leaves the refusal, which proves the request was not applied (unlike a
 /// timeout, which would leave it unknown).
-pub(crate) fn after_failed_renewal(refusal: LockError, renewing: LockError) -> LockError {
+fn after_failed_renewal(refusal: LockError, renewing: LockError) -> LockError {
     if renewing.is_permission_denied() {
         renewing
     } else {

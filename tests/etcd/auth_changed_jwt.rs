@@ -12,7 +12,7 @@ use fencelock::etcd::EtcdLocker;
 use fencelock::testkit::EtcdCluster;
 use fencelock::{LockBackend, LockGuard, LockOptions};
 
-use crate::support::{PrefixWatch, namespace, released, within};
+use crate::support::{PrefixWatch, namespace, released, until_at_least, within};
 
 /// A single etcd issuing JWTs, with auth on and a user `worker` (password `pw`) who may
 /// read and write the test's namespace; its root client.
@@ -135,12 +135,7 @@ async fn a_second_auth_change_soon_after_the_stream_was_renewed_still_grants_the
     // join: the test's watch and x's are both there before the change).
     let x = wait("x");
     watch.next_put().await;
-    within(Duration::from_secs(10), "x watched", async {
-        while crate::support::watchers(&cluster).await < 2.0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
+    until_at_least("x watched", 2.0, || crate::support::watchers(&cluster)).await;
 
     // A first change: the wait on y is refused its join (the client authenticates
     // again), then its watch on the stream opened before (the stream is renewed: a new
@@ -152,12 +147,7 @@ async fn a_second_auth_change_soon_after_the_stream_was_renewed_still_grants_the
         .expect("first change");
     let y = wait("y");
     watch.next_put().await;
-    within(Duration::from_secs(10), "the stream renewed", async {
-        while counted("Watch").await < streams + 1.0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
+    until_at_least("the stream renewed", streams + 1.0, || counted("Watch")).await;
     let renewed = tokio::time::Instant::now();
     assert_eq!(counted("Authenticate").await, authenticated + 1.0);
 
@@ -240,15 +230,9 @@ async fn an_observer_sees_a_new_leader_after_an_auth_change() {
     // failure.)
     let ranges = crate::support::handled(&cluster, "Range").await;
     let waiting = tokio::spawn(async move { observer.next().await });
-    within(
-        Duration::from_secs(10),
-        "the observer read the leader",
-        async {
-            while crate::support::handled(&cluster, "Range").await < ranges + 1.0 {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        },
-    )
+    until_at_least("the observer read the leader", ranges + 1.0, || {
+        crate::support::handled(&cluster, "Range")
+    })
     .await;
     leader.proclaim("host-a:8080").await.expect("proclaimed");
     let seen = within(

@@ -215,6 +215,21 @@ pub async fn unary_handled(cluster: &EtcdCluster) -> f64 {
     )
 }
 
+/// Waits (10 s at most) until `read` gives `at_least`: for etcd's own counters and gauges,
+/// whose changes no event announces.
+pub async fn until_at_least<F, Fut>(what: &str, at_least: f64, read: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = f64>,
+{
+    within(Duration::from_secs(10), what, async {
+        while read().await < at_least {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
 /// etcd's watchers, on every client's streams (`etcd_debugging_mvcc_watcher_total`).
 pub async fn watchers(cluster: &EtcdCluster) -> f64 {
     let metrics = cluster.metrics(0).await.expect("metrics");

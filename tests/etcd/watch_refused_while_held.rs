@@ -59,10 +59,8 @@ async fn held_locks_whose_watches_are_refused_do_not_reopen_the_stream() {
     }
     let b = locks.lock("b", &options).await.expect("lock b");
     // The watches are asked for once their grants have held 100 ms.
-    within(Duration::from_secs(10), "every lock watched", async {
-        while crate::support::watchers(&cluster).await < 4.0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    crate::support::until_at_least("every lock watched", 4.0, || {
+        crate::support::watchers(&cluster)
     })
     .await;
 
