@@ -22,6 +22,7 @@ mod keys;
 mod lock_all;
 mod locker;
 mod node;
+mod node_renewal;
 mod operate;
 mod owner;
 mod redlock_inspect;

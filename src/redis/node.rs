@@ -14,10 +14,6 @@ use super::script_call::ScriptCall;
 use super::scripts;
 use crate::{Backend, FencingToken, LockError};
 
-/// How many locks one renewal script call covers; a tick sends one call per chunk, all
-/// in one pipeline.
-pub(crate) const RENEW_CHUNK: usize = 1000;
-
 /// What one acquire attempt on one server found. `G`: what a grant hands over: a lock's
 /// (or a semaphore's) token and the slot taken, or each lock's token for several locks
 /// taken together (`lock_all.rs`).
@@ -461,41 +457,6 @@ impl Node {
                 .query_async::<()>(&mut conn),
         )
         .await
-    }
-
-    /// Renews every `(lock key, owner, ttl)` in one pipeline: one script call per chunk of
-    /// [`RENEW_CHUNK`] locks. Returns, per lock, whether it was still ours.
-    pub(crate) async fn renew(
-        &self,
-        locks: &[(&str, &str, Duration)],
-    ) -> Result<Vec<bool>, LockError> {
-        if locks.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut pipe = redis::pipe();
-        for chunk in locks.chunks(RENEW_CHUNK) {
-            let mut invocation = scripts::RENEW.prepare_invoke();
-            for (key, owner, ttl) in chunk {
-                invocation.key(*key).arg(*owner).arg(millis(*ttl));
-            }
-            pipe.invoke_script(&invocation);
-        }
-        let mut conn = self.connection();
-        let renewal = async {
-            match pipe.query_async::<Vec<Vec<i64>>>(&mut conn).await {
-                // The server lost its scripts (restart, failover, SCRIPT FLUSH): load,
-                // send again. With several chunks, some may have run (the scripts lost
-                // or loaded between them), which a second run repeats harmlessly: a
-                // renewal only extends the keys that still hold their owner values.
-                Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    scripts::RENEW.load_async(&mut conn).await?;
-                    pipe.query_async(&mut conn).await
-                }
-                answer => answer,
-            }
-        };
-        let replies = self.call("renew", None, renewal).await?;
-        Ok(replies.into_iter().flatten().map(|r| r == 1).collect())
     }
 }
 

@@ -1,14 +1,17 @@
 //! One renewal task per client, for all the locks it holds.
 //!
-//! Every tick (a third of the shortest TTL held) it renews every held lock on every node
-//! in one pipeline per node, one script call per chunk of 1,000 locks: a client holding
-//! 1,000 locks sends one command per tick, not 1,000 timers' worth. A lock that a quorum
-//! of nodes no longer holds for us is marked lost at once; one that cannot be renewed
-//! (nodes unreachable) is marked lost when its local deadline passes.
+//! Every tick (a third of the shortest TTL held) it renews every held lock on every node,
+//! one script call per chunk of 1,000 locks, a few in flight at a time
+//! (`node_renewal.rs`): a client holding 1,000 locks sends one command per tick, not
+//! 1,000 timers' worth. A lock that a quorum of nodes no longer holds for us is marked
+//! lost at once; one that cannot be renewed (nodes unreachable) is marked lost when its
+//! local deadline passes.
 //!
-//! A renewal that fails or gets no answer within [`attempt_wait`] is retried after a short
-//! backoff ([`backoff`]), not a whole tick later: one dropped connection, a Redis restart
-//! or one lost answer must not cost a healthy holder its lock (issue 21).
+//! A renewal that fails, or that a node leaves without an answer for [`attempt_wait`]
+//! (from one call's answer to the next: a round of many locks may take longer), is
+//! retried after a short backoff ([`backoff`]), not a whole tick later: one dropped
+//! connection, a Redis restart or one lost answer must not cost a healthy holder its
+//! lock (issue 21).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,10 +25,11 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::node::Node;
+use super::node_renewal::{NodeRenewal, Renewing};
 use crate::lease_clock::{Clock, ClockInstant, LeaseClock, RECHECK};
 use crate::loss::{LossNotifier, LossWatch, loss_channel};
 use crate::retry::{answer_wait, backoff};
-use crate::{Backend, LockError, LossReason};
+use crate::{Backend, LossReason};
 
 /// Never tick more often than this, whatever the TTLs.
 const MIN_INTERVAL: Duration = Duration::from_millis(10);
@@ -220,9 +224,9 @@ fn drift(ttl: Duration, factor: f64) -> Duration {
 
 const FAR: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// How long one renewal attempt may go unanswered before it is given up and retried:
-/// [`answer_wait`] of the renewal `interval`, never more than the interval itself, nor the
-/// request timeout.
+/// How long a node may leave a renewal attempt without an answer (to its next script
+/// call) before the attempt is given up and retried: [`answer_wait`] of the renewal
+/// `interval`, never more than the interval itself, nor the request timeout.
 fn attempt_wait(interval: Duration, request_timeout: Duration) -> Duration {
     answer_wait(interval).min(interval).min(request_timeout)
 }
@@ -246,6 +250,7 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
                 // including the deadlines of locks registered while it hangs.
                 let round = round_interval(&held(&shared), planned.urgent_only);
                 let wait = attempt_wait(round, shared.request_timeout);
+                let started = Instant::now();
                 let renewal = renew_all(&shared, wait, planned.urgent_only);
                 tokio::pin!(renewal);
                 let confirmed = loop {
@@ -266,6 +271,7 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
                     confirmed,
                     &mut failures,
                     wait,
+                    started + round,
                 );
             }
         }
@@ -273,10 +279,17 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
 }
 
 /// The next full round after a round that ended `now` (`next_full` as planned before it,
-/// `wait` its answer wait). A renewal that was not confirmed is retried soon (as a full
-/// round), not a tick later. A round of the urgent locks alone leaves the full round where
-/// it was, or brings it forward for the retry: never later (the locks it did not have are
-/// due then); only a confirmed full round ends a run of failures.
+/// `wait` its answer wait, `a_tick_on` a tick after its start). A renewal that was not
+/// confirmed is retried soon (as a full round), not a tick later. A round of the urgent
+/// locks alone leaves the full round where it was, or brings it forward for the retry:
+/// never later (the locks it did not have are due then); only a confirmed full round ends
+/// a run of failures.
+///
+/// A confirmed full round is followed by the next a tick after its start, not after its
+/// end (at once if it took longer): its renewals count from its start, so a long round
+/// (many locks, a busy server) would otherwise eat into the time after the next one too
+/// and lose locks it renewed (a round taking a third of the TTL was enough).
+#[allow(clippy::too_many_arguments)]
 fn after_round(
     now: Instant,
     next_full: Instant,
@@ -284,6 +297,7 @@ fn after_round(
     confirmed: bool,
     failures: &mut u32,
     wait: Duration,
+    a_tick_on: Instant,
 ) -> Instant {
     if !confirmed {
         *failures = failures.saturating_add(1);
@@ -304,7 +318,7 @@ fn after_round(
         return next_full;
     }
     *failures = 0;
-    now + FAR
+    a_tick_on
 }
 
 /// What the task waits for next.
@@ -381,15 +395,20 @@ fn schedule(held: &HashMap<u64, Held>) -> (Duration, Instant) {
 }
 
 /// One renewal attempt of every renewing and every urgent lock (of the urgent ones alone
-/// with `urgent_only`), each node's answer awaited at most `wait`.
+/// with `urgent_only`), a node given up once it leaves it `wait` without an answer.
 /// `true` if every lock was either renewed or found no longer ours; `false` if some are
 /// left unconfirmed (too few nodes answered in time), so the attempt should be retried.
+///
+/// Each lock's renewal counts from the round's start (`sent`), however long the round
+/// takes: a server may have extended a key at any time since. A round longer than what a
+/// lock has left loses it, renewed or not: a server (or link) that cannot carry the
+/// client's locks within a third of their TTL cannot keep them.
 async fn renew_all(shared: &Shared, wait: Duration, urgent_only: bool) -> bool {
     let batch = snapshot(shared, urgent_only);
     if batch.is_empty() {
         return true;
     }
-    let items: Vec<(&str, &str, Duration)> = batch
+    let items: Vec<Renewing<'_>> = batch
         .iter()
         .map(|(_, key, owner, ttl)| (&**key, &**owner, *ttl))
         .collect();
@@ -401,23 +420,11 @@ async fn renew_all(shared: &Shared, wait: Duration, urgent_only: bool) -> bool {
         .nodes
         .iter()
         .map(|node| {
-            let renewal = node.renew(&items);
-            async move {
-                tokio::time::timeout(wait, renewal)
-                    .await
-                    .unwrap_or_else(|_| {
-                        // Given up before the connection's own timeout could tell: the
-                        // connection is checked here (`command_conn.rs`).
-                        node.unanswered();
-                        Err(LockError::Timeout {
-                            backend: shared.backend,
-                            operation: "renew",
-                            lock: None,
-                            after: wait,
-                        })
-                    })
-            }
-            .instrument(tracing::debug_span!("renew", node = %node.address, locks = items.len()))
+            node.renew(&items, wait).instrument(tracing::debug_span!(
+                "renew",
+                node = %node.address,
+                locks = items.len()
+            ))
         })
         .collect();
     let mut replies = Vec::with_capacity(shared.nodes.len());
@@ -433,15 +440,7 @@ async fn renew_all(shared: &Shared, wait: Duration, urgent_only: bool) -> bool {
     let mut renewed = 0;
     let mut unconfirmed = 0;
     for (i, (id, _, _, ttl)) in batch.iter().enumerate() {
-        let mut yes = 0;
-        let mut no = 0;
-        for reply in &replies {
-            match reply.as_ref().map(|r| r.get(i).copied()) {
-                Ok(Some(true)) => yes += 1,
-                Ok(_) => no += 1,
-                Err(_) => {}
-            }
-        }
+        let (yes, no) = tally(&replies, i);
         let Some(lock) = held.get_mut(id) else {
             continue;
         };
@@ -463,10 +462,8 @@ async fn renew_all(shared: &Shared, wait: Duration, urgent_only: bool) -> bool {
     // Counted once per tick, not per lock: a client holding 100,000 locks makes two
     // counter updates a tick.
     crate::metrics::renewals(shared.backend, renewed, batch.len() - renewed);
-    for reply in replies {
-        if let Err(err) = reply {
-            tracing::debug!(%err, "renewal failed on a node");
-        }
+    for failure in replies.into_iter().filter_map(|reply| reply.failure) {
+        tracing::debug!(err = %failure, "renewal failed on a node");
     }
     unconfirmed == 0
 }
@@ -502,23 +499,25 @@ fn snapshot(shared: &Shared, urgent_only: bool) -> Vec<(u64, Arc<str>, Arc<str>,
 
 /// Whether the `replies` so far settle every one of `locks` locks: renewed by `quorum`
 /// nodes, or refused by so many that a quorum cannot renew it.
-fn all_decided(
-    replies: &[Result<Vec<bool>, LockError>],
-    locks: usize,
-    quorum: usize,
-    nodes: usize,
-) -> bool {
+fn all_decided(replies: &[NodeRenewal], locks: usize, quorum: usize, nodes: usize) -> bool {
     (0..locks).all(|i| {
-        let (mut yes, mut no) = (0, 0);
-        for reply in replies {
-            match reply.as_ref().map(|r| r.get(i).copied()) {
-                Ok(Some(true)) => yes += 1,
-                Ok(_) => no += 1,
-                Err(_) => {}
-            }
-        }
+        let (yes, no) = tally(replies, i);
         yes >= quorum || no > nodes - quorum
     })
+}
+
+/// How many nodes renewed the round's lock `i`, and how many found it no longer ours.
+fn tally(replies: &[NodeRenewal], i: usize) -> (usize, usize) {
+    replies
+        .iter()
+        .filter_map(|reply| reply.answer(i))
+        .fold((0, 0), |(yes, no), renewed| {
+            if renewed {
+                (yes + 1, no)
+            } else {
+                (yes, no + 1)
+            }
+        })
 }
 
 fn expire_due(shared: &Shared) {
@@ -577,28 +576,31 @@ mod tests {
         let wait = Duration::from_millis(100);
         let soon = now + Duration::from_millis(10);
         let later = now + Duration::from_secs(10);
+        // A tick after the round's start, already past: a round that took longer.
+        let tick = now - Duration::from_millis(5);
         let mut failures = 0;
         // Unconfirmed: retried after a pause, but a full round due sooner stays due.
         assert_eq!(
-            after_round(now, soon, true, false, &mut failures, wait),
+            after_round(now, soon, true, false, &mut failures, wait, tick),
             soon
         );
         assert_eq!(failures, 1);
-        let retry = after_round(now, later, true, false, &mut failures, wait);
+        let retry = after_round(now, later, true, false, &mut failures, wait, tick);
         assert!(retry > now && retry < later, "retried soon: {retry:?}");
         // Confirmed: the full round stays where it was, and so does the run of failures.
         assert_eq!(
-            after_round(now, soon, true, true, &mut failures, wait),
+            after_round(now, soon, true, true, &mut failures, wait, tick),
             soon
         );
         assert_eq!(failures, 2);
         // A full round: retried after a pause, or (confirmed) the failures end.
-        let retry = after_round(now, now, false, false, &mut failures, wait);
+        let retry = after_round(now, now, false, false, &mut failures, wait, tick);
         assert!(retry > now, "not at once again: {retry:?}");
         assert_eq!(failures, 3);
+        // Confirmed: the next a tick after its start, however long it took.
         assert_eq!(
-            after_round(now, now, false, true, &mut failures, wait),
-            now + FAR
+            after_round(now, now, false, true, &mut failures, wait, tick),
+            tick
         );
         assert_eq!(failures, 0);
     }

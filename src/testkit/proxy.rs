@@ -50,6 +50,8 @@ pub struct FaultProxy {
     deliveries: watch::Sender<u64>,
     /// Latency added to every chunk, in each direction.
     delay: watch::Sender<Duration>,
+    /// The link's capacity in bytes per second, in each direction (0: unbounded).
+    rate: watch::Sender<u64>,
     accepted: watch::Sender<usize>,
     /// The connections (numbered from 1 in the order accepted) that forward nothing any
     /// more: [`blackhole`](Self::blackhole), [`blackhole_keeping`](Self::blackhole_keeping).
@@ -92,6 +94,7 @@ struct Controls {
     deliveries: watch::Receiver<u64>,
     severs: watch::Receiver<u64>,
     delay: watch::Receiver<Duration>,
+    rate: watch::Receiver<u64>,
     blackholed: watch::Receiver<Vec<Silenced>>,
     held: Arc<HeldCount>,
 }
@@ -130,6 +133,7 @@ impl FaultProxy {
         });
         let (deliveries, _) = watch::channel(0u64);
         let (delay, _) = watch::channel(Duration::ZERO);
+        let (rate, _) = watch::channel(0u64);
         let (accepted, _) = watch::channel(0usize);
         let (blackholed, _) = watch::channel(Vec::new());
         let held = Arc::new(HeldCount {
@@ -144,6 +148,7 @@ impl FaultProxy {
             deliveries: deliveries.subscribe(),
             severs: control.severs.subscribe(),
             delay: delay.subscribe(),
+            rate: rate.subscribe(),
             blackholed: blackholed.subscribe(),
             held: held.clone(),
         };
@@ -190,6 +195,7 @@ impl FaultProxy {
             control,
             deliveries,
             delay,
+            rate,
             accepted,
             blackholed,
             held,
@@ -394,6 +400,14 @@ impl FaultProxy {
     pub fn delay(&self, delay: Duration) {
         self.delay.send_replace(delay);
     }
+
+    /// Caps each connection at `bytes_per_second` in each direction from now on (0
+    /// removes the cap): a narrow link, where an answer comes later the more was sent
+    /// before it, and what the client writes waits in the proxy meanwhile (as in a
+    /// sender's socket buffer). Order is kept; [`delay`](Self::delay) adds to it.
+    pub fn throttle(&self, bytes_per_second: u64) {
+        self.rate.send_replace(bytes_per_second);
+    }
 }
 
 impl Drop for FaultProxy {
@@ -504,6 +518,10 @@ struct Connection {
     frames: FrameScanner,
     up: Delayed,
     down: Delayed,
+    /// When each direction's link is free again under a [throttle](FaultProxy::throttle):
+    /// a chunk is through once every byte before it is.
+    up_free: Instant,
+    down_free: Instant,
 }
 
 impl Connection {
@@ -520,6 +538,8 @@ impl Connection {
             frames: FrameScanner::default(),
             up: Delayed::default(),
             down: Delayed::default(),
+            up_free: Instant::now(),
+            down_free: Instant::now(),
         }
     }
 
@@ -746,26 +766,31 @@ impl Connection {
 
     async fn forward_up(&mut self, bytes: &[u8]) -> bool {
         let delay = *self.controls.delay.borrow();
-        if delay.is_zero() && self.up.0.is_empty() {
+        let rate = *self.controls.rate.borrow();
+        if delay.is_zero() && rate == 0 && self.up.0.is_empty() {
             return self.server.write_all(bytes).await.is_ok();
         }
-        self.up
-            .0
-            .push_back((Instant::now() + delay, bytes.to_vec()));
+        let at = through(&mut self.up_free, Instant::now() + delay, bytes.len(), rate);
+        self.up.0.push_back((at, bytes.to_vec()));
         true
     }
 
     async fn forward_down(&mut self, bytes: &[u8]) -> bool {
         let delay = *self.controls.delay.borrow();
-        if delay.is_zero() && self.down.0.is_empty() {
+        let rate = *self.controls.rate.borrow();
+        if delay.is_zero() && rate == 0 && self.down.0.is_empty() {
             return match self.client.as_mut() {
                 Some(client) => client.write_all(bytes).await.is_ok(),
                 None => true,
             };
         }
-        self.down
-            .0
-            .push_back((Instant::now() + delay, bytes.to_vec()));
+        let at = through(
+            &mut self.down_free,
+            Instant::now() + delay,
+            bytes.len(),
+            rate,
+        );
+        self.down.0.push_back((at, bytes.to_vec()));
         true
     }
 
@@ -908,6 +933,18 @@ impl FrameScanner {
     }
 }
 
+/// When a chunk of `len` bytes, ready to go at `ready`, is through a link that carries
+/// `rate` bytes per second (0: at once) and is free again at `free`, which it moves on.
+fn through(free: &mut Instant, ready: Instant, len: usize, rate: u64) -> Instant {
+    if rate == 0 {
+        return ready;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let takes = Duration::from_secs_f64(len as f64 / rate as f64);
+    *free = ready.max(*free) + takes;
+    *free
+}
+
 /// Listens on `address` again after a refusal (the port was ours a moment ago; another
 /// process may take it in between, rarely: then the proxy stays closed).
 async fn rebind(address: SocketAddr) -> Option<TcpListener> {
@@ -1017,6 +1054,46 @@ mod tests {
         let mut got = [0u8; 2];
         upstream.read_exact(&mut got).await.expect("read");
         assert_eq!(&got, b"AB", "round {round}");
+    }
+
+    /// A throttled link takes as long as its rate says to carry what was sent, however
+    /// fast the client wrote it.
+    #[tokio::test]
+    async fn a_throttled_link_carries_no_more_than_its_rate() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let server = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let proxy = FaultProxy::start(server.local_addr().expect("address"))
+            .await
+            .expect("proxy");
+        proxy.throttle(256 * 1024);
+        let mut client = tokio::net::TcpStream::connect(proxy.address())
+            .await
+            .expect("connect");
+        let (mut upstream, _) = server.accept().await.expect("accept");
+        let started = Instant::now();
+        client.write_all(&[7u8; 64 * 1024]).await.expect("write");
+        let mut got = vec![0u8; 64 * 1024];
+        upstream.read_exact(&mut got).await.expect("read");
+        let took = started.elapsed();
+        // 64 KiB at 256 KiB/s: a quarter of a second.
+        assert!(took >= Duration::from_millis(240), "through in {took:?}");
+        assert!(got.iter().all(|b| *b == 7));
+    }
+
+    #[test]
+    fn chunks_through_a_throttle_queue_behind_each_other() {
+        let now = Instant::now();
+        let mut free = now;
+        let second = Duration::from_secs(1);
+        assert_eq!(through(&mut free, now, 500, 1000), now + second / 2);
+        assert_eq!(through(&mut free, now, 500, 1000), now + second);
+        // Ready after the link is free: it goes from when it is ready.
+        assert_eq!(
+            through(&mut free, now + 2 * second, 1000, 1000),
+            now + 3 * second
+        );
+        // No throttle: when it is ready.
+        assert_eq!(through(&mut free, now, 1000, 0), now);
     }
 
     /// Two requests kept by one hold stand as two, and the total counts on across holds

@@ -31,6 +31,7 @@ mod redlock_refusal_undo;
 mod redlock_slow_master;
 mod redlock_slow_refusal;
 mod release_not_owner;
+mod renewal_slow_link;
 mod renewal_traffic;
 mod reregister_after_reconnect;
 mod script_cache_flushed;

@@ -1,0 +1,125 @@
+//! One server's part of a renewal round: every lock's renewal, in script calls of
+//! [`RENEW_CHUNK`] locks, at most [`WINDOW`] of them unanswered at a time.
+//!
+//! Not one pipeline of every chunk, as before. The answer to a pipeline comes once the
+//! server has run all of it, so the renewal's answer wait (at most 1 s) bounded the time
+//! of a whole round, however many locks it carried. A round that took longer was given
+//! up and sent again whole, behind the first on the same connection, which the server
+//! still ran: each attempt added a round's work to a server (or a link) that already
+//! could not answer one in time, and no attempt was ever answered. A bench run lost
+//! Redlock's 100,000 held locks so, the three masters busy only with renewals
+//! (`tests/redis/renewal_slow_link.rs`: 10,000 locks over a link that carries a round in
+//! twice the wait).
+//!
+//! With a window, the wait bounds the time from one answer to the next: a round takes
+//! as long as the server and the link need to carry it, and a server that stops
+//! answering is still given up within the wait. An attempt given up and sent again finds
+//! at most [`WINDOW`] calls of the last one ahead of it. The window keeps the server
+//! busy: a chunk costs it about a millisecond to run, more than a loopback or LAN round
+//! trip.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesOrdered;
+use redis::aio::ConnectionManager;
+
+use super::node::{Node, millis};
+use super::script_call::ScriptCall;
+use super::scripts;
+use crate::LockError;
+
+/// How many locks one renewal script call covers.
+pub(crate) const RENEW_CHUNK: usize = 1000;
+
+/// How many of a round's script calls may go unanswered at a time, per server.
+const WINDOW: usize = 4;
+
+/// A lock to renew: its key, its owner value, its TTL.
+pub(crate) type Renewing<'a> = (&'a str, &'a str, Duration);
+
+/// What one server answered for a round's locks, in the round's order: every answer it
+/// gave before it failed or stopped answering (all of them without `failure`).
+#[derive(Debug)]
+pub(crate) struct NodeRenewal {
+    answers: Vec<bool>,
+    pub(crate) failure: Option<LockError>,
+}
+
+impl NodeRenewal {
+    /// The server's answer for the round's lock `i`: renewed (`true`), not ours any more
+    /// (`false`), or none.
+    pub(crate) fn answer(&self, i: usize) -> Option<bool> {
+        self.answers.get(i).copied()
+    }
+}
+
+impl Node {
+    /// Renews `locks` on this server: one script call per chunk of [`RENEW_CHUNK`],
+    /// [`WINDOW`] unanswered at most. Stops at the first call that fails, or once no
+    /// answer has come for `wait` (the connection is then checked, as for any request
+    /// unanswered: `command_conn.rs`).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropped, the calls in flight may still be run by the server, which
+    /// only extends locks that are still ours.
+    pub(crate) async fn renew(&self, locks: &[Renewing<'_>], wait: Duration) -> NodeRenewal {
+        let conn = self.connection();
+        let mut chunks = locks.chunks(RENEW_CHUNK);
+        let mut in_flight = FuturesOrdered::new();
+        let mut answers = Vec::with_capacity(locks.len());
+        let failure = loop {
+            while in_flight.len() < WINDOW {
+                let Some(chunk) = chunks.next() else { break };
+                in_flight.push_back(self.renew_chunk(conn.clone(), chunk));
+            }
+            match tokio::time::timeout(wait, in_flight.next()).await {
+                Ok(None) => break None,
+                Ok(Some(Ok(renewed))) => answers.extend(renewed),
+                Ok(Some(Err(err))) => break Some(err),
+                Err(_) => {
+                    // Given up before the connection's own timeout could tell.
+                    self.unanswered();
+                    break Some(LockError::Timeout {
+                        backend: self.backend,
+                        operation: "renew",
+                        lock: None,
+                        after: wait,
+                    });
+                }
+            }
+        };
+        NodeRenewal { answers, failure }
+    }
+
+    /// One script call: per lock, whether it was still ours (and is renewed).
+    async fn renew_chunk(
+        &self,
+        mut conn: ConnectionManager,
+        chunk: &[Renewing<'_>],
+    ) -> Result<Vec<bool>, LockError> {
+        let keys: Vec<&str> = chunk.iter().map(|(key, ..)| *key).collect();
+        let mut call = ScriptCall::new(&scripts::RENEW, &keys, 2 * chunk.len());
+        for (_, owner, ttl) in chunk {
+            call.arg(*owner).arg(millis(*ttl));
+        }
+        // A server that lost its scripts (restart, failover, SCRIPT FLUSH) answers
+        // `NOSCRIPT`, and the call loads the script and is sent again (`script_call.rs`).
+        let replies: Vec<i64> = self.call("renew", None, call.invoke(&mut conn)).await?;
+        if replies.len() != chunk.len() {
+            return Err(LockError::Backend {
+                backend: self.backend,
+                operation: "renew",
+                lock: None,
+                source: format!(
+                    "{} answers to a renewal of {} locks",
+                    replies.len(),
+                    chunk.len()
+                )
+                .into(),
+            });
+        }
+        Ok(replies.into_iter().map(|renewed| renewed == 1).collect())
+    }
+}
