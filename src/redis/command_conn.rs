@@ -56,7 +56,7 @@
 //! The scripts need no loading on the new connection: the server's script cache is not
 //! per connection. A server that lost them (a restart, a failover) answers `NOSCRIPT`,
 //! on which a script call loads the script and calls it again (`script_call.rs`), and
-//! `Node::renew` (a pipeline) does the same.
+//! each renewal call does the same (`node_renewal.rs`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};

@@ -13,10 +13,13 @@
 //!
 //! With a window, the wait bounds the time from one answer to the next: a round takes
 //! as long as the server and the link need to carry it, and a server that stops
-//! answering is still given up within the wait. An attempt given up and sent again finds
-//! at most [`WINDOW`] calls of the last one ahead of it. The window keeps the server
-//! busy: a chunk costs it about a millisecond to run, more than a loopback or LAN round
-//! trip.
+//! answering is still given up within the wait. An attempt given
+//! up leaves at most [`WINDOW`] calls unanswered; the next one on that server waits for
+//! its first answer that much longer, as those calls may still be ahead of it
+//! ([`NodeRenewal::left`]). The window keeps the server busy: a chunk costs it about a
+//! millisecond to run, more than a loopback or LAN round trip. Its limit: redis-rs times
+//! each call from when it is queued, so a server taking a quarter of the request timeout
+//! for one chunk (about 0.5 s for 1,000 renewals) times out the window's last call.
 
 use std::time::Duration;
 
@@ -33,17 +36,24 @@ use crate::LockError;
 pub(crate) const RENEW_CHUNK: usize = 1000;
 
 /// How many of a round's script calls may go unanswered at a time, per server.
-const WINDOW: usize = 4;
+pub(crate) const WINDOW: usize = 4;
+
+/// The most calls left unanswered that the next attempt's first wait allows for.
+const LEFT_MAX: usize = 2 * WINDOW;
 
 /// A lock to renew: its key, its owner value, its TTL.
 pub(crate) type Renewing<'a> = (&'a str, &'a str, Duration);
 
 /// What one server answered for a round's locks, in the round's order: every answer it
-/// gave before it failed or stopped answering (all of them without `failure`).
-#[derive(Debug)]
+/// gave before it failed, stopped answering or ran out of time (all of them without
+/// `failure`).
+#[derive(Debug, Default)]
 pub(crate) struct NodeRenewal {
     answers: Vec<bool>,
     pub(crate) failure: Option<LockError>,
+    /// Calls sent and left unanswered when it stopped: the server may still run them,
+    /// ahead of what is sent to it next.
+    pub(crate) left: usize,
 }
 
 impl NodeRenewal {
@@ -57,24 +67,32 @@ impl NodeRenewal {
 impl Node {
     /// Renews `locks` on this server: one script call per chunk of [`RENEW_CHUNK`],
     /// [`WINDOW`] unanswered at most. Stops at the first call that fails, or once no
-    /// answer has come for `wait` (the connection is then checked, as for any request
-    /// unanswered: `command_conn.rs`).
+    /// answer has come for `wait` (for the first one: also a `wait` for each of the calls
+    /// `behind` left by the last attempt, which may still be ahead of it); the server's
+    /// connection is then checked, as for any request unanswered (`command_conn.rs`).
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: dropped, the calls in flight may still be run by the server, which
     /// only extends locks that are still ours.
-    pub(crate) async fn renew(&self, locks: &[Renewing<'_>], wait: Duration) -> NodeRenewal {
+    pub(crate) async fn renew(
+        &self,
+        locks: &[Renewing<'_>],
+        wait: Duration,
+        behind: usize,
+    ) -> NodeRenewal {
         let conn = self.connection();
         let mut chunks = locks.chunks(RENEW_CHUNK);
         let mut in_flight = FuturesOrdered::new();
         let mut answers = Vec::with_capacity(locks.len());
+        let mut next_wait =
+            wait.saturating_mul(u32::try_from(behind.min(LEFT_MAX)).unwrap_or(0) + 1);
         let failure = loop {
             while in_flight.len() < WINDOW {
                 let Some(chunk) = chunks.next() else { break };
                 in_flight.push_back(self.renew_chunk(conn.clone(), chunk));
             }
-            match tokio::time::timeout(wait, in_flight.next()).await {
+            match tokio::time::timeout(next_wait, in_flight.next()).await {
                 Ok(None) => break None,
                 Ok(Some(Ok(renewed))) => answers.extend(renewed),
                 Ok(Some(Err(err))) => break Some(err),
@@ -85,12 +103,20 @@ impl Node {
                         backend: self.backend,
                         operation: "renew",
                         lock: None,
-                        after: wait,
+                        after: next_wait,
                     });
                 }
             }
+            next_wait = wait;
         };
-        NodeRenewal { answers, failure }
+        // Those of the last attempt's calls that may still be ahead count too, as long as
+        // this one had no answer at all.
+        let left = in_flight.len() + if answers.is_empty() { behind } else { 0 };
+        NodeRenewal {
+            answers,
+            failure,
+            left: left.min(LEFT_MAX),
+        }
     }
 
     /// One script call: per lock, whether it was still ours (and is renewed).

@@ -11,10 +11,13 @@
 //! (from one call's answer to the next: a round of many locks may take longer), is
 //! retried after a short backoff ([`backoff`]), not a whole tick later: one dropped
 //! connection, a Redis restart or one lost answer must not cost a healthy holder its
-//! lock (issue 21).
+//! lock (issue 21). Rounds follow a tick after each other's start, soonest deadline
+//! first; with Redlock a round is decided once a quorum has answered, and the slower
+//! masters get the rest of it in the background until the next full round
+//! (`tests/redis/renewal_slow_link.rs`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -25,7 +28,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::node::Node;
-use super::node_renewal::{NodeRenewal, Renewing};
+use super::node_renewal::{NodeRenewal, Renewing, WINDOW};
 use crate::lease_clock::{Clock, ClockInstant, LeaseClock, RECHECK};
 use crate::loss::{LossNotifier, LossWatch, loss_channel};
 use crate::retry::{answer_wait, backoff};
@@ -65,6 +68,8 @@ struct Shared {
     /// once, not a tick from now: the next plan ticks at once, and the round that takes
     /// its snapshot clears this (under the map's lock, as it is set).
     renew_now: AtomicBool,
+    /// Each node's renewal calls left unanswered by its last attempt (`node_renewal.rs`).
+    behind: Arc<[AtomicUsize]>,
     base: Instant,
 }
 
@@ -79,7 +84,6 @@ impl Shared {
     ) -> Self {
         Self {
             backend,
-            nodes,
             quorum,
             drift_factor,
             request_timeout,
@@ -88,6 +92,8 @@ impl Shared {
             changed: Notify::new(),
             planned_wake: AtomicU64::new(u64::MAX),
             renew_now: AtomicBool::new(false),
+            behind: nodes.iter().map(|_| AtomicUsize::new(0)).collect(),
+            nodes,
             base: Instant::now(),
         }
     }
@@ -159,7 +165,8 @@ impl Renewer {
         // waiting a whole interval for the first renewal would leave less than one to
         // confirm it, or pass the deadline; a lock without renewal would keep only what is
         // left of its TTL (`tests/redis/late_answer.rs`). It is renewed in a round of the
-        // urgent locks alone, at once (after a round in flight, at most its answer wait);
+        // urgent locks alone, at once (after a round in flight: a tick of its locks at
+        // most, as much as a server that keeps answering needs to carry it);
         // a lock with nothing left is reported lost, not renewed. Acquisitions that are
         // all late (a link slower than a third of the TTL) make such rounds follow each
         // other, each of the locks not yet confirmed: one round in flight at a time,
@@ -248,10 +255,13 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
                 // A renewal can hang for the request timeout (a partition); deadlines
                 // passing meanwhile must still be reported on time, not when it returns,
                 // including the deadlines of locks registered while it hangs.
-                let round = round_interval(&held(&shared), planned.urgent_only);
+                let (round, tick) = {
+                    let held = held(&shared);
+                    (round_interval(&held, planned.urgent_only), tick_interval(&held))
+                };
                 let wait = attempt_wait(round, shared.request_timeout);
                 let started = Instant::now();
-                let renewal = renew_all(&shared, wait, planned.urgent_only);
+                let renewal = renew_all(&shared, wait, planned.urgent_only, started + tick);
                 tokio::pin!(renewal);
                 let confirmed = loop {
                     let earliest = plan_during_renewal(&shared);
@@ -271,7 +281,7 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
                     confirmed,
                     &mut failures,
                     wait,
-                    started + round,
+                    started + tick,
                 );
             }
         }
@@ -371,16 +381,20 @@ fn plan_during_renewal(shared: &Shared) -> Instant {
     earliest
 }
 
+/// The interval of full rounds: a third of the shortest TTL of the renewing locks.
+fn tick_interval(held: &HashMap<u64, Held>) -> Duration {
+    held.values()
+        .filter(|h| h.renew)
+        .map(|h| (h.ttl / 3).max(MIN_INTERVAL))
+        .min()
+        .unwrap_or(FAR)
+}
+
 /// (tick interval, when to check the deadlines next) over the tracked locks. Deadlines
 /// are on the suspend-aware clock, timers are not: with locks held, look at least every
 /// [`RECHECK`].
 fn schedule(held: &HashMap<u64, Held>) -> (Duration, Instant) {
-    let interval = held
-        .values()
-        .filter(|h| h.renew)
-        .map(|h| (h.ttl / 3).max(MIN_INTERVAL))
-        .min()
-        .unwrap_or(FAR);
+    let interval = tick_interval(held);
     let earliest = held
         .values()
         .map(|h| h.clock.deadline())
@@ -395,52 +409,107 @@ fn schedule(held: &HashMap<u64, Held>) -> (Duration, Instant) {
 }
 
 /// One renewal attempt of every renewing and every urgent lock (of the urgent ones alone
-/// with `urgent_only`), a node given up once it leaves it `wait` without an answer.
-/// `true` if every lock was either renewed or found no longer ours; `false` if some are
-/// left unconfirmed (too few nodes answered in time), so the attempt should be retried.
+/// with `urgent_only`); a node is given up once it leaves the attempt `wait` without an
+/// answer. `true` if every lock was either renewed or found no longer ours; `false` if
+/// some are left unconfirmed (too few nodes answered in time), so the attempt should be
+/// retried. The nodes not needed for the decision (Redlock) get the rest of the round in
+/// the background, until `until` (the next full round).
 ///
 /// Each lock's renewal counts from the round's start (`sent`), however long the round
-/// takes: a server may have extended a key at any time since. A round longer than what a
-/// lock has left loses it, renewed or not: a server (or link) that cannot carry the
-/// client's locks within a third of their TTL cannot keep them.
-async fn renew_all(shared: &Shared, wait: Duration, urgent_only: bool) -> bool {
+/// takes: a server may have extended a key at any time since. A round longer than what
+/// a lock has left loses it, renewed or not: a server (or link) that cannot carry the
+/// client's locks within a third of their TTL cannot keep them. The locks go out
+/// soonest deadline first: an attempt that fails partway leaves out the locks renewed
+/// most lately, and the retry starts with those it left, never starving the same ones
+/// attempt after attempt.
+async fn renew_all(shared: &Shared, wait: Duration, urgent_only: bool, until: Instant) -> bool {
     let batch = snapshot(shared, urgent_only);
     if batch.is_empty() {
         return true;
     }
-    let items: Vec<Renewing<'_>> = batch
-        .iter()
-        .map(|(_, key, owner, ttl)| (&**key, &**owner, *ttl))
-        .collect();
+    let locks: Arc<[Renewal]> = batch.iter().map(|(_, lock)| lock.clone()).collect();
     let sent = Clock::BOOT.now();
-    // Decided as soon as every lock is: a master that stops answering must not hold up
-    // the others' answers (Redlock, issue 21). Requests left unanswered are dropped; one
-    // already sent may still be applied, which only extends a lock that is still ours.
     let mut pending: FuturesUnordered<_> = shared
         .nodes
         .iter()
-        .map(|node| {
-            node.renew(&items, wait).instrument(tracing::debug_span!(
-                "renew",
-                node = %node.address,
-                locks = items.len()
-            ))
+        .enumerate()
+        .map(|(i, node)| {
+            let span = tracing::debug_span!("renew", node = %node.address, locks = locks.len());
+            let (node, locks) = (node.clone(), locks.clone());
+            let behind = shared.behind[i].load(Ordering::Acquire);
+            async move {
+                let items: Vec<Renewing<'_>> = locks
+                    .iter()
+                    .map(|(key, owner, ttl)| (&**key, &**owner, *ttl))
+                    .collect();
+                (i, node.renew(&items, wait, behind).await)
+            }
+            .instrument(span)
         })
         .collect();
+    // Decided as soon as every lock is: a master that stops answering must not hold up
+    // the others' answers (Redlock, issue 21).
     let mut replies = Vec::with_capacity(shared.nodes.len());
-    while let Some(reply) = pending.next().await {
+    let mut replies_from = Vec::with_capacity(shared.nodes.len());
+    while let Some((i, reply)) = pending.next().await {
+        noted(&shared.behind, i, &reply);
         replies.push(reply);
+        replies_from.push(i);
         if all_decided(&replies, batch.len(), shared.quorum, shared.nodes.len()) {
             break;
         }
     }
-    drop(pending);
+    let confirmed = decide(shared, &batch, &replies, sent);
+    // The other masters still get the rest of the round, until its time is up (before
+    // the next full round), in the background. A master sent only part of it would let
+    // its copies of the rest expire, and from then on one master's fault (a restart
+    // without persistence, a clock jump) would cost those locks a quorum, or let another
+    // client take them.
+    if !pending.is_empty() {
+        let behind = shared.behind.clone();
+        // Cut off at `until`, a node's attempt leaves a window's calls unanswered at
+        // most; one that ends sooner says how many.
+        for (i, _) in shared.nodes.iter().enumerate() {
+            if !replies_from.contains(&i) {
+                behind[i].store(WINDOW, Ordering::Release);
+            }
+        }
+        let rest = async move {
+            while let Some((i, reply)) = pending.next().await {
+                noted(&behind, i, &reply);
+            }
+        };
+        tokio::spawn(async move { tokio::time::timeout_at(until, rest).await });
+    }
+    confirmed
+}
+
+/// A lock of a round: its key, its owner value, its TTL.
+type Renewal = (Arc<str>, Arc<str>, Duration);
+
+/// Keeps what node `i`'s attempt left unanswered for its next one, and logs its failure.
+fn noted(behind: &[AtomicUsize], i: usize, reply: &NodeRenewal) {
+    behind[i].store(reply.left, Ordering::Release);
+    if let Some(failure) = &reply.failure {
+        tracing::debug!(err = %failure, "renewal failed on a node");
+    }
+}
+
+/// Applies a round's `replies` to its `batch` of locks, sent at `sent`: a lock renewed by
+/// a quorum has its deadline moved on, one that enough nodes say is no longer ours is
+/// reported lost. `true` if none is left unconfirmed.
+fn decide(
+    shared: &Shared,
+    batch: &[(u64, Renewal)],
+    replies: &[NodeRenewal],
+    sent: ClockInstant,
+) -> bool {
     let node_count = shared.nodes.len();
     let mut held = held(shared);
     let mut renewed = 0;
     let mut unconfirmed = 0;
-    for (i, (id, _, _, ttl)) in batch.iter().enumerate() {
-        let (yes, no) = tally(&replies, i);
+    for (i, (id, (_, _, ttl))) in batch.iter().enumerate() {
+        let (yes, no) = tally(replies, i);
         let Some(lock) = held.get_mut(id) else {
             continue;
         };
@@ -462,9 +531,6 @@ async fn renew_all(shared: &Shared, wait: Duration, urgent_only: bool) -> bool {
     // Counted once per tick, not per lock: a client holding 100,000 locks makes two
     // counter updates a tick.
     crate::metrics::renewals(shared.backend, renewed, batch.len() - renewed);
-    for failure in replies.into_iter().filter_map(|reply| reply.failure) {
-        tracing::debug!(err = %failure, "renewal failed on a node");
-    }
     unconfirmed == 0
 }
 
@@ -475,7 +541,7 @@ fn in_round(lock: &Held, urgent_only: bool) -> bool {
 }
 
 /// The shortest renewal interval of the locks a round renews: what its answers may be
-/// waited for, and its retry paced by.
+/// waited for, its time bounded by, and its retry paced by.
 fn round_interval(held: &HashMap<u64, Held>, urgent_only: bool) -> Duration {
     held.values()
         .filter(|h| in_round(h, urgent_only))
@@ -484,17 +550,24 @@ fn round_interval(held: &HashMap<u64, Held>, urgent_only: bool) -> Duration {
         .unwrap_or(FAR)
 }
 
-/// The locks a round renews ([`in_round`]), taken under the map's lock, where the
-/// renew-now flag is cleared: every urgent lock registered so far is in it, and one
-/// registered after it sets the flag again. Shared names (`Arc<str>`): no string is
-/// copied.
-fn snapshot(shared: &Shared, urgent_only: bool) -> Vec<(u64, Arc<str>, Arc<str>, Duration)> {
-    let held = held(shared);
-    shared.renew_now.store(false, Ordering::Release);
-    held.iter()
-        .filter(|(_, h)| in_round(h, urgent_only))
-        .map(|(id, h)| (*id, h.key.clone(), h.owner.clone(), h.ttl))
-        .collect()
+/// The locks a round renews ([`in_round`]), soonest deadline first, taken under the
+/// map's lock, where the renew-now flag is cleared: every urgent lock registered so far
+/// is in it, and one registered after it sets the flag again. Shared names (`Arc<str>`):
+/// no string is copied. Sorted after the lock is let go (100,000 locks: milliseconds).
+fn snapshot(shared: &Shared, urgent_only: bool) -> Vec<(u64, Renewal)> {
+    let mut batch: Vec<_> = {
+        let held = held(shared);
+        shared.renew_now.store(false, Ordering::Release);
+        held.iter()
+            .filter(|(_, h)| in_round(h, urgent_only))
+            .map(|(id, h)| {
+                let lock = (h.key.clone(), h.owner.clone(), h.ttl);
+                (h.clock.deadline(), (*id, lock))
+            })
+            .collect()
+    };
+    batch.sort_unstable_by_key(|(deadline, _)| *deadline);
+    batch.into_iter().map(|(_, lock)| lock).collect()
 }
 
 /// Whether the `replies` so far settle every one of `locks` locks: renewed by `quorum`
@@ -564,7 +637,7 @@ mod tests {
         }
     }
 
-    fn ids(batch: &[(u64, Arc<str>, Arc<str>, Duration)]) -> Vec<u64> {
+    fn ids(batch: &[(u64, Renewal)]) -> Vec<u64> {
         let mut ids: Vec<u64> = batch.iter().map(|(id, ..)| *id).collect();
         ids.sort_unstable();
         ids

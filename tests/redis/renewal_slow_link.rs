@@ -1,5 +1,6 @@
 //! Many locks renewed over a link too slow to carry a whole round within one attempt's
-//! wait are all kept, and the server is not sent the round again and again.
+//! wait, or within a tick, are all kept; the server is not sent the round again and
+//! again; and every Redlock master gets every renewal, the slowest too.
 //!
 //! Before, a round went to the server as one pipeline and was given up if its answer
 //! took longer than the attempt's wait (a third of the renewal interval, at most 1 s),
@@ -11,35 +12,34 @@
 
 use std::time::Duration;
 
+use fencelock::redis::{RedisConfig, RedisGuard, RedlockLocker};
+use fencelock::testkit::{FaultProxy, RedisServer};
 use fencelock::{LockBackend, LockGuard, LockOptions};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 
-use crate::support::{locker_through, owner_part, prefix, proxy_to, redis};
+use crate::support::{direct, locker_through, owner_part, prefix, proxy_to, redis};
 
-/// The bytes of one bulk string in a command: `$<len>\r\n<bytes>\r\n`.
-fn bulk(len: usize) -> usize {
-    1 + len.to_string().len() + 2 + len + 2
-}
+/// A tick every second; an attempt may go unanswered 333 ms.
+const TTL: Duration = Duration::from_secs(3);
+const ATTEMPT_WAIT: Duration = Duration::from_millis(333);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn locks_renewed_over_a_link_slower_than_an_attempts_wait_are_all_kept() {
-    const LOCKS: usize = 10_000;
-    const CHUNK: usize = 1000;
-    let server = redis().await;
-    let proxy = proxy_to(&server).await;
-    let locks = locker_through(&proxy, &prefix("renewal-slow-link"), Duration::from_secs(2)).await;
-    // A tick every second; an attempt may go unanswered 333 ms.
-    let ttl = Duration::from_secs(3);
-    let attempt_wait = ttl / 9;
-    let options = LockOptions::new().with_ttl(ttl);
-    let mut guards = Vec::with_capacity(LOCKS);
-    let mut names = (0..LOCKS).map(|i| format!("item-{i}"));
+/// Locks per renewal call.
+const CHUNK: usize = 1000;
+
+/// Takes `count` locks of `TTL`, 64 at a time.
+async fn take<B>(locks: &B, count: usize) -> Vec<RedisGuard>
+where
+    B: LockBackend<Guard = RedisGuard>,
+{
+    let options = LockOptions::new().with_ttl(TTL);
+    let mut guards = Vec::with_capacity(count);
+    let mut names = (0..count).map(|i| format!("item-{i}"));
     let mut taking = FuturesUnordered::new();
     loop {
         while taking.len() < 64 {
             let Some(name) = names.next() else { break };
-            let (locks, options) = (&locks, &options);
+            let options = &options;
             taking.push(async move { locks.lock(&name, options).await });
         }
         match taking.next().await {
@@ -47,44 +47,140 @@ async fn locks_renewed_over_a_link_slower_than_an_attempts_wait_are_all_kept() {
             None => break,
         }
     }
-    assert_eq!(locks.held_locks(), LOCKS);
+    guards
+}
 
-    // What one round sends: per lock its key, its owner value and its TTL in ms.
+/// Throttles `proxy` so that it carries one renewal round of `guards` in `round`.
+fn carry_a_round_in(proxy: &FaultProxy, guards: &[RedisGuard], round: Duration) {
+    // Per lock its key, its owner value and its TTL in ms (`$<len>\r\n<bytes>\r\n` each).
+    let bulk = |len: usize| 1 + len.to_string().len() + 2 + len + 2;
     let round_bytes: usize = guards
         .iter()
         .map(|g| bulk(g.key().len()) + bulk(g.owner().len()) + bulk(4))
         .sum();
-    // The link carries a round in 600 ms: well within the tick, and twice the attempt's
-    // wait, so a round sent as one request is never answered in time.
-    let rate = u64::try_from(round_bytes * 10 / 6).expect("rate");
-    let round = Duration::from_secs_f64(round_bytes as f64 / rate as f64);
-    assert!(round > attempt_wait, "{round:?} to carry a round");
+    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
+    let rate = (round_bytes as f64 / round.as_secs_f64()) as u64;
     proxy.throttle(rate);
-    server.reset_stats().await.expect("reset");
+}
 
-    // Two TTLs: a lock not renewed in time would be reported lost.
-    let window = ttl * 2;
+/// Fails if any of `guards` is reported lost within `window`.
+async fn none_lost_within(guards: &[RedisGuard], window: Duration) {
     let mut losses: FuturesUnordered<_> = guards.iter().map(|g| g.lost()).collect();
     if let Ok(reason) = tokio::time::timeout(window, losses.next()).await {
         panic!(
-            "a lock was lost ({reason:?}); {} of {LOCKS} still held",
-            guards.iter().filter(|g| g.is_held()).count()
+            "a lock was lost ({reason:?}); {} of {} still held",
+            guards.iter().filter(|g| g.is_held()).count(),
+            guards.len()
         );
     }
+}
+
+/// 10,000 locks on one server behind a proxy carrying a round in `round`; the renewal
+/// calls the server ran in the two TTLs after, in which none may be lost.
+async fn hold_over_a_slow_link(test: &str, round: Duration) -> u64 {
+    const LOCKS: usize = 10_000;
+    let server = redis().await;
+    let proxy = proxy_to(&server).await;
+    let locks = locker_through(&proxy, &prefix(test), Duration::from_secs(2)).await;
+    let guards = take(&locks, LOCKS).await;
+    assert_eq!(locks.held_locks(), LOCKS);
+    carry_a_round_in(&proxy, &guards, round);
+    server.reset_stats().await.expect("reset");
+    none_lost_within(&guards, 2 * TTL).await;
     let calls = server.command_calls("evalsha").await.expect("stats");
-    // One call per chunk of 1,000 per round: a round a tick (a second) after the last
-    // one's start (each takes 600 ms to carry), at most 6 in the window and one under way
-    // at its start. Each attempt sent again in full would be a round more.
-    let chunks = u64::try_from(LOCKS / CHUNK).expect("chunks");
-    assert!(
-        calls <= chunks * 7,
-        "{calls} renewal calls in {window:?}: rounds were sent again"
-    );
-    drop(losses);
     proxy.throttle(0);
     for guard in guards.iter().step_by(997) {
         assert!(guard.is_held());
         let stored = server.get(guard.key()).await.expect("get");
         assert_eq!(owner_part(stored.as_deref()), Some(guard.owner()));
     }
+    calls
+}
+
+/// A round takes twice an attempt's wait to carry: sent as one request, it was never
+/// answered in time (before: "a lock was lost (Some(Expired)); 9926 of 10000 still
+/// held").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_renewed_over_a_link_slower_than_an_attempts_wait_are_all_kept() {
+    let round = Duration::from_millis(600);
+    assert!(round > ATTEMPT_WAIT);
+    let calls = hold_over_a_slow_link("renewal-slow-link", round).await;
+    // One call per chunk of 1,000 per round: a round a tick (a second) after the last
+    // one's start, at most 6 in the two TTLs and one under way at their start. Each
+    // attempt sent again in full would be a round more.
+    let chunks = 10_000 / CHUNK as u64;
+    assert!(
+        calls <= chunks * 7,
+        "{calls} renewal calls in {:?}: rounds were sent again",
+        2 * TTL
+    );
+}
+
+/// A round takes longer than a tick to carry: the next one must start a tick after its
+/// start, not after its end (a second later still, its renewals, which count from its
+/// start, would come after the deadlines), and a round cut short by the next tick must
+/// leave its rest first in line, not last again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_renewed_over_a_link_slower_than_a_tick_are_all_kept() {
+    hold_over_a_slow_link("renewal-slower-than-tick", Duration::from_millis(1200)).await;
+}
+
+/// Redlock: the two fast masters decide each round long before the third, throttled,
+/// has answered it; it must still get all of it, or its copies of the rest expire and
+/// one more master's fault costs those locks their quorum (or gives them to another
+/// client). Before: the third master's round was dropped once the other two had
+/// decided, and only the locks in its first calls stayed on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_redlock_master_gets_every_renewal_the_slowest_too() {
+    const LOCKS: usize = 8_000;
+    let mut masters = Vec::new();
+    for _ in 0..3 {
+        masters.push(RedisServer::start().await.expect("master"));
+    }
+    let proxy = proxy_to(&masters[2]).await;
+    let urls = vec![
+        masters[0].url(),
+        masters[1].url(),
+        format!("redis://{}/", proxy.address()),
+    ];
+    let locks = RedlockLocker::connect(RedisConfig::masters(urls).with_prefix(prefix("rl-slow")))
+        .await
+        .expect("connect");
+    let guards = take(&locks, LOCKS).await;
+    // The locks the slow master has: an acquisition is granted by two masters, and one
+    // whose attempt on the third was late is undone there.
+    let on_slow = ours_on(&masters[2], &guards).await;
+    assert!(
+        on_slow.len() > LOCKS * 9 / 10,
+        "{} on the slow master",
+        on_slow.len()
+    );
+    // Well within a tick and an attempt's wait, far longer than the fast masters take.
+    carry_a_round_in(&proxy, &guards, Duration::from_millis(600));
+    none_lost_within(&guards, 2 * TTL).await;
+    proxy.throttle(0);
+    // Two TTLs on, every one of them is still on the slow master: it was renewed there.
+    let still = ours_on(&masters[2], &guards).await;
+    assert_eq!(
+        still.len(),
+        on_slow.len(),
+        "locks still on the slowest master, of those it had"
+    );
+}
+
+/// The indexes of `guards` whose key `server` holds with the guard's owner value.
+async fn ours_on(server: &RedisServer, guards: &[RedisGuard]) -> Vec<usize> {
+    let keys: Vec<&str> = guards.iter().map(|g| g.key()).collect();
+    let stored: Vec<Option<String>> = redis::cmd("MGET")
+        .arg(&keys)
+        .query_async(&mut direct(server).await)
+        .await
+        .expect("MGET");
+    guards
+        .iter()
+        .zip(&stored)
+        .enumerate()
+        .filter(|(_, (g, stored))| owner_part(stored.as_deref()) == Some(g.owner()))
+        .map(|(i, _)| i)
+        .collect()
 }
