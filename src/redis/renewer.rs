@@ -17,7 +17,7 @@
 //! (`tests/redis/renewal_slow_link.rs`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -68,8 +68,9 @@ struct Shared {
     /// once, not a tick from now: the next plan ticks at once, and the round that takes
     /// its snapshot clears this (under the map's lock, as it is set).
     renew_now: AtomicBool,
-    /// Each node's renewal calls left unanswered by its last attempt (`node_renewal.rs`).
-    behind: Arc<[AtomicUsize]>,
+    /// How long each node's renewal calls left unanswered by its last attempt may still
+    /// take, in nanoseconds (`node_renewal.rs`).
+    ahead: Arc<[AtomicU64]>,
     base: Instant,
 }
 
@@ -92,7 +93,7 @@ impl Shared {
             changed: Notify::new(),
             planned_wake: AtomicU64::new(u64::MAX),
             renew_now: AtomicBool::new(false),
-            behind: nodes.iter().map(|_| AtomicUsize::new(0)).collect(),
+            ahead: nodes.iter().map(|_| AtomicU64::new(0)).collect(),
             nodes,
             base: Instant::now(),
         }
@@ -436,13 +437,13 @@ async fn renew_all(shared: &Shared, wait: Duration, urgent_only: bool, until: In
         .map(|(i, node)| {
             let span = tracing::debug_span!("renew", node = %node.address, locks = locks.len());
             let (node, locks) = (node.clone(), locks.clone());
-            let behind = shared.behind[i].load(Ordering::Acquire);
+            let ahead = Duration::from_nanos(shared.ahead[i].load(Ordering::Acquire));
             async move {
                 let items: Vec<Renewing<'_>> = locks
                     .iter()
                     .map(|(key, owner, ttl)| (&**key, &**owner, *ttl))
                     .collect();
-                (i, node.renew(&items, wait, behind).await)
+                (i, node.renew(&items, wait, ahead).await)
             }
             .instrument(span)
         })
@@ -452,7 +453,7 @@ async fn renew_all(shared: &Shared, wait: Duration, urgent_only: bool, until: In
     let mut replies = Vec::with_capacity(shared.nodes.len());
     let mut replies_from = Vec::with_capacity(shared.nodes.len());
     while let Some((i, reply)) = pending.next().await {
-        noted(&shared.behind, i, &reply);
+        noted(&shared.ahead, i, &reply);
         replies.push(reply);
         replies_from.push(i);
         if all_decided(&replies, batch.len(), shared.quorum, shared.nodes.len()) {
@@ -466,17 +467,19 @@ async fn renew_all(shared: &Shared, wait: Duration, urgent_only: bool, until: In
     // without persistence, a clock jump) would cost those locks a quorum, or let another
     // client take them.
     if !pending.is_empty() {
-        let behind = shared.behind.clone();
-        // Cut off at `until`, a node's attempt leaves a window's calls unanswered at
-        // most; one that ends sooner says how many.
+        let ahead = shared.ahead.clone();
+        // Cut off at `until`, a node's attempt leaves a window's calls unanswered, each
+        // answered within the wait (or it would have ended); one that ends sooner says
+        // how long its own may take.
+        let cut = nanos(wait.saturating_mul(u32::try_from(WINDOW).unwrap_or(u32::MAX)));
         for (i, _) in shared.nodes.iter().enumerate() {
             if !replies_from.contains(&i) {
-                behind[i].store(WINDOW, Ordering::Release);
+                ahead[i].store(cut, Ordering::Release);
             }
         }
         let rest = async move {
             while let Some((i, reply)) = pending.next().await {
-                noted(&behind, i, &reply);
+                noted(&ahead, i, &reply);
             }
         };
         tokio::spawn(async move { tokio::time::timeout_at(until, rest).await });
@@ -484,12 +487,16 @@ async fn renew_all(shared: &Shared, wait: Duration, urgent_only: bool, until: In
     confirmed
 }
 
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// A lock of a round: its key, its owner value, its TTL.
 type Renewal = (Arc<str>, Arc<str>, Duration);
 
 /// Keeps what node `i`'s attempt left unanswered for its next one, and logs its failure.
-fn noted(behind: &[AtomicUsize], i: usize, reply: &NodeRenewal) {
-    behind[i].store(reply.left, Ordering::Release);
+fn noted(ahead: &[AtomicU64], i: usize, reply: &NodeRenewal) {
+    ahead[i].store(nanos(reply.ahead), Ordering::Release);
     if let Some(failure) = &reply.failure {
         tracing::debug!(err = %failure, "renewal failed on a node");
     }
