@@ -27,6 +27,7 @@ mod operate;
 mod owner;
 mod redlock_inspect;
 mod renewer;
+mod round_tally;
 mod script_call;
 mod scripts;
 mod semaphore;

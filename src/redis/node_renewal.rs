@@ -27,6 +27,7 @@
 //! server or link taking a quarter of the request timeout for one chunk (about 0.5 s
 //! for 1,000 renewals at the default 2 s) times out the window's last call.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -43,17 +44,15 @@ use crate::LockError;
 pub(crate) const RENEW_CHUNK: usize = 1000;
 
 /// How many of a round's script calls may go unanswered at a time, per server.
-pub(crate) const WINDOW: usize = 4;
+const WINDOW: usize = 4;
 
 /// A lock to renew: its key, its owner value, its TTL.
 pub(crate) type Renewing<'a> = (&'a str, &'a str, Duration);
 
-/// What one server answered for a round's locks, in the round's order: every answer it
-/// gave before it failed, stopped answering or ran out of time (all of them without
-/// `failure`).
+/// How one server's part of a round ended (its answers went to the round as they came).
 #[derive(Debug, Default)]
 pub(crate) struct NodeRenewal {
-    answers: Vec<bool>,
+    /// Why it ended before every lock was answered, if it failed (not if it was stopped).
     pub(crate) failure: Option<LockError>,
     /// How long the calls it left unanswered may still take, at the pace the server was
     /// answering them: they may be ahead of what is sent to it next. Zero if it answered
@@ -61,20 +60,15 @@ pub(crate) struct NodeRenewal {
     pub(crate) ahead: Duration,
 }
 
-impl NodeRenewal {
-    /// The server's answer for the round's lock `i`: renewed (`true`), not ours any more
-    /// (`false`), or none.
-    pub(crate) fn answer(&self, i: usize) -> Option<bool> {
-        self.answers.get(i).copied()
-    }
-}
-
 impl Node {
     /// Renews `locks` on this server: one script call per chunk of [`RENEW_CHUNK`],
     /// [`WINDOW`] unanswered at most. Stops at the first call that fails, or once no
     /// answer has come for `wait` (for the first one: plus `ahead`, what the last
     /// attempt's calls left unanswered may still take); the server's connection is then
-    /// checked, as for any request unanswered (`command_conn.rs`).
+    /// checked, as for any request unanswered (`command_conn.rs`). Once `stop` is set it
+    /// sends no more calls, and ends when those in flight are answered. Each call's
+    /// answers go to `answered` as they come, with the index of the first lock they are
+    /// for (`true`: renewed).
     ///
     /// # Cancel safety
     ///
@@ -85,23 +79,26 @@ impl Node {
         locks: &[Renewing<'_>],
         wait: Duration,
         ahead: Duration,
+        stop: &AtomicBool,
+        mut answered: impl FnMut(usize, &[bool]),
     ) -> NodeRenewal {
         let began = Instant::now();
         let conn = self.connection();
         let mut chunks = locks.chunks(RENEW_CHUNK);
         let mut in_flight = FuturesOrdered::new();
-        let mut answers = Vec::with_capacity(locks.len());
+        let mut first = 0;
         let mut next_wait = wait + ahead;
         let mut calls_answered = 0u32;
         let failure = loop {
-            while in_flight.len() < WINDOW {
+            while in_flight.len() < WINDOW && !stop.load(Ordering::Acquire) {
                 let Some(chunk) = chunks.next() else { break };
                 in_flight.push_back(self.renew_chunk(conn.clone(), chunk));
             }
             match tokio::time::timeout(next_wait, in_flight.next()).await {
                 Ok(None) => break None,
                 Ok(Some(Ok(renewed))) => {
-                    answers.extend(renewed);
+                    answered(first, &renewed);
+                    first += renewed.len();
                     calls_answered += 1;
                 }
                 Ok(Some(Err(err))) => break Some(err),
@@ -125,11 +122,7 @@ impl Node {
                 pace.saturating_mul(u32::try_from(in_flight.len()).unwrap_or(u32::MAX))
             }
         };
-        NodeRenewal {
-            answers,
-            failure,
-            ahead,
-        }
+        NodeRenewal { failure, ahead }
     }
 
     /// One script call: per lock, whether it was still ours (and is renewed).

@@ -28,7 +28,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::node::Node;
-use super::node_renewal::{NodeRenewal, Renewing, WINDOW};
+use super::node_renewal::{NodeRenewal, Renewing};
+use super::round_tally::{RoundTally, Verdict};
 use crate::lease_clock::{Clock, ClockInstant, LeaseClock, RECHECK};
 use crate::loss::{LossNotifier, LossWatch, loss_channel};
 use crate::retry::{answer_wait, backoff};
@@ -166,8 +167,8 @@ impl Renewer {
         // waiting a whole interval for the first renewal would leave less than one to
         // confirm it, or pass the deadline; a lock without renewal would keep only what is
         // left of its TTL (`tests/redis/late_answer.rs`). It is renewed in a round of the
-        // urgent locks alone, at once (after a round in flight: a tick of its locks at
-        // most, as much as a server that keeps answering needs to carry it);
+        // urgent locks alone, at once (a round in flight stops sending, and ends when
+        // its calls in flight are answered);
         // a lock with nothing left is reported lost, not renewed. Acquisitions that are
         // all late (a link slower than a third of the TTL) make such rounds follow each
         // other, each of the locks not yet confirmed: one round in flight at a time,
@@ -244,6 +245,9 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
     let mut next_tick = Instant::now() + FAR;
     // Failed or unanswered renewal attempts in a row.
     let mut failures = 0u32;
+    // The rounds whose slower nodes still get the rest in the background: stopped (no
+    // more calls sent) when the next full round starts, and when the task ends.
+    let mut draining: Vec<RoundStop> = Vec::new();
     loop {
         let planned = plan(&shared, next_tick);
         next_tick = planned.full;
@@ -262,24 +266,38 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
                 };
                 let wait = attempt_wait(round, shared.request_timeout);
                 let started = Instant::now();
-                let renewal = renew_all(&shared, wait, planned.urgent_only, started + tick);
+                if !planned.urgent_only {
+                    draining.clear();
+                }
+                let round_stop = RoundStop::default();
+                let renewal = renew_all(&shared, wait, planned.urgent_only, round_stop.flag());
                 tokio::pin!(renewal);
-                let confirmed = loop {
-                    let earliest = plan_during_renewal(&shared);
+                let end = loop {
+                    // Stopped once the next round is due (a tick on from this one's start,
+                    // or at once for a lock registered late): a long round (a slow server
+                    // or link, many locks) ends with its calls in flight, and the next
+                    // starts with the locks whose deadlines come first, so that a lock
+                    // taken meanwhile, or one with a shorter TTL, waits for no more than
+                    // a window of calls.
+                    let (earliest, due) = plan_during_renewal(&shared, started);
                     tokio::select! {
                         biased;
                         _ = &mut stop => return,
-                        confirmed = &mut renewal => break confirmed,
+                        end = &mut renewal => break end,
                         () = shared.changed.notified() => {}
                         () = tokio::time::sleep_until(earliest) => expire_due(&shared),
+                        () = tokio::time::sleep_until(due), if !round_stop.is_set() => {
+                            round_stop.set();
+                        }
                     }
                 };
                 expire_due(&shared);
+                draining.push(round_stop);
                 next_tick = after_round(
                     Instant::now(),
                     next_tick,
                     planned.urgent_only,
-                    confirmed,
+                    end,
                     &mut failures,
                     wait,
                     started + tick,
@@ -291,10 +309,11 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
 
 /// The next full round after a round that ended `now` (`next_full` as planned before it,
 /// `wait` its answer wait, `a_tick_on` a tick after its start). A renewal that was not
-/// confirmed is retried soon (as a full round), not a tick later. A round of the urgent
-/// locks alone leaves the full round where it was, or brings it forward for the retry:
-/// never later (the locks it did not have are due then); only a confirmed full round ends
-/// a run of failures.
+/// confirmed is retried soon (as a full round), not a tick later; one that was stopped
+/// before all its calls were sent (the next round was due), and failed nowhere, goes on
+/// at once, as no failure. A round of the urgent locks alone leaves the full round where
+/// it was, or brings it forward for the retry: never later (the locks it did not have
+/// are due then); only a confirmed full round ends a run of failures.
 ///
 /// A confirmed full round is followed by the next a tick after its start, not after its
 /// end (at once if it took longer): its renewals count from its start, so a long round
@@ -305,12 +324,15 @@ fn after_round(
     now: Instant,
     next_full: Instant,
     urgent_only: bool,
-    confirmed: bool,
+    end: RoundEnd,
     failures: &mut u32,
     wait: Duration,
     a_tick_on: Instant,
 ) -> Instant {
-    if !confirmed {
+    if end == RoundEnd::Stopped {
+        return next_full.min(now);
+    }
+    if end == RoundEnd::Unconfirmed {
         *failures = failures.saturating_add(1);
         let pause = backoff(*failures, wait);
         tracing::debug!(
@@ -330,6 +352,45 @@ fn after_round(
     }
     *failures = 0;
     a_tick_on
+}
+
+/// How a round ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RoundEnd {
+    /// Every lock of it renewed or found no longer ours.
+    Confirmed,
+    /// Stopped before all its calls were sent, the next round being due, with no failure:
+    /// the locks it did not send go first in the next.
+    Stopped,
+    /// Some locks left unconfirmed: a node failed, or too few answered in time.
+    Unconfirmed,
+}
+
+/// Stops a round: no more of its calls are sent once set (those in flight are still
+/// answered). Set when dropped: a round's background rest ends with the next full round,
+/// or with the task.
+#[derive(Debug, Default)]
+struct RoundStop(Arc<AtomicBool>);
+
+impl RoundStop {
+    fn set(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// The flag, for the round's calls.
+    fn flag(&self) -> Arc<AtomicBool> {
+        self.0.clone()
+    }
+}
+
+impl Drop for RoundStop {
+    fn drop(&mut self) {
+        self.set();
+    }
 }
 
 /// What the task waits for next.
@@ -371,15 +432,23 @@ fn plan(shared: &Shared, next_tick: Instant) -> Planned {
     }
 }
 
-/// While a renewal is in flight there is no tick to plan: only deadlines, published so
-/// that a lock registered meanwhile with an earlier one wakes the task.
-fn plan_during_renewal(shared: &Shared) -> Instant {
+/// While a round started at `started` is in flight: (when to check the deadlines next,
+/// when the next round is due and this one must stop sending), published so that a lock
+/// registered meanwhile that needs either sooner wakes the task. The next round is due a
+/// tick after this one's start, with the tick of every lock held now (one taken meanwhile
+/// with a shorter TTL brings it forward), or at once for a lock registered late.
+fn plan_during_renewal(shared: &Shared, started: Instant) -> (Instant, Instant) {
     let held = held(shared);
-    let earliest = schedule(&held).1;
+    let (tick, earliest) = schedule(&held);
+    let due = if shared.renew_now.load(Ordering::Acquire) {
+        Instant::now()
+    } else {
+        started + tick
+    };
     shared
         .planned_wake
-        .store(shared.nanos(earliest), Ordering::Release);
-    earliest
+        .store(shared.nanos(earliest.min(due)), Ordering::Release);
+    (earliest, due)
 }
 
 /// The interval of full rounds: a third of the shortest TTL of the renewing locks.
@@ -411,82 +480,129 @@ fn schedule(held: &HashMap<u64, Held>) -> (Duration, Instant) {
 
 /// One renewal attempt of every renewing and every urgent lock (of the urgent ones alone
 /// with `urgent_only`); a node is given up once it leaves the attempt `wait` without an
-/// answer. `true` if every lock was either renewed or found no longer ours; `false` if
-/// some are left unconfirmed (too few nodes answered in time), so the attempt should be
-/// retried. The nodes not needed for the decision (Redlock) get the rest of the round in
-/// the background, until `until` (the next full round).
+/// answer, and no more calls are sent once `stop` is set (the next round is due). Each
+/// lock is decided as soon as its answers do (`round_tally.rs`). The nodes not needed
+/// for the decision (Redlock) get the rest of the round in the background, until `stop`
+/// is set (the next full round).
 ///
 /// Each lock's renewal counts from the round's start (`sent`), however long the round
-/// takes: a server may have extended a key at any time since. A round longer than what
-/// a lock has left loses it, renewed or not: a server (or link) that cannot carry the
-/// client's locks within a third of their TTL cannot keep them. The locks go out
-/// soonest deadline first: an attempt that fails partway leaves out the locks renewed
-/// most lately, and the retry starts with those it left, never starving the same ones
-/// attempt after attempt.
-async fn renew_all(shared: &Shared, wait: Duration, urgent_only: bool, until: Instant) -> bool {
+/// takes: a server may have extended a key at any time since. The locks go out soonest
+/// deadline first: a round stopped or failed partway leaves out the locks renewed most
+/// lately, and the next starts with those it left.
+async fn renew_all(
+    shared: &Arc<Shared>,
+    wait: Duration,
+    urgent_only: bool,
+    stop: Arc<AtomicBool>,
+) -> RoundEnd {
     let batch = snapshot(shared, urgent_only);
     if batch.is_empty() {
-        return true;
+        return RoundEnd::Confirmed;
     }
-    let locks: Arc<[Renewal]> = batch.iter().map(|(_, lock)| lock.clone()).collect();
-    let sent = Clock::BOOT.now();
+    let round = Arc::new(Round {
+        tally: RoundTally::new(batch.len(), shared.quorum, shared.nodes.len()),
+        sent: Clock::BOOT.now(),
+        batch,
+    });
     let mut pending: FuturesUnordered<_> = shared
         .nodes
         .iter()
         .enumerate()
         .map(|(i, node)| {
-            let span = tracing::debug_span!("renew", node = %node.address, locks = locks.len());
-            let (node, locks) = (node.clone(), locks.clone());
+            let span =
+                tracing::debug_span!("renew", node = %node.address, locks = round.batch.len());
+            let (node, round, stop) = (node.clone(), round.clone(), stop.clone());
+            let shared = shared.clone();
             let ahead = Duration::from_nanos(shared.ahead[i].load(Ordering::Acquire));
             async move {
-                let items: Vec<Renewing<'_>> = locks
+                let items: Vec<Renewing<'_>> = round
+                    .batch
                     .iter()
-                    .map(|(key, owner, ttl)| (&**key, &**owner, *ttl))
+                    .map(|(_, (key, owner, ttl))| (&**key, &**owner, *ttl))
                     .collect();
-                (i, node.renew(&items, wait, ahead).await)
+                let answered = |first, answers: &[bool]| round.apply(&shared, first, answers);
+                (i, node.renew(&items, wait, ahead, &stop, answered).await)
             }
             .instrument(span)
         })
         .collect();
     // Decided as soon as every lock is: a master that stops answering must not hold up
     // the others' answers (Redlock, issue 21).
-    let mut replies = Vec::with_capacity(shared.nodes.len());
-    let mut replies_from = Vec::with_capacity(shared.nodes.len());
+    let mut failed = false;
     while let Some((i, reply)) = pending.next().await {
         noted(&shared.ahead, i, &reply);
-        replies.push(reply);
-        replies_from.push(i);
-        if all_decided(&replies, batch.len(), shared.quorum, shared.nodes.len()) {
+        failed |= reply.failure.is_some();
+        if round.tally.undecided() == 0 {
             break;
         }
     }
-    let confirmed = decide(shared, &batch, &replies, sent);
-    // The other masters still get the rest of the round, until its time is up (before
-    // the next full round), in the background. A master sent only part of it would let
-    // its copies of the rest expire, and from then on one master's fault (a restart
-    // without persistence, a clock jump) would cost those locks a quorum, or let another
-    // client take them.
+    // Counted once per round, not per lock: a client holding 100,000 locks makes two
+    // counter updates a tick.
+    let renewed = round.tally.renewed();
+    crate::metrics::renewals(shared.backend, renewed, round.batch.len() - renewed);
+    let end = if round.tally.undecided() == 0 {
+        RoundEnd::Confirmed
+    } else if stop.load(Ordering::Acquire) && !failed {
+        RoundEnd::Stopped
+    } else {
+        RoundEnd::Unconfirmed
+    };
+    // The other masters still get the rest of the round, in the background until the
+    // next full round. A master sent only part of it would let its copies of the rest
+    // expire, and from then on one master's fault (a restart without persistence, a
+    // clock jump) would cost those locks a quorum, or let another client take them.
     if !pending.is_empty() {
         let ahead = shared.ahead.clone();
-        // Cut off at `until`, a node's attempt leaves a window's calls unanswered, each
-        // answered within the wait (or it would have ended); one that ends sooner says
-        // how long its own may take.
-        let cut = nanos(wait.saturating_mul(u32::try_from(WINDOW).unwrap_or(u32::MAX)));
-        for (i, _) in shared.nodes.iter().enumerate() {
-            if !replies_from.contains(&i) {
-                ahead[i].store(cut, Ordering::Release);
-            }
-        }
-        let rest = async move {
+        tokio::spawn(async move {
             while let Some((i, reply)) = pending.next().await {
                 noted(&ahead, i, &reply);
             }
-        };
-        tokio::spawn(async move { tokio::time::timeout_at(until, rest).await });
+        });
     }
-    confirmed
+    end
 }
 
+/// One round: its locks, when it was sent, and its answers so far.
+struct Round {
+    batch: Vec<(u64, Renewal)>,
+    sent: ClockInstant,
+    tally: RoundTally,
+}
+
+impl Round {
+    /// Counts one node's `answers` for the locks from `first` on, and applies what they
+    /// decide: a lock renewed by a quorum has its deadline moved on, one that enough
+    /// nodes say is no longer ours is reported lost.
+    fn apply(&self, shared: &Shared, first: usize, answers: &[bool]) {
+        let decided = self.tally.record(first, answers);
+        if decided.is_empty() {
+            return;
+        }
+        let mut held = held(shared);
+        for (i, verdict) in decided {
+            let Some((id, (_, _, ttl))) = self.batch.get(i) else {
+                continue;
+            };
+            let Some(lock) = held.get_mut(id) else {
+                continue;
+            };
+            match verdict {
+                Verdict::Renewed => {
+                    lock.urgent = false;
+                    let validity = ttl.saturating_sub(drift(*ttl, shared.drift_factor));
+                    lock.clock.extend_to(self.sent + validity);
+                }
+                Verdict::NotOurs => {
+                    tracing::warn!(key = %lock.key, "lock no longer ours at renewal");
+                    lock.notifier.mark(LossReason::Revoked);
+                    held.remove(id);
+                }
+            }
+        }
+    }
+}
+
+/// A duration in nanoseconds, saturating.
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
@@ -500,45 +616,6 @@ fn noted(ahead: &[AtomicU64], i: usize, reply: &NodeRenewal) {
     if let Some(failure) = &reply.failure {
         tracing::debug!(err = %failure, "renewal failed on a node");
     }
-}
-
-/// Applies a round's `replies` to its `batch` of locks, sent at `sent`: a lock renewed by
-/// a quorum has its deadline moved on, one that enough nodes say is no longer ours is
-/// reported lost. `true` if none is left unconfirmed.
-fn decide(
-    shared: &Shared,
-    batch: &[(u64, Renewal)],
-    replies: &[NodeRenewal],
-    sent: ClockInstant,
-) -> bool {
-    let node_count = shared.nodes.len();
-    let mut held = held(shared);
-    let mut renewed = 0;
-    let mut unconfirmed = 0;
-    for (i, (id, (_, _, ttl))) in batch.iter().enumerate() {
-        let (yes, no) = tally(replies, i);
-        let Some(lock) = held.get_mut(id) else {
-            continue;
-        };
-        if yes >= shared.quorum {
-            renewed += 1;
-            lock.urgent = false;
-            lock.clock
-                .extend_to(sent + ttl.saturating_sub(drift(*ttl, shared.drift_factor)));
-        } else if no > node_count - shared.quorum {
-            // Enough servers say the lock is no longer ours that a quorum cannot.
-            tracing::warn!(key = %lock.key, "lock no longer ours at renewal");
-            lock.notifier.mark(LossReason::Revoked);
-            held.remove(id);
-        } else {
-            unconfirmed += 1;
-        }
-    }
-    drop(held);
-    // Counted once per tick, not per lock: a client holding 100,000 locks makes two
-    // counter updates a tick.
-    crate::metrics::renewals(shared.backend, renewed, batch.len() - renewed);
-    unconfirmed == 0
 }
 
 /// Whether a round renews `lock`: every renewing and every urgent lock, or the urgent ones
@@ -577,29 +654,6 @@ fn snapshot(shared: &Shared, urgent_only: bool) -> Vec<(u64, Renewal)> {
     batch.into_iter().map(|(_, lock)| lock).collect()
 }
 
-/// Whether the `replies` so far settle every one of `locks` locks: renewed by `quorum`
-/// nodes, or refused by so many that a quorum cannot renew it.
-fn all_decided(replies: &[NodeRenewal], locks: usize, quorum: usize, nodes: usize) -> bool {
-    (0..locks).all(|i| {
-        let (yes, no) = tally(replies, i);
-        yes >= quorum || no > nodes - quorum
-    })
-}
-
-/// How many nodes renewed the round's lock `i`, and how many found it no longer ours.
-fn tally(replies: &[NodeRenewal], i: usize) -> (usize, usize) {
-    replies
-        .iter()
-        .filter_map(|reply| reply.answer(i))
-        .fold((0, 0), |(yes, no), renewed| {
-            if renewed {
-                (yes + 1, no)
-            } else {
-                (yes, no + 1)
-            }
-        })
-}
-
 fn expire_due(shared: &Shared) {
     held(shared).retain(|_, lock| {
         if lock.clock.has_passed() {
@@ -626,7 +680,12 @@ mod tests {
     }
 
     fn hold(shared: &Shared, id: u64, renew: bool, urgent: bool) {
-        let deadline = Clock::BOOT.now() + Duration::from_secs(6);
+        hold_for(shared, id, renew, urgent, Duration::from_secs(6));
+    }
+
+    /// A lock whose deadline is `left` from now.
+    fn hold_for(shared: &Shared, id: u64, renew: bool, urgent: bool, left: Duration) {
+        let deadline = Clock::BOOT.now() + left;
         held(shared).insert(
             id,
             Held {
@@ -642,6 +701,16 @@ mod tests {
         if urgent {
             shared.renew_now.store(true, Ordering::Release);
         }
+    }
+
+    #[test]
+    fn a_round_sends_the_soonest_deadlines_first() {
+        let shared = shared();
+        for (id, secs) in [(1, 9), (2, 3), (3, 6), (4, 1)] {
+            hold_for(&shared, id, true, false, Duration::from_secs(secs));
+        }
+        let order: Vec<u64> = snapshot(&shared, false).iter().map(|(id, _)| *id).collect();
+        assert_eq!(order, [4, 2, 3, 1]);
     }
 
     fn ids(batch: &[(u64, Renewal)]) -> Vec<u64> {
@@ -661,26 +730,93 @@ mod tests {
         let mut failures = 0;
         // Unconfirmed: retried after a pause, but a full round due sooner stays due.
         assert_eq!(
-            after_round(now, soon, true, false, &mut failures, wait, tick),
+            after_round(
+                now,
+                soon,
+                true,
+                RoundEnd::Unconfirmed,
+                &mut failures,
+                wait,
+                tick
+            ),
             soon
         );
         assert_eq!(failures, 1);
-        let retry = after_round(now, later, true, false, &mut failures, wait, tick);
+        let retry = after_round(
+            now,
+            later,
+            true,
+            RoundEnd::Unconfirmed,
+            &mut failures,
+            wait,
+            tick,
+        );
         assert!(retry > now && retry < later, "retried soon: {retry:?}");
         // Confirmed: the full round stays where it was, and so does the run of failures.
         assert_eq!(
-            after_round(now, soon, true, true, &mut failures, wait, tick),
+            after_round(
+                now,
+                soon,
+                true,
+                RoundEnd::Confirmed,
+                &mut failures,
+                wait,
+                tick
+            ),
             soon
         );
         assert_eq!(failures, 2);
         // A full round: retried after a pause, or (confirmed) the failures end.
-        let retry = after_round(now, now, false, false, &mut failures, wait, tick);
+        let retry = after_round(
+            now,
+            now,
+            false,
+            RoundEnd::Unconfirmed,
+            &mut failures,
+            wait,
+            tick,
+        );
         assert!(retry > now, "not at once again: {retry:?}");
         assert_eq!(failures, 3);
         // Confirmed: the next a tick after its start, however long it took.
         assert_eq!(
-            after_round(now, now, false, true, &mut failures, wait, tick),
+            after_round(
+                now,
+                now,
+                false,
+                RoundEnd::Confirmed,
+                &mut failures,
+                wait,
+                tick
+            ),
             tick
+        );
+        assert_eq!(failures, 0);
+        // Stopped (the next round was due), no failure: at once, and no failure counted;
+        // a full round due sooner stays due.
+        assert_eq!(
+            after_round(
+                now,
+                later,
+                false,
+                RoundEnd::Stopped,
+                &mut failures,
+                wait,
+                tick
+            ),
+            now
+        );
+        assert_eq!(
+            after_round(
+                now,
+                soon - Duration::from_millis(20),
+                true,
+                RoundEnd::Stopped,
+                &mut failures,
+                wait,
+                tick
+            ),
+            soon - Duration::from_millis(20)
         );
         assert_eq!(failures, 0);
     }
