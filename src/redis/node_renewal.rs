@@ -27,11 +27,11 @@
 //! server or link taking a quarter of the request timeout for one chunk (about 0.5 s
 //! for 1,000 renewals at the default 2 s) times out the window's last call.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use futures_util::stream::FuturesOrdered;
+use futures_util::{FutureExt, StreamExt};
 use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
@@ -39,6 +39,7 @@ use super::node::{Node, millis};
 use super::script_call::ScriptCall;
 use super::scripts;
 use crate::LockError;
+use crate::lease_clock::{Clock, ClockInstant};
 
 /// How many locks one renewal script call covers.
 pub(crate) const RENEW_CHUNK: usize = 1000;
@@ -48,6 +49,15 @@ const WINDOW: usize = 4;
 
 /// A lock to renew: its key, its owner value, its TTL.
 pub(crate) type Renewing<'a> = (&'a str, &'a str, Duration);
+
+/// What a round's calls share over its servers.
+#[derive(Debug, Default)]
+pub(crate) struct RoundProgress {
+    /// Set when no more calls are to be sent (the next round is due).
+    pub(crate) stop: AtomicBool,
+    /// How many of the round's locks have been sent to at least one server.
+    pub(crate) sent: AtomicUsize,
+}
 
 /// How one server's part of a round ended (its answers went to the round as they came).
 #[derive(Debug, Default)]
@@ -65,10 +75,11 @@ impl Node {
     /// [`WINDOW`] unanswered at most. Stops at the first call that fails, or once no
     /// answer has come for `wait` (for the first one: plus `ahead`, what the last
     /// attempt's calls left unanswered may still take); the server's connection is then
-    /// checked, as for any request unanswered (`command_conn.rs`). Once `stop` is set it
-    /// sends no more calls, and ends when those in flight are answered. Each call's
-    /// answers go to `answered` as they come, with the index of the first lock they are
-    /// for (`true`: renewed).
+    /// checked, as for any request unanswered (`command_conn.rs`). Once the round's
+    /// `stop` is set it sends no more calls, and ends when those in flight are answered.
+    /// Each call's answers go to `answered` as they come, with the index of the first
+    /// lock they are for (`true`: renewed) and when the call was sent (no earlier than
+    /// the server could have run it).
     ///
     /// # Cancel safety
     ///
@@ -79,29 +90,35 @@ impl Node {
         locks: &[Renewing<'_>],
         wait: Duration,
         ahead: Duration,
-        stop: &AtomicBool,
-        mut answered: impl FnMut(usize, &[bool]),
+        round: &RoundProgress,
+        mut answered: impl FnMut(usize, &[bool], ClockInstant),
     ) -> NodeRenewal {
         let began = Instant::now();
+        let mut last_answer = began;
         let conn = self.connection();
         let mut chunks = locks.chunks(RENEW_CHUNK);
         let mut in_flight = FuturesOrdered::new();
-        let mut first = 0;
+        let (mut first, mut sent) = (0, 0);
         let mut next_wait = wait + ahead;
         let mut calls_answered = 0u32;
         let failure = loop {
-            while in_flight.len() < WINDOW && !stop.load(Ordering::Acquire) {
+            while in_flight.len() < WINDOW && !round.stop.load(Ordering::Acquire) {
                 let Some(chunk) = chunks.next() else { break };
-                in_flight.push_back(self.renew_chunk(conn.clone(), chunk));
+                // Read before the call is made: it is sent when first polled, after this.
+                let at = Clock::BOOT.now();
+                in_flight.push_back(self.renew_chunk(conn.clone(), chunk).map(move |r| (at, r)));
+                sent += chunk.len();
+                round.sent.fetch_max(sent, Ordering::AcqRel);
             }
             match tokio::time::timeout(next_wait, in_flight.next()).await {
                 Ok(None) => break None,
-                Ok(Some(Ok(renewed))) => {
-                    answered(first, &renewed);
+                Ok(Some((at, Ok(renewed)))) => {
+                    answered(first, &renewed, at);
                     first += renewed.len();
                     calls_answered += 1;
+                    last_answer = Instant::now();
                 }
-                Ok(Some(Err(err))) => break Some(err),
+                Ok(Some((_, Err(err)))) => break Some(err),
                 Err(_) => {
                     // Given up before the connection's own timeout could tell.
                     self.unanswered();
@@ -118,7 +135,8 @@ impl Node {
         let ahead = match (calls_answered, failure.is_some()) {
             (0, _) | (_, false) => Duration::ZERO,
             (answered, true) => {
-                let pace = began.elapsed() / answered;
+                // The pace of its answers, not counting the wait after the last.
+                let pace = last_answer.saturating_duration_since(began) / answered;
                 pace.saturating_mul(u32::try_from(in_flight.len()).unwrap_or(u32::MAX))
             }
         };

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::node::Node;
-use super::node_renewal::{NodeRenewal, Renewing};
+use super::node_renewal::{NodeRenewal, Renewing, RoundProgress};
 use super::round_tally::{RoundTally, Verdict};
 use crate::lease_clock::{Clock, ClockInstant, LeaseClock, RECHECK};
 use crate::loss::{LossNotifier, LossWatch, loss_channel};
@@ -167,8 +167,8 @@ impl Renewer {
         // waiting a whole interval for the first renewal would leave less than one to
         // confirm it, or pass the deadline; a lock without renewal would keep only what is
         // left of its TTL (`tests/redis/late_answer.rs`). It is renewed in a round of the
-        // urgent locks alone, at once (a round in flight stops sending, and ends when
-        // its calls in flight are answered);
+        // urgent locks alone, at once (a round in flight stops sending, ends when its
+        // calls in flight are answered, and the next starts at once);
         // a lock with nothing left is reported lost, not renewed. Acquisitions that are
         // all late (a link slower than a third of the TTL) make such rounds follow each
         // other, each of the locks not yet confirmed: one round in flight at a time,
@@ -266,11 +266,17 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
                 };
                 let wait = attempt_wait(round, shared.request_timeout);
                 let started = Instant::now();
-                if !planned.urgent_only {
+                if planned.urgent_only {
+                    // Those whose background rest has ended.
+                    draining.retain(RoundStop::in_use);
+                } else {
                     draining.clear();
                 }
                 let round_stop = RoundStop::default();
-                let renewal = renew_all(&shared, wait, planned.urgent_only, round_stop.flag());
+                // Taken here, before the plan below reads the renew-now flag it clears:
+                // the late locks it was set for are in this round.
+                let batch = snapshot(&shared, planned.urgent_only);
+                let renewal = renew_all(&shared, batch, wait, round_stop.progress());
                 tokio::pin!(renewal);
                 let end = loop {
                     // Stopped once the next round is due (a tick on from this one's start,
@@ -293,6 +299,9 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
                 };
                 expire_due(&shared);
                 draining.push(round_stop);
+                // A tick of the locks held now: one taken during the round with a shorter
+                // TTL is due sooner than the round's own tick said.
+                let tick = tick.min(tick_interval(&held(&shared)));
                 next_tick = after_round(
                     Instant::now(),
                     next_tick,
@@ -370,20 +379,25 @@ enum RoundEnd {
 /// answered). Set when dropped: a round's background rest ends with the next full round,
 /// or with the task.
 #[derive(Debug, Default)]
-struct RoundStop(Arc<AtomicBool>);
+struct RoundStop(Arc<RoundProgress>);
 
 impl RoundStop {
     fn set(&self) {
-        self.0.store(true, Ordering::Release);
+        self.0.stop.store(true, Ordering::Release);
     }
 
     fn is_set(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+        self.0.stop.load(Ordering::Acquire)
     }
 
-    /// The flag, for the round's calls.
-    fn flag(&self) -> Arc<AtomicBool> {
+    /// What the round's calls share.
+    fn progress(&self) -> Arc<RoundProgress> {
         self.0.clone()
+    }
+
+    /// Whether the round's calls still run (in the background, for the slower nodes).
+    fn in_use(&self) -> bool {
+        Arc::strong_count(&self.0) > 1
     }
 }
 
@@ -478,30 +492,25 @@ fn schedule(held: &HashMap<u64, Held>) -> (Duration, Instant) {
     (interval, earliest)
 }
 
-/// One renewal attempt of every renewing and every urgent lock (of the urgent ones alone
-/// with `urgent_only`); a node is given up once it leaves the attempt `wait` without an
-/// answer, and no more calls are sent once `stop` is set (the next round is due). Each
-/// lock is decided as soon as its answers do (`round_tally.rs`). The nodes not needed
-/// for the decision (Redlock) get the rest of the round in the background, until `stop`
-/// is set (the next full round).
+/// One renewal attempt of the round's `batch` of locks (`snapshot`); a node is given up
+/// once it leaves the attempt `wait` without an answer, and no more calls are sent once
+/// the round's stop is set (the next round is due). Each lock is decided as soon as its
+/// answers do (`round_tally.rs`). The nodes not needed for the decision (Redlock) get
+/// the rest of the round in the background, until the stop is set (the next full round).
 ///
-/// Each lock's renewal counts from the round's start (`sent`), however long the round
-/// takes: a server may have extended a key at any time since. The locks go out soonest
-/// deadline first: a round stopped or failed partway leaves out the locks renewed most
-/// lately, and the next starts with those it left.
+/// The locks go out soonest deadline first: a round stopped or failed partway leaves out
+/// the locks renewed most lately, and the next starts with those it left.
 async fn renew_all(
     shared: &Arc<Shared>,
+    batch: Vec<(u64, Renewal)>,
     wait: Duration,
-    urgent_only: bool,
-    stop: Arc<AtomicBool>,
+    progress: Arc<RoundProgress>,
 ) -> RoundEnd {
-    let batch = snapshot(shared, urgent_only);
     if batch.is_empty() {
         return RoundEnd::Confirmed;
     }
     let round = Arc::new(Round {
         tally: RoundTally::new(batch.len(), shared.quorum, shared.nodes.len()),
-        sent: Clock::BOOT.now(),
         batch,
     });
     let mut pending: FuturesUnordered<_> = shared
@@ -511,7 +520,7 @@ async fn renew_all(
         .map(|(i, node)| {
             let span =
                 tracing::debug_span!("renew", node = %node.address, locks = round.batch.len());
-            let (node, round, stop) = (node.clone(), round.clone(), stop.clone());
+            let (node, round, progress) = (node.clone(), round.clone(), progress.clone());
             let shared = shared.clone();
             let ahead = Duration::from_nanos(shared.ahead[i].load(Ordering::Acquire));
             async move {
@@ -520,37 +529,52 @@ async fn renew_all(
                     .iter()
                     .map(|(_, (key, owner, ttl))| (&**key, &**owner, *ttl))
                     .collect();
-                let answered = |first, answers: &[bool]| round.apply(&shared, first, answers);
-                (i, node.renew(&items, wait, ahead, &stop, answered).await)
+                let answered =
+                    |first, answers: &[bool], sent| round.apply(&shared, first, answers, sent);
+                (
+                    i,
+                    node.renew(&items, wait, ahead, &progress, answered).await,
+                )
             }
             .instrument(span)
         })
         .collect();
     // Decided as soon as every lock is: a master that stops answering must not hold up
-    // the others' answers (Redlock, issue 21).
-    let mut failed = false;
+    // the others' answers (Redlock, issue 21). A round stopped partway is over once a
+    // quorum of nodes has answered all it sent them, without failing: the locks it did
+    // not send, or sent to too few nodes, go first in the next round.
+    let (mut finished, mut failed) = (0, 0);
     while let Some((i, reply)) = pending.next().await {
         noted(&shared.ahead, i, &reply);
-        failed |= reply.failure.is_some();
-        if round.tally.undecided() == 0 {
+        if reply.failure.is_some() {
+            failed += 1;
+        } else {
+            finished += 1;
+        }
+        let stopped = progress.stop.load(Ordering::Acquire) && finished >= shared.quorum;
+        if round.tally.undecided() == 0 || stopped {
             break;
         }
     }
     // Counted once per round, not per lock: a client holding 100,000 locks makes two
-    // counter updates a tick.
+    // counter updates a tick. The locks a stopped round never sent are not failures.
     let renewed = round.tally.renewed();
-    crate::metrics::renewals(shared.backend, renewed, round.batch.len() - renewed);
+    let sent = progress.sent.load(Ordering::Acquire);
+    crate::metrics::renewals(shared.backend, renewed, sent.saturating_sub(renewed));
     let end = if round.tally.undecided() == 0 {
         RoundEnd::Confirmed
-    } else if stop.load(Ordering::Acquire) && !failed {
+    } else if progress.stop.load(Ordering::Acquire) && finished >= shared.quorum {
         RoundEnd::Stopped
     } else {
+        tracing::debug!(failed, "renewal round left locks unconfirmed");
         RoundEnd::Unconfirmed
     };
     // The other masters still get the rest of the round, in the background until the
     // next full round. A master sent only part of it would let its copies of the rest
     // expire, and from then on one master's fault (a restart without persistence, a
     // clock jump) would cost those locks a quorum, or let another client take them.
+    // Their answers still count (a lock a stopped round left undecided may be settled
+    // by them).
     if !pending.is_empty() {
         let ahead = shared.ahead.clone();
         tokio::spawn(async move {
@@ -562,19 +586,19 @@ async fn renew_all(
     end
 }
 
-/// One round: its locks, when it was sent, and its answers so far.
+/// One round: its locks, and their answers so far.
 struct Round {
     batch: Vec<(u64, Renewal)>,
-    sent: ClockInstant,
     tally: RoundTally,
 }
 
 impl Round {
-    /// Counts one node's `answers` for the locks from `first` on, and applies what they
-    /// decide: a lock renewed by a quorum has its deadline moved on, one that enough
-    /// nodes say is no longer ours is reported lost.
-    fn apply(&self, shared: &Shared, first: usize, answers: &[bool]) {
-        let decided = self.tally.record(first, answers);
+    /// Counts one node's `answers` for the locks from `first` on, given by a call sent at
+    /// `sent`, and applies what they decide: a lock renewed by a quorum has its deadline
+    /// moved on (from the earliest of their calls' sending), one that enough nodes say
+    /// is no longer ours is reported lost.
+    fn apply(&self, shared: &Shared, first: usize, answers: &[bool], sent: ClockInstant) {
+        let decided = self.tally.record(first, answers, sent);
         if decided.is_empty() {
             return;
         }
@@ -587,10 +611,10 @@ impl Round {
                 continue;
             };
             match verdict {
-                Verdict::Renewed => {
+                Verdict::Renewed { since } => {
                     lock.urgent = false;
                     let validity = ttl.saturating_sub(drift(*ttl, shared.drift_factor));
-                    lock.clock.extend_to(self.sent + validity);
+                    lock.clock.extend_to(since + validity);
                 }
                 Verdict::NotOurs => {
                     tracing::warn!(key = %lock.key, "lock no longer ours at renewal");
