@@ -75,7 +75,9 @@ impl RedisConfig {
         Self::masters([url])
     }
 
-    /// Several independent masters, for [`RedlockLocker`](super::RedlockLocker).
+    /// Several independent masters, for [`RedlockLocker`](super::RedlockLocker). Each
+    /// server once: connecting refuses one listed twice (by its address as written, in
+    /// any database), which would count twice toward the quorum.
     pub fn masters<I, S>(urls: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -209,10 +211,20 @@ impl RedisConfig {
         if self.urls.is_empty() {
             return fail("no server URL given".into());
         }
+        // Each master once: a server listed twice would count twice toward a Redlock
+        // quorum, and one server could grant a lock alone. Told apart by address as
+        // written (two names of one host are not caught).
+        let mut servers = std::collections::HashSet::new();
         for url in &self.urls {
             let shown = crate::name::shorten(url.rsplit_once('@').map_or(url, |(_, host)| host));
-            if let Err(err) = ::redis::Client::open(url.as_str()) {
-                return fail(format!("{shown:?} is not a Redis URL: {err}"));
+            let client = match ::redis::Client::open(url.as_str()) {
+                Ok(client) => client,
+                Err(err) => return fail(format!("{shown:?} is not a Redis URL: {err}")),
+            };
+            if !servers.insert(client.get_connection_info().addr().to_string()) {
+                return fail(format!(
+                    "{shown:?} is listed twice: each Redlock master must be a server of its own"
+                ));
             }
             if self.tls.is_some() && !url.starts_with("rediss://") {
                 return fail(format!(

@@ -318,16 +318,18 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
 
 /// The next full round after a round that ended `now` (`next_full` as planned before it,
 /// `wait` its answer wait, `a_tick_on` a tick after its start). A renewal that was not
-/// confirmed is retried soon (as a full round), not a tick later; one that was stopped
-/// before all its calls were sent (the next round was due), and failed nowhere, goes on
-/// at once, as no failure. A round of the urgent locks alone leaves the full round where
-/// it was, or brings it forward for the retry: never later (the locks it did not have
-/// are due then); only a confirmed full round ends a run of failures.
+/// confirmed is retried soon (as a full round), not a tick later. A full round stopped
+/// before all its calls were sent (the next round was due), by which a quorum of nodes
+/// answered all they were sent, goes on at once, as no failure; an urgent one stopped
+/// so leaves the full round where it was (the late lock that stopped it gets a round of
+/// the urgent locks next, `plan`). A round of the urgent locks alone leaves the full
+/// round where it was, or brings it forward for the retry: never later (the locks it did
+/// not have are due then); only a confirmed full round ends a run of failures.
 ///
 /// A confirmed full round is followed by the next a tick after its start, not after its
-/// end (at once if it took longer): its renewals count from its start, so a long round
-/// (many locks, a busy server) would otherwise eat into the time after the next one too
-/// and lose locks it renewed (a round taking a third of the TTL was enough).
+/// end (at once if it took longer): a lock renewed in its first calls is due a tick after
+/// they were sent, and a long round (many locks, a busy server) would otherwise renew it
+/// again a tick after its last, too late for a TTL of three ticks.
 #[allow(clippy::too_many_arguments)]
 fn after_round(
     now: Instant,
@@ -339,7 +341,11 @@ fn after_round(
     a_tick_on: Instant,
 ) -> Instant {
     if end == RoundEnd::Stopped {
-        return next_full.min(now);
+        return if urgent_only {
+            next_full
+        } else {
+            next_full.min(now)
+        };
     }
     if end == RoundEnd::Unconfirmed {
         *failures = failures.saturating_add(1);
@@ -368,8 +374,9 @@ fn after_round(
 enum RoundEnd {
     /// Every lock of it renewed or found no longer ours.
     Confirmed,
-    /// Stopped before all its calls were sent, the next round being due, with no failure:
-    /// the locks it did not send go first in the next.
+    /// Stopped before all its calls were sent, the next round being due, once a quorum of
+    /// nodes answered all they were sent (another may have failed): the locks it did not
+    /// send go first in the next.
     Stopped,
     /// Some locks left unconfirmed: a node failed, or too few answered in time.
     Unconfirmed,
@@ -816,8 +823,7 @@ mod tests {
             tick
         );
         assert_eq!(failures, 0);
-        // Stopped (the next round was due), no failure: at once, and no failure counted;
-        // a full round due sooner stays due.
+        // A full round stopped (the next round was due): on at once, no failure counted.
         assert_eq!(
             after_round(
                 now,
@@ -830,17 +836,18 @@ mod tests {
             ),
             now
         );
+        // An urgent one: the full round stays where it was.
         assert_eq!(
             after_round(
                 now,
-                soon - Duration::from_millis(20),
+                later,
                 true,
                 RoundEnd::Stopped,
                 &mut failures,
                 wait,
                 tick
             ),
-            soon - Duration::from_millis(20)
+            later
         );
         assert_eq!(failures, 0);
     }

@@ -27,6 +27,19 @@ async fn bad_names_options_and_settings_are_refused() {
     let two = RedisConfig::masters([server.url(), server.url()]);
     let err = RedisLocker::connect(two).await.expect_err("one URL only");
     assert!(matches!(err, LockError::InvalidConfig { .. }), "{err}");
+    // One server twice (another database of it too): it would count twice toward the
+    // quorum and grant alone. Before, this connected.
+    let other = redis().await;
+    let db1 = format!("{}1", server.url());
+    for urls in [
+        [server.url(), server.url(), other.url()],
+        [server.url(), db1, other.url()],
+    ] {
+        let err = RedlockLocker::connect(RedisConfig::masters(urls))
+            .await
+            .expect_err("a master listed twice");
+        assert!(matches!(err, LockError::InvalidConfig { .. }), "{err}");
+    }
     let err = RedlockLocker::connect(RedisConfig::new("not a url"))
         .await
         .expect_err("bad url");
