@@ -207,6 +207,12 @@ impl RedisConfig {
     }
 
     pub(crate) fn validate(&self, backend: Backend) -> Result<(), LockError> {
+        /// A URL as an error shows it: without `user:password@`, nor the query (a unix
+        /// socket's URL carries its password there), shortened.
+        fn shown(url: &str) -> String {
+            let url = url.rsplit_once('@').map_or(url, |(_, host)| host);
+            crate::name::shorten(url.split_once('?').map_or(url, |(path, _)| path))
+        }
         let fail = |reason: String| Err(LockError::InvalidConfig { backend, reason });
         if self.urls.is_empty() {
             return fail("no server URL given".into());
@@ -214,16 +220,18 @@ impl RedisConfig {
         // Each master once: a server listed twice would count twice toward a Redlock
         // quorum, and one server could grant a lock alone. Told apart by address as
         // written (two names of one host are not caught).
-        let mut servers = std::collections::HashSet::new();
+        let mut servers = std::collections::HashMap::new();
         for url in &self.urls {
-            let shown = crate::name::shorten(url.rsplit_once('@').map_or(url, |(_, host)| host));
+            let shown = shown(url);
             let client = match ::redis::Client::open(url.as_str()) {
                 Ok(client) => client,
                 Err(err) => return fail(format!("{shown:?} is not a Redis URL: {err}")),
             };
-            if !servers.insert(client.get_connection_info().addr().to_string()) {
+            let address = client.get_connection_info().addr().to_string();
+            if let Some(first) = servers.insert(address, shown.clone()) {
                 return fail(format!(
-                    "{shown:?} is listed twice: each Redlock master must be a server of its own"
+                    "{shown:?} and {first:?} are the same server: each Redlock master must \
+                     be a server of its own"
                 ));
             }
             if self.tls.is_some() && !url.starts_with("rediss://") {
@@ -279,6 +287,39 @@ mod tests {
         assert!(
             RedisConfig::new("redis://127.0.0.1:6379/")
                 .validate(Backend::Redis)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn one_server_listed_twice_is_refused_naming_both_without_passwords() {
+        for urls in [
+            ["redis://h:6379/", "redis://h:6379/2", "redis://other:6379/"],
+            [
+                "redis://h/",
+                "redis://:secret@h:6379/",
+                "redis://other:6379/",
+            ],
+            [
+                "unix:///run/r.sock?pass=secret",
+                "unix:///run/r.sock?pass=secret&db=1",
+                "redis://o/",
+            ],
+        ] {
+            let err = RedisConfig::masters(urls)
+                .validate(Backend::Redlock)
+                .expect_err("a server twice");
+            assert!(err.is_invalid_input(), "{err}");
+            let said = err.to_string();
+            assert!(
+                said.contains("same server") && !said.contains("secret"),
+                "{said}"
+            );
+        }
+        let distinct = ["redis://h:6379/", "redis://h:6380/", "rediss://other:6379/"];
+        assert!(
+            RedisConfig::masters(distinct)
+                .validate(Backend::Redlock)
                 .is_ok()
         );
     }

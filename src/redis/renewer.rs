@@ -285,7 +285,10 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
                     // starts with the locks whose deadlines come first, so that a lock
                     // taken meanwhile, or one with a shorter TTL, waits for no more than
                     // a window of calls.
-                    let (earliest, due) = plan_during_renewal(&shared, started);
+                    // A round of the urgent locks alone also stops when the full round is
+                    // due: it must not put the full round off.
+                    let due_at_most = if planned.urgent_only { planned.full } else { started + FAR };
+                    let (earliest, due) = plan_during_renewal(&shared, started, due_at_most);
                     tokio::select! {
                         biased;
                         _ = &mut stop => return,
@@ -321,8 +324,9 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
 /// confirmed is retried soon (as a full round), not a tick later. A full round stopped
 /// before all its calls were sent (the next round was due), by which a quorum of nodes
 /// answered all they were sent, goes on at once, as no failure; an urgent one stopped
-/// so leaves the full round where it was (the late lock that stopped it gets a round of
-/// the urgent locks next, `plan`). A round of the urgent locks alone leaves the full
+/// so leaves the full round where it was, or a tick after its start if sooner (stopped
+/// by a new late lock, that lock gets a round of the urgent locks next, `plan`; stopped
+/// by the tick, the full round goes at once, its unsent locks first). A round of the urgent locks alone leaves the full
 /// round where it was, or brings it forward for the retry: never later (the locks it did
 /// not have are due then); only a confirmed full round ends a run of failures.
 ///
@@ -342,7 +346,7 @@ fn after_round(
 ) -> Instant {
     if end == RoundEnd::Stopped {
         return if urgent_only {
-            next_full
+            next_full.min(a_tick_on)
         } else {
             next_full.min(now)
         };
@@ -457,14 +461,15 @@ fn plan(shared: &Shared, next_tick: Instant) -> Planned {
 /// when the next round is due and this one must stop sending), published so that a lock
 /// registered meanwhile that needs either sooner wakes the task. The next round is due a
 /// tick after this one's start, with the tick of every lock held now (one taken meanwhile
-/// with a shorter TTL brings it forward), or at once for a lock registered late.
-fn plan_during_renewal(shared: &Shared, started: Instant) -> (Instant, Instant) {
+/// with a shorter TTL brings it forward), or at once for a lock registered late, and no
+/// later than `at_most`.
+fn plan_during_renewal(shared: &Shared, started: Instant, at_most: Instant) -> (Instant, Instant) {
     let held = held(shared);
     let (tick, earliest) = schedule(&held);
     let due = if shared.renew_now.load(Ordering::Acquire) {
         Instant::now()
     } else {
-        started + tick
+        (started + tick).min(at_most)
     };
     shared
         .planned_wake
@@ -836,7 +841,20 @@ mod tests {
             ),
             now
         );
-        // An urgent one: the full round stays where it was.
+        // An urgent one: the full round stays where it was, or comes a tick after the
+        // round's start if that is sooner (here past: stopped by the tick).
+        assert_eq!(
+            after_round(
+                now,
+                later,
+                true,
+                RoundEnd::Stopped,
+                &mut failures,
+                wait,
+                later + Duration::from_secs(1)
+            ),
+            later
+        );
         assert_eq!(
             after_round(
                 now,
@@ -847,7 +865,7 @@ mod tests {
                 wait,
                 tick
             ),
-            later
+            tick
         );
         assert_eq!(failures, 0);
     }
