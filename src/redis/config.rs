@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use ::redis::ConnectionAddr;
+
 use crate::tls::LoadedTls;
 use crate::{Backend, LockError, TlsConfig};
 
@@ -47,14 +49,30 @@ pub struct RedisConfig {
     pub(crate) allow_eviction: bool,
 }
 
+/// A URL as errors and `Debug` show it: its scheme and where it points (host and port,
+/// or socket path, and database), read back from redis-rs's own parse, never its text (a
+/// password may be in its user part or, for a unix socket, its query). One that does not
+/// parse shows as such.
+fn shown(url: &str) -> String {
+    let Ok(client) = ::redis::Client::open(url) else {
+        return "(not a Redis URL)".to_owned();
+    };
+    let info = client.get_connection_info();
+    let scheme = url.split_once("://").map_or("redis", |(scheme, _)| scheme);
+    let db = info.redis_settings().db();
+    let shown = match info.addr() {
+        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+            format!("{scheme}://{host}:{port}/{db}")
+        }
+        unix => format!("{scheme}://{unix}?db={db}"),
+    };
+    crate::name::shorten(&shown)
+}
+
 impl std::fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // URLs may carry a password: show only where they point.
-        let hosts: Vec<&str> = self
-            .urls
-            .iter()
-            .map(|url| url.rsplit_once('@').map_or(url.as_str(), |(_, host)| host))
-            .collect();
+        let hosts: Vec<String> = self.urls.iter().map(|url| shown(url)).collect();
         f.debug_struct("RedisConfig")
             .field("urls", &hosts)
             .field("connect_timeout", &self.connect_timeout)
@@ -207,27 +225,29 @@ impl RedisConfig {
     }
 
     pub(crate) fn validate(&self, backend: Backend) -> Result<(), LockError> {
-        /// A URL as an error shows it: without `user:password@`, nor the query (a unix
-        /// socket's URL carries its password there), shortened.
-        fn shown(url: &str) -> String {
-            let url = url.rsplit_once('@').map_or(url, |(_, host)| host);
-            crate::name::shorten(url.split_once('?').map_or(url, |(path, _)| path))
-        }
         let fail = |reason: String| Err(LockError::InvalidConfig { backend, reason });
         if self.urls.is_empty() {
             return fail("no server URL given".into());
         }
         // Each master once: a server listed twice would count twice toward a Redlock
         // quorum, and one server could grant a lock alone. Told apart by address as
-        // written (two names of one host are not caught).
+        // written, the host's case aside (two names of one host are not caught).
         let mut servers = std::collections::HashMap::new();
-        for url in &self.urls {
+        for (i, url) in self.urls.iter().enumerate() {
             let shown = shown(url);
             let client = match ::redis::Client::open(url.as_str()) {
                 Ok(client) => client,
-                Err(err) => return fail(format!("{shown:?} is not a Redis URL: {err}")),
+                Err(err) => {
+                    let n = self.urls.len();
+                    return fail(format!("URL {} of {n} is not a Redis URL: {err}", i + 1));
+                }
             };
-            let address = client.get_connection_info().addr().to_string();
+            let address = match client.get_connection_info().addr() {
+                ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+                    format!("{}:{port}", host.to_lowercase())
+                }
+                unix => unix.to_string(),
+            };
             if let Some(first) = servers.insert(address, shown.clone()) {
                 return fail(format!(
                     "{shown:?} and {first:?} are the same server: each Redlock master must \
@@ -305,6 +325,16 @@ mod tests {
                 "unix:///run/r.sock?pass=secret&db=1",
                 "redis://o/",
             ],
+            [
+                "unix:///s?user=a@b&pass=secret",
+                "redis+unix:///s?pass=se@cret",
+                "redis://o/",
+            ],
+            [
+                "redis://Redis-A:6379/",
+                "redis://redis-a:6379/",
+                "redis://o/",
+            ],
         ] {
             let err = RedisConfig::masters(urls)
                 .validate(Backend::Redlock)
@@ -328,5 +358,25 @@ mod tests {
     fn debug_hides_passwords() {
         let config = RedisConfig::new("redis://user:hunter2@127.0.0.1:6379/");
         assert!(!format!("{config:?}").contains("hunter2"));
+        for url in ["unix:///s?pass=hunter2", "unix:///s?user=a@b&pass=hunter2"] {
+            let said = format!("{:?}", RedisConfig::new(url));
+            assert!(
+                !said.contains("hunter2") && said.contains("unix:///s"),
+                "{said}"
+            );
+        }
+    }
+
+    #[test]
+    fn errors_name_urls_without_their_passwords() {
+        let err = RedisConfig::new("unix:///s?user=ops@site&pass=hunter2")
+            .with_tls(TlsConfig::new())
+            .validate(Backend::Redis)
+            .expect_err("TLS needs rediss://");
+        let said = err.to_string();
+        assert!(
+            said.contains("unix:///s") && !said.contains("hunter2"),
+            "{said}"
+        );
     }
 }

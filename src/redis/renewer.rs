@@ -324,11 +324,13 @@ async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
 /// confirmed is retried soon (as a full round), not a tick later. A full round stopped
 /// before all its calls were sent (the next round was due), by which a quorum of nodes
 /// answered all they were sent, goes on at once, as no failure; an urgent one stopped
-/// so leaves the full round where it was, or a tick after its start if sooner (stopped
-/// by a new late lock, that lock gets a round of the urgent locks next, `plan`; stopped
-/// by the tick, the full round goes at once, its unsent locks first). A round of the urgent locks alone leaves the full
-/// round where it was, or brings it forward for the retry: never later (the locks it did
-/// not have are due then); only a confirmed full round ends a run of failures.
+/// so leaves the full round where it was (stopped by a new late lock, that lock gets a
+/// round of the urgent locks next, `plan`; stopped by the tick or the full round's time,
+/// the full round goes at once, its unsent locks first). A round of the urgent locks
+/// alone leaves the full round where it was, or brings it forward: for the retry, or to
+/// a tick after its start with the tick of the locks held at its end (one taken during
+/// it with a shorter TTL is due then); never later (the locks it did not have are due
+/// then). Only a confirmed full round ends a run of failures.
 ///
 /// A confirmed full round is followed by the next a tick after its start, not after its
 /// end (at once if it took longer): a lock renewed in its first calls is due a tick after
@@ -344,9 +346,17 @@ fn after_round(
     wait: Duration,
     a_tick_on: Instant,
 ) -> Instant {
+    // A round of the urgent locks alone never puts the full round later than a tick
+    // after its own start, with the tick of the locks held at its end: one taken during
+    // it with a shorter TTL is due then.
+    let next_full = if urgent_only {
+        next_full.min(a_tick_on)
+    } else {
+        next_full
+    };
     if end == RoundEnd::Stopped {
         return if urgent_only {
-            next_full.min(a_tick_on)
+            next_full
         } else {
             next_full.min(now)
         };
@@ -763,6 +773,8 @@ mod tests {
         let later = now + Duration::from_secs(10);
         // A tick after the round's start, already past: a round that took longer.
         let tick = now - Duration::from_millis(5);
+        // A tick after an urgent round's start, later than the full round.
+        let no_sooner = later + Duration::from_secs(1);
         let mut failures = 0;
         // Unconfirmed: retried after a pause, but a full round due sooner stays due.
         assert_eq!(
@@ -773,7 +785,7 @@ mod tests {
                 RoundEnd::Unconfirmed,
                 &mut failures,
                 wait,
-                tick
+                no_sooner
             ),
             soon
         );
@@ -785,7 +797,7 @@ mod tests {
             RoundEnd::Unconfirmed,
             &mut failures,
             wait,
-            tick,
+            no_sooner,
         );
         assert!(retry > now && retry < later, "retried soon: {retry:?}");
         // Confirmed: the full round stays where it was, and so does the run of failures.
@@ -797,11 +809,24 @@ mod tests {
                 RoundEnd::Confirmed,
                 &mut failures,
                 wait,
-                tick
+                no_sooner
             ),
             soon
         );
         assert_eq!(failures, 2);
+        // Unless a lock taken during it (a shorter TTL) is due a tick after its start.
+        assert_eq!(
+            after_round(
+                now,
+                later,
+                true,
+                RoundEnd::Confirmed,
+                &mut failures,
+                wait,
+                tick
+            ),
+            tick
+        );
         // A full round: retried after a pause, or (confirmed) the failures end.
         let retry = after_round(
             now,
