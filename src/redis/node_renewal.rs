@@ -60,7 +60,7 @@ pub(crate) struct RoundProgress {
 }
 
 /// How one server's part of a round ended (its answers went to the round as they came).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct NodeRenewal {
     /// Why it ended before every lock was answered, if it failed (not if it was stopped).
     pub(crate) failure: Option<LockError>,
