@@ -244,7 +244,8 @@ impl LockError {
         matches!(self, Self::LeaseLost { .. } | Self::NotHeld { .. })
     }
 
-    /// The caller's input was rejected before anything was sent.
+    /// The caller's input was rejected before any lock operation was sent (a
+    /// configuration may be refused once connected: two names of one Redlock master).
     #[must_use]
     pub fn is_invalid_input(&self) -> bool {
         matches!(

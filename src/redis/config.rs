@@ -53,7 +53,7 @@ pub struct RedisConfig {
 /// or socket path, and database), read back from redis-rs's own parse, never its text (a
 /// password may be in its user part or, for a unix socket, its query). One that does not
 /// parse shows as such.
-fn shown(url: &str) -> String {
+pub(super) fn shown(url: &str) -> String {
     let Ok(client) = ::redis::Client::open(url) else {
         return "(not a Redis URL)".to_owned();
     };
@@ -94,8 +94,11 @@ impl RedisConfig {
     }
 
     /// Several independent masters, for [`RedlockLocker`](super::RedlockLocker). Each
-    /// server once: connecting refuses one listed twice (by its address as written, in
-    /// any database), which would count twice toward the quorum.
+    /// server once: connecting refuses one listed twice, which would count twice toward
+    /// the quorum: by its address as written (in any database), and once connected by
+    /// the `run_id` it reports (`INFO server`), which catches two names of one server
+    /// (an alias, a proxy, its TLS port). A master whose ACL does not allow `INFO`
+    /// cannot be checked that way: connecting warns.
     pub fn masters<I, S>(urls: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -230,8 +233,9 @@ impl RedisConfig {
             return fail("no server URL given".into());
         }
         // Each master once: a server listed twice would count twice toward a Redlock
-        // quorum, and one server could grant a lock alone. Told apart by address as
-        // written, the host's case aside (two names of one host are not caught).
+        // quorum, and one server could grant a lock alone. Told apart here by address as
+        // written, the host's case aside; two names of one server are caught once
+        // connected, by its run_id (`distinct_masters.rs`).
         let mut servers = std::collections::HashMap::new();
         for (i, url) in self.urls.iter().enumerate() {
             let shown = shown(url);

@@ -9,6 +9,8 @@ use futures_util::stream::FuturesUnordered;
 use tracing::Instrument;
 
 use super::RedisConfig;
+use super::config::shown;
+use super::distinct_masters::refuse_one_server_twice;
 use super::keys::LockKeys;
 use super::node::Node;
 use super::renewer::Renewer;
@@ -41,6 +43,8 @@ impl Core {
             .await
             .into_iter()
             .collect::<Result<_, _>>()?;
+        let shown: Vec<String> = config.urls.iter().map(|url| shown(url)).collect();
+        refuse_one_server_twice(&nodes, &shown, backend).await?;
         let nodes: Arc<[Node]> = nodes.into();
         let quorum = nodes.len() / 2 + 1;
         let renewer = Renewer::start(

@@ -16,6 +16,7 @@ mod acquire;
 mod command_conn;
 mod config;
 mod core;
+mod distinct_masters;
 mod guard;
 mod inspect;
 mod keys;

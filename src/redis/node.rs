@@ -209,6 +209,30 @@ impl Node {
             })
     }
 
+    /// The server's `run_id` (`INFO server`): drawn at random when its process starts,
+    /// the same on every connection to it (`distinct_masters.rs`).
+    pub(crate) async fn run_id(&self) -> Result<String, LockError> {
+        let operation = "read run_id";
+        let mut conn = self.connection();
+        let info: String = self
+            .call(
+                operation,
+                None,
+                redis::cmd("INFO").arg("server").query_async(&mut conn),
+            )
+            .await?;
+        info.lines()
+            .find_map(|line| line.strip_prefix("run_id:"))
+            .map(|id| id.trim().to_owned())
+            .filter(|id| !id.is_empty())
+            .ok_or_else(|| LockError::Backend {
+                backend: self.backend,
+                operation,
+                lock: None,
+                source: "INFO server has no run_id".into(),
+            })
+    }
+
     /// Moves the token `counter` up to `floor` if it is below, and returns the next
     /// token: one above every token handed out so far.
     pub(crate) async fn advance_counter(

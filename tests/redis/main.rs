@@ -21,6 +21,7 @@ mod lock_all_registers_on_one;
 mod lock_all_subscribes_at_once;
 mod lock_all_wakes;
 mod loss_during_renewal;
+mod one_server_two_names;
 mod publish_only_when_waited;
 mod pubsub_reconnect_backoff;
 mod pubsub_reconnects;
