@@ -96,9 +96,9 @@ impl RedisConfig {
     /// Several independent masters, for [`RedlockLocker`](super::RedlockLocker). Each
     /// server once: connecting refuses one listed twice, which would count twice toward
     /// the quorum: by its address as written (in any database), and once connected by
-    /// the `run_id` it reports (`INFO server`), which catches two names of one server
-    /// (an alias, a proxy, its TLS port). A master whose ACL does not allow `INFO`
-    /// cannot be checked that way: connecting warns.
+    /// the `run_id` it reports (`INFO server`) or, where `INFO` is not allowed, by a
+    /// marker key under the prefix that one name sees the other write. That catches two
+    /// names of one server (an alias, a proxy, its TLS port).
     pub fn masters<I, S>(urls: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -126,7 +126,8 @@ impl RedisConfig {
         self
     }
 
-    /// How long connecting may take (default 5 s).
+    /// How long reaching the servers may take (default 5 s); Redlock's check that its
+    /// masters are distinct servers, once they are reached, gets as long again.
     pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self

@@ -44,7 +44,17 @@ impl Core {
             .into_iter()
             .collect::<Result<_, _>>()?;
         let shown: Vec<String> = config.urls.iter().map(|url| shown(url)).collect();
-        refuse_one_server_twice(&nodes, &shown, backend).await?;
+        // Bounded like reaching the servers: a master that stops answering here fails
+        // the connect rather than passing unchecked.
+        let check = refuse_one_server_twice(&nodes, &shown, &config.prefix, backend);
+        tokio::time::timeout(config.connect_timeout, check)
+            .await
+            .map_err(|_| LockError::Timeout {
+                backend,
+                operation: "check that the masters are distinct",
+                lock: None,
+                after: config.connect_timeout,
+            })??;
         let nodes: Arc<[Node]> = nodes.into();
         let quorum = nodes.len() / 2 + 1;
         let renewer = Renewer::start(

@@ -210,27 +210,31 @@ impl Node {
     }
 
     /// The server's `run_id` (`INFO server`): drawn at random when its process starts,
-    /// the same on every connection to it (`distinct_masters.rs`).
-    pub(crate) async fn run_id(&self) -> Result<String, LockError> {
-        let operation = "read run_id";
+    /// the same on every connection to it (`distinct_masters.rs`). `None` if the server
+    /// answered without one: `INFO` refused (an ACL without it, the command renamed) or
+    /// no `run_id` line (a proxy answering `INFO` itself). A server that does not answer
+    /// is an error.
+    pub(crate) async fn run_id(&self) -> Result<Option<String>, LockError> {
         let mut conn = self.connection();
-        let info: String = self
-            .call(
-                operation,
-                None,
-                redis::cmd("INFO").arg("server").query_async(&mut conn),
-            )
-            .await?;
-        info.lines()
-            .find_map(|line| line.strip_prefix("run_id:"))
-            .map(|id| id.trim().to_owned())
-            .filter(|id| !id.is_empty())
-            .ok_or_else(|| LockError::Backend {
-                backend: self.backend,
-                operation,
-                lock: None,
-                source: "INFO server has no run_id".into(),
-            })
+        let reply: Result<String, RedisError> = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut conn)
+            .await;
+        match reply {
+            Ok(info) => Ok(info
+                .lines()
+                .find_map(|line| line.strip_prefix("run_id:"))
+                .map(|id| id.trim().to_owned())
+                .filter(|id| !id.is_empty())),
+            Err(err) if matches!(err.kind(), ErrorKind::Server(_) | ErrorKind::Extension) => {
+                tracing::debug!(server = %self.address, %err, "INFO server refused");
+                Ok(None)
+            }
+            Err(err) => {
+                self.call("read run_id", None, std::future::ready(Err(err)))
+                    .await
+            }
+        }
     }
 
     /// Moves the token `counter` up to `floor` if it is below, and returns the next

@@ -1,42 +1,62 @@
 //! A Redlock master reached under two names (`localhost` and `127.0.0.1`, a proxy in
 //! front of it) is one server counting twice toward the quorum: it could grant a lock
-//! alone. Connecting refuses it by the `run_id` the servers report; a master whose ACL
-//! hides `INFO` cannot be told apart and is let through.
+//! alone. Connecting refuses it: by the `run_id` the servers report, or, where `INFO` is
+//! not allowed or renamed, by a marker key one name sees the other write.
 
 use fencelock::redis::{RedisConfig, RedlockLocker};
+use fencelock::testkit::RedisServer;
 use fencelock::{LockBackend, LockError, LockGuard, LockOptions};
 
 use crate::support::{prefix, proxy_to, redis, released};
+
+/// Connects a Redlock client to `urls`, expecting the refusal of one server named twice,
+/// by `how`, and naming both (`names`) without the password.
+async fn refused(urls: [String; 3], how: &str, names: [&str; 2]) {
+    let config = RedisConfig::masters(urls.clone()).with_prefix(prefix("names"));
+    let err = RedlockLocker::connect(config)
+        .await
+        .expect_err("one server under two names counts twice: refused");
+    assert!(
+        matches!(err, LockError::InvalidConfig { .. }),
+        "{urls:?}: {err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("same server") && message.contains(how),
+        "{message}"
+    );
+    for name in names {
+        assert!(message.contains(name), "{name} not named: {message}");
+    }
+    assert!(!message.contains("secret"), "{message}");
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_server_under_two_names_is_refused() {
     let (server, other) = (redis().await, redis().await);
     let proxy = proxy_to(&server).await;
     let port = server.port();
-    for second_name in [
-        format!("redis://localhost:{port}/"),
-        format!("redis://{}/", proxy.address()),
-    ] {
-        let urls = [server.url(), second_name.clone(), other.url()];
-        let err = RedlockLocker::connect(RedisConfig::masters(urls).with_prefix(prefix("names")))
-            .await
-            .expect_err("one server under two names counts twice: refused");
-        assert!(
-            matches!(err, LockError::InvalidConfig { .. }),
-            "{second_name}: {err:?}"
-        );
-        let message = err.to_string();
-        assert!(
-            message.contains("same server") && message.contains("run_id"),
-            "{message}"
-        );
-    }
+    // The default user takes any password while it has none (nopass).
+    let localhost = format!("redis://default:secret@localhost:{port}/");
+    let direct = format!("127.0.0.1:{port}");
+    refused(
+        [server.url(), localhost, other.url()],
+        "run_id",
+        [&direct, &format!("localhost:{port}")],
+    )
+    .await;
+    let proxied = format!("redis://{}/", proxy.address());
+    refused(
+        [server.url(), proxied, other.url()],
+        "run_id",
+        [&direct, &proxy.address().to_string()],
+    )
+    .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_master_that_hides_its_run_id_is_let_through() {
-    let servers = [redis().await, redis().await, redis().await];
-    let mut admin = servers[1].connection().await.expect("connect");
+/// Denies `INFO` to the default user of `server`.
+async fn deny_info(server: &RedisServer) {
+    let mut admin = server.connection().await.expect("connect");
     redis::cmd("ACL")
         .arg("SETUSER")
         .arg("default")
@@ -44,10 +64,44 @@ async fn a_master_that_hides_its_run_id_is_let_through() {
         .query_async::<()>(&mut admin)
         .await
         .expect("ACL SETUSER");
-    let urls: Vec<String> = servers.iter().map(|server| server.url()).collect();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_info_one_server_under_two_names_is_still_refused() {
+    let (denied, other) = (redis().await, redis().await);
+    deny_info(&denied).await;
+    let renamed = RedisServer::start_with_args(&["--rename-command", "INFO", ""])
+        .await
+        .expect("redis without INFO");
+    for server in [&denied, &renamed] {
+        let proxy = proxy_to(server).await;
+        let direct = format!("127.0.0.1:{}", server.port());
+        refused(
+            [
+                server.url(),
+                format!("redis://{}/", proxy.address()),
+                other.url(),
+            ],
+            "marker key",
+            [&direct, &proxy.address().to_string()],
+        )
+        .await;
+    }
+    // Distinct servers, some without INFO, are let through and lock.
+    let urls = [denied.url(), renamed.url(), other.url()];
     let locks = RedlockLocker::connect(RedisConfig::masters(urls).with_prefix(prefix("acl")))
         .await
-        .expect("three distinct servers, one of them without INFO");
+        .expect("three distinct servers, two of them without INFO");
     let guard = locks.lock("job", &LockOptions::new()).await.expect("lock");
     released(guard.release().await);
+    // The marker keys are removed.
+    for server in [&denied, &renamed, &other] {
+        let mut conn = server.connection().await.expect("connect");
+        let left: Vec<String> = redis::cmd("KEYS")
+            .arg("*master-check*")
+            .query_async(&mut conn)
+            .await
+            .expect("KEYS");
+        assert!(left.is_empty(), "marker keys left: {left:?}");
+    }
 }
