@@ -66,6 +66,8 @@
 
 mod backend;
 mod error;
+#[cfg(feature = "etcd")]
+mod grpc_transport;
 mod holder;
 // The lease deadline of the lease-based backends, and of the PostgreSQL heartbeat.
 #[cfg(any(

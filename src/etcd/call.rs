@@ -183,12 +183,16 @@ where
 /// connection; hyper's `Canceled` kind ("a pending item was dropped before ever being
 /// processed": a request queued on a connection that closed, or was not ready, before
 /// it was written); the require-leader interceptor's "no leader" (`v3rpc/interceptor.go`,
-/// before the handler runs).
-const NEVER_SENT: [&str; 4] = [
+/// before the handler runs); fencelock's transport's own mark of a request it never
+/// handed over.
+const NEVER_SENT: [&str; 5] = [
     "connect error",
     "Connection refused",
     "hyper::Error(Canceled",
     "etcdserver: no leader",
+    // fencelock's own transport: no connection, or h2 refused to open the stream
+    // (`grpc_transport/mod.rs`).
+    crate::grpc_transport::NOT_SENT,
 ];
 
 /// etcd's answers that refuse a request before it enters Raft, or that Raft refused on

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions};
+use etcd_client::{Client, GetOptions, KvClient};
 
 use super::acquire::{CLEANUP_ALLOWANCE, Mode, acquire};
 use super::call::{call_renewing, call_retrying, map_error};
@@ -42,6 +42,10 @@ pub struct EtcdLocker {
 
 struct LockerInner {
     client: Client,
+    /// What the sessions' key-value requests (joins, releases) go out on: fencelock's
+    /// own transport where the configuration allows it (`grpc_transport`), else
+    /// `client`'s channel.
+    kv: KvClient,
     /// Authenticates again for requests refused with an old token (`token_renewal.rs`).
     renewal: TokenRenewal,
     config: Arc<EtcdConfig>,
@@ -125,10 +129,12 @@ impl EtcdLocker {
                 });
             }
         };
+        let kv = kv_client(&config, &client, &renewal).await?;
         Ok(Self {
             inner: Arc::new(LockerInner {
                 hub: Arc::new(WatchHub::start(client.clone(), renewal.clone())),
                 client,
+                kv,
                 renewal,
                 config: Arc::new(config),
                 sessions: Mutex::new(HashMap::new()),
@@ -209,6 +215,7 @@ impl EtcdLocker {
         });
         let session = Session::open(
             self.inner.client.clone(),
+            self.inner.kv.clone(),
             self.inner.renewal.clone(),
             self.inner.config.clone(),
             Duration::from_secs(seconds),
@@ -344,6 +351,7 @@ impl EtcdLocker {
             } else {
                 let session = Box::pin(Session::open(
                     self.inner.client.clone(),
+                    self.inner.kv.clone(),
                     self.inner.renewal.clone(),
                     self.inner.config.clone(),
                     options.ttl(),
@@ -535,4 +543,43 @@ fn tls_endpoints(config: &EtcdConfig) -> Vec<crate::tls::Endpoint> {
             shown: endpoint.clone(),
         })
         .collect()
+}
+
+/// The client for the sessions' key-value requests ([`LockerInner::kv`]). Fencelock's own
+/// transport is proven with the connect's read (within the connect timeout), so that a
+/// locker that connected has its connection for locks too.
+async fn kv_client(
+    config: &EtcdConfig,
+    client: &Client,
+    renewal: &TokenRenewal,
+) -> Result<KvClient, LockError> {
+    let Some(endpoints) = config.own_transport_endpoints() else {
+        return Ok(super::answers::kv(client));
+    };
+    let timeout = config.connect_timeout;
+    let lane = crate::grpc_transport::Lane::new(endpoints, timeout);
+    let channel = etcd_client::Channel::Custom(tower::util::BoxCloneSyncService::new(lane));
+    // The same options as the channel's (require-leader above all); no credentials (the
+    // transport is not used with them), so this sends nothing.
+    let own = Client::from_channel(channel, Some(config.connect_options(None)))
+        .await
+        .map_err(|err| map_error("connect", None, err))?;
+    let kv = super::answers::kv(&own);
+    let probe = GetOptions::new().with_keys_only();
+    let prefix = format!("{}/", config.namespace);
+    let read = || {
+        let mut kv = kv.clone();
+        let (prefix, probe) = (prefix.clone(), probe.clone());
+        async move { kv.get(prefix, Some(probe)).await }
+    };
+    let proving = call_retrying("connect", None, timeout, renewal, read);
+    match tokio::time::timeout(timeout, proving).await {
+        Ok(proved) => proved.map(|_| kv),
+        Err(_) => Err(LockError::Timeout {
+            backend: Backend::Etcd,
+            operation: "connect",
+            lock: None,
+            after: timeout,
+        }),
+    }
 }

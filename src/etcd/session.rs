@@ -94,11 +94,12 @@ impl Session {
     /// acquisition waits ([`stop_renewing`](SessionInner::stop_renewing) ends that at the
     /// grant), so that the lock's TTL counts from the grant, not from the queueing.
     #[tracing::instrument(
-        skip(client, renewal, config, hub, on_retire),
+        skip(client, kv, renewal, config, hub, on_retire),
         fields(backend = "etcd")
     )]
     pub(crate) async fn open(
         client: Client,
+        kv: KvClient,
         renewal: TokenRenewal,
         config: Arc<EtcdConfig>,
         ttl: Duration,
@@ -129,7 +130,7 @@ impl Session {
         tracing::debug!(lease_id, ?ttl, "session opened");
 
         let batch = super::batch::Batcher::new(
-            super::answers::kv(&client),
+            kv.clone(),
             renewal.clone(),
             timeout,
             config.max_batch,
@@ -137,7 +138,7 @@ impl Session {
         );
         Ok(Self {
             inner: Arc::new(SessionInner {
-                kv: super::answers::kv(&client),
+                kv,
                 client,
                 renewal,
                 config,

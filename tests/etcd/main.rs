@@ -38,6 +38,7 @@ mod many_watches_reopened;
 mod member_down;
 mod mixed_primitives;
 mod mutual_exclusion;
+mod own_transport;
 mod prefix_delete;
 mod refused_release;
 mod release_all;

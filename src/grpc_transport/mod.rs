@@ -1,0 +1,45 @@
+//! fencelock's own HTTP/2 transport for etcd's key-value requests.
+//!
+//! etcd-client sends every request through tonic's channel: tower's `Buffer` hands the
+//! request to its worker task, and hyper's HTTP/2 client spawns a task per request to
+//! await the answer (hyper 1.x `proto/h2/client.rs`, `H2ClientFuture`), so one request
+//! crosses three tasks before its caller sees the answer. On a 2-core machine those
+//! hand-offs were a fifth of an uncontended lock cycle's time (`docs/bench.md`, "The
+//! client path at one and eight tasks"). This transport sends a request from the caller's
+//! own task and awaits its answer there; only the connection's reads and writes run in
+//! a task of their own (h2's connection driver).
+//!
+//! What it carries: **unary requests only** (etcd-client's `KvClient`: range, put,
+//! delete, transaction), on **plaintext** endpoints of a client **without credentials**
+//! (`EtcdConfig::transport`). Watches, lease keep-alives (streams), TLS and
+//! authentication stay on tonic's channel, as does everything in a configuration this
+//! transport does not serve.
+//!
+//! What it relies on:
+//! - HTTP/2 (RFC 9113): a stream's request is handed to the server only once its HEADERS
+//!   are written; h2 refuses to open a stream on a closed connection before queueing
+//!   anything. So a request is reported as never sent ([`NOT_SENT`], read by
+//!   `etcd/call.rs`'s `may_have_applied`) only when no connection could be made or h2
+//!   refused to open its stream; any failure after that leaves its fate unknown, as
+//!   tonic's "transport error" does.
+//! - etcd serves key-value requests on every member (a follower forwards writes to the
+//!   leader, and a linearizable read is confirmed with it, `etcdserver/v3_server.go`), so
+//!   one connection to any member will do. A connection that fails, or a member that
+//!   answers `Unavailable` (with require-leader: "etcdserver: no leader", cut off into a
+//!   minority), is left for the next member in the list, as tonic's balancer would route
+//!   around it.
+//! - HTTP/2 PING while requests are in flight (every 10 s, 5 s to answer, as the tonic
+//!   channel's keep-alive is configured; etcd's `--grpc-keepalive-min-time` is 5 s)
+//!   detects a connection that went silent; idle connections are not pinged (grpc-go
+//!   servers answer pings without streams more often than every 2 hours with GOAWAY).
+
+mod answer;
+mod connection;
+mod lane;
+
+pub(crate) use lane::Lane;
+
+/// The text that marks a request this transport never handed to a server (no connection,
+/// or h2 refused to open its stream): `etcd/call.rs` reads it as proof the request was
+/// not applied.
+pub(crate) const NOT_SENT: &str = "fencelock transport: not sent";
