@@ -118,7 +118,13 @@ impl EtcdLocker {
             call_retrying("connect", None, timeout, &renewal, read).await?;
             Ok::<_, LockError>((client, renewal))
         });
-        let (client, renewal) = match tokio::time::timeout(timeout, connecting).await {
+        // The sessions' transport is proven within the same connect timeout.
+        let connecting = async {
+            let (client, renewal) = connecting.await?;
+            let kv = kv_client(&config, &client, &renewal).await?;
+            Ok::<_, LockError>((client, renewal, kv))
+        };
+        let (client, renewal, kv) = match tokio::time::timeout(timeout, connecting).await {
             Ok(client) => client?,
             Err(_) => {
                 return Err(LockError::Timeout {
@@ -129,7 +135,6 @@ impl EtcdLocker {
                 });
             }
         };
-        let kv = kv_client(&config, &client, &renewal).await?;
         Ok(Self {
             inner: Arc::new(LockerInner {
                 hub: Arc::new(WatchHub::start(client.clone(), renewal.clone())),
@@ -546,7 +551,7 @@ fn tls_endpoints(config: &EtcdConfig) -> Vec<crate::tls::Endpoint> {
 }
 
 /// The client for the sessions' key-value requests ([`LockerInner::kv`]). Fencelock's own
-/// transport is proven with the connect's read (within the connect timeout), so that a
+/// transport is proven with the connect's read (the caller bounds the time), so that a
 /// locker that connected has its connection for locks too.
 async fn kv_client(
     config: &EtcdConfig,
@@ -572,14 +577,8 @@ async fn kv_client(
         let (prefix, probe) = (prefix.clone(), probe.clone());
         async move { kv.get(prefix, Some(probe)).await }
     };
-    let proving = call_retrying("connect", None, timeout, renewal, read);
-    match tokio::time::timeout(timeout, proving).await {
-        Ok(proved) => proved.map(|_| kv),
-        Err(_) => Err(LockError::Timeout {
-            backend: Backend::Etcd,
-            operation: "connect",
-            lock: None,
-            after: timeout,
-        }),
-    }
+    // A member that cannot be reached is left for the next (its connect gets a share of
+    // the connect timeout, `grpc_transport/lane.rs`), as tonic's balancer would.
+    call_retrying("connect", None, timeout, renewal, read).await?;
+    Ok(kv)
 }

@@ -16,6 +16,23 @@ use tracing::Instrument;
 /// may take (the tonic channel's keep-alive, `etcd/config.rs`).
 const PING_EVERY: Duration = Duration::from_secs(10);
 const PING_ANSWER: Duration = Duration::from_secs(5);
+/// The least time between two pings: etcd's `--grpc-keepalive-min-time` (5 s by
+/// default); grpc-go answers pings more often than that (three times) with GOAWAY
+/// `too_many_pings`, which would fail the requests in flight.
+const PING_GAP: Duration = Duration::from_secs(5);
+
+/// A request given up unanswered after this long says the member is not serving (a
+/// defragmentation, a stalled disk, a silent connection): the connection is left for the
+/// next member. A healthy member answers in milliseconds; a caller that gives up sooner
+/// (its own wait ended) says nothing about the member.
+const UNSERVED_AFTER: Duration = Duration::from_millis(250);
+
+/// TCP keep-alive while the connection is idle (no requests, so no pings): keeps a NAT
+/// or load balancer from forgetting the flow, and ends a connection whose peer is gone
+/// within about 25 s, without HTTP/2 pings (which etcd counts against an idle client).
+const TCP_IDLE: Duration = Duration::from_secs(10);
+const TCP_PROBE_EVERY: Duration = Duration::from_secs(5);
+const TCP_PROBES: u32 = 3;
 
 /// Flow-control windows: an answer of a batch of joins can be megabytes
 /// (`etcd/answers.rs`); h2's default 64 KiB stream window would take a round trip per
@@ -28,6 +45,9 @@ const CONNECTION_WINDOW: u32 = 16 << 20;
 pub(super) struct State {
     /// The driver ended: the connection is closed or was found dead.
     closed: AtomicBool,
+    /// A request on it was given up unanswered after [`UNSERVED_AFTER`]: new requests go
+    /// to the next member (those in flight finish here).
+    unserved: AtomicBool,
     /// Requests sent whose answer is not yet read to its end.
     in_flight: AtomicUsize,
     /// A request was given up before its answer came (its caller timed out): the driver
@@ -38,8 +58,10 @@ pub(super) struct State {
 }
 
 impl State {
-    pub(super) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+    /// Whether new requests may go out on this connection: it is open, and no request
+    /// on it was given up unanswered for long.
+    pub(super) fn is_usable(&self) -> bool {
+        !self.closed.load(Ordering::Acquire) && !self.unserved.load(Ordering::Acquire)
     }
 }
 
@@ -49,6 +71,7 @@ impl State {
 #[derive(Debug)]
 pub(super) struct InFlight {
     state: Arc<State>,
+    sent: std::time::Instant,
     answered: bool,
 }
 
@@ -57,11 +80,12 @@ impl InFlight {
         state.in_flight.fetch_add(1, Ordering::Relaxed);
         Self {
             state: state.clone(),
+            sent: std::time::Instant::now(),
             answered: false,
         }
     }
 
-    /// The answer was read to its end (its trailers, or a refusal in its headers).
+    /// The member answered: the answer's end (its trailers), or a status in its headers.
     pub(super) fn answered(&mut self) {
         self.answered = true;
     }
@@ -70,9 +94,23 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.state.in_flight.fetch_sub(1, Ordering::Relaxed);
-        if !self.answered {
-            self.state.suspect.notify_one();
+        if self.answered {
+            return;
         }
+        if self.sent.elapsed() >= UNSERVED_AFTER {
+            self.state.unserved.store(true, Ordering::Release);
+        }
+        self.state.suspect.notify_one();
+    }
+}
+
+/// Marks the connection closed however its driver ends (a runtime shutting down drops
+/// it unfinished).
+struct ClosedOnDrop(Arc<State>);
+
+impl Drop for ClosedOnDrop {
+    fn drop(&mut self) {
+        self.0.closed.store(true, Ordering::Release);
     }
 }
 
@@ -84,6 +122,11 @@ pub(super) async fn open(
     let tcp = TcpStream::connect(authority.as_str()).await?;
     // A request is one or two small frames: sent at once, not held for more.
     tcp.set_nodelay(true)?;
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(TCP_IDLE)
+        .with_interval(TCP_PROBE_EVERY)
+        .with_retries(TCP_PROBES);
+    socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive)?;
     let (send, connection) = h2::client::Builder::new()
         .initial_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
@@ -99,12 +142,14 @@ pub(super) async fn open(
 /// Runs the connection's reads and writes; pings it while requests are in flight and
 /// drops it (failing its requests) if a ping goes unanswered.
 async fn drive(mut connection: h2::client::Connection<TcpStream, Bytes>, state: Arc<State>) {
+    let _closed = ClosedOnDrop(state.clone());
     let mut ping = connection.ping_pong();
     let mut connection = pin!(connection);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // When the ping in flight must be answered by.
+    // When the ping in flight must be answered by, and when the last one was sent.
     let mut answer_by: Option<tokio::time::Instant> = None;
+    let mut last_ping: Option<tokio::time::Instant> = None;
     loop {
         let ping_now = tokio::select! {
             ended = &mut connection => {
@@ -115,10 +160,14 @@ async fn drive(mut connection: h2::client::Connection<TcpStream, Bytes>, state: 
             }
             _ = tick.tick(), if answer_by.is_none() => {
                 state.in_flight.load(Ordering::Relaxed) > 0
+                    && last_ping.is_none_or(|at| at.elapsed() >= PING_GAP)
             }
             () = state.suspect.notified(), if answer_by.is_none() => {
-                tracing::debug!("a request was given up unanswered: pinging");
-                true
+                let due = last_ping.is_none_or(|at| at.elapsed() >= PING_GAP);
+                if due {
+                    tracing::debug!("a request was given up unanswered: pinging");
+                }
+                due
             }
             pong = std::future::poll_fn(|cx| match ping.as_mut() {
                 Some(ping) => ping.poll_pong(cx),
@@ -140,8 +189,9 @@ async fn drive(mut connection: h2::client::Connection<TcpStream, Bytes>, state: 
             if ping.send_ping(h2::Ping::opaque()).is_err() {
                 break;
             }
-            answer_by = Some(tokio::time::Instant::now() + PING_ANSWER);
+            let now = tokio::time::Instant::now();
+            last_ping = Some(now);
+            answer_by = Some(now + PING_ANSWER);
         }
     }
-    state.closed.store(true, Ordering::Release);
 }

@@ -35,7 +35,8 @@ struct Shared {
     connecting: tokio::sync::Mutex<()>,
     /// Which endpoint to connect to next (modulo their number). Moved on *before* a
     /// connect starts, so that a connect cut short (its caller timed out on a silent
-    /// member) leaves the next attempt to the next member.
+    /// member) leaves the next attempt to the next member. Starts at a random one, so
+    /// that a fleet of clients spreads over the members, as tonic's balancer does.
     next: AtomicUsize,
 }
 
@@ -64,7 +65,7 @@ impl Lane {
                 connect_timeout,
                 live: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
-                next: AtomicUsize::new(0),
+                next: AtomicUsize::new(random_start()),
             }),
         }
     }
@@ -76,12 +77,13 @@ impl Lane {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The open connection, if its driver still runs; a closed one is forgotten and the
-    /// next connect goes to the next member.
+    /// The open connection, if it is usable; a closed one, or one a request was given up
+    /// on unanswered (`connection.rs`), is forgotten and the next connect goes to the
+    /// next member.
     fn current(&self) -> Option<Live> {
         let mut live = self.live();
         match live.as_ref() {
-            Some(open) if !open.state.is_closed() => Some(open.clone()),
+            Some(open) if open.state.is_usable() => Some(open.clone()),
             Some(_) => {
                 if let Some(closed) = live.take() {
                     self.move_past(closed.endpoint);
@@ -121,7 +123,12 @@ impl Lane {
         let endpoint = self.shared.next.load(Ordering::Relaxed) % count;
         self.move_past(endpoint);
         let authority = &self.shared.endpoints[endpoint];
-        let timeout = self.shared.connect_timeout;
+        // Each member gets a share of the connect timeout: a host that drops the
+        // connect leaves time for the others (etcd-client's probe and retries ride on).
+        let members = u32::try_from(count).unwrap_or(u32::MAX);
+        let timeout = (self.shared.connect_timeout / members)
+            .max(MIN_CONNECT_SHARE)
+            .min(self.shared.connect_timeout);
         let failed = |reason: String| {
             Status::unavailable(format!(
                 "{NOT_SENT}: tcp connect error: {authority}: {reason}"
@@ -142,12 +149,33 @@ impl Lane {
         Ok(live)
     }
 
+    /// A connection ready for a new stream. One that closed since it was taken (a
+    /// GOAWAY: a member restarting) is left, and a new one taken, once: nothing was sent.
+    async fn ready(&self) -> Result<(Live, SendRequest<Bytes>), Status> {
+        let live = self.connection().await?;
+        match live.send.clone().ready().await {
+            Ok(send) => return Ok((live, send)),
+            Err(err) => {
+                tracing::debug!(%err, "connection closed: taking a new one");
+                self.retire(&live);
+            }
+        }
+        let live = self.connection().await?;
+        match live.send.clone().ready().await {
+            Ok(send) => Ok((live, send)),
+            Err(err) => {
+                self.retire(&live);
+                Err(not_sent(&err))
+            }
+        }
+    }
+
     /// Sends `request` and returns its answer (headers; the body is read by tonic).
     async fn send(
         self,
         request: http::Request<tonic::body::Body>,
     ) -> Result<http::Response<tonic::body::Body>, Status> {
-        let live = self.connection().await?;
+        let (live, mut send) = self.ready().await?;
         let (mut parts, body) = request.into_parts();
         // tonic gives the path alone; h2 needs the scheme and authority too.
         let path = parts
@@ -155,50 +183,62 @@ impl Lane {
             .path_and_query()
             .cloned()
             .ok_or_else(|| Status::internal(format!("{NOT_SENT}: a request without a path")))?;
-        let authority = self.shared.endpoints[live.endpoint].clone();
         parts.uri = http::Uri::builder()
             .scheme(http::uri::Scheme::HTTP)
-            .authority(authority)
+            .authority(self.shared.endpoints[live.endpoint].clone())
             .path_and_query(path)
             .build()
             .map_err(|err| Status::internal(format!("{NOT_SENT}: {err}")))?;
-        // h2 refuses to open a stream before queueing anything of it: not sent.
-        let not_sent = |err: h2::Error| {
-            Status::unavailable(format!("{NOT_SENT}: the connection closed: {err}"))
-        };
-        let ready = live.send.clone().ready().await;
-        let opened = ready
-            .and_then(|mut send| send.send_request(http::Request::from_parts(parts, ()), false));
-        let (answer, mut stream) = match opened {
+        let request = http::Request::from_parts(parts, ());
+        let (answer, mut stream) = match send.send_request(request, false) {
             Ok(opened) => opened,
             Err(err) => {
                 self.retire(&live);
-                return Err(not_sent(err));
+                return Err(not_sent(&err));
             }
         };
-        let in_flight = InFlight::new(&live.state);
+        let mut in_flight = InFlight::new(&live.state);
         send_body(body, &mut stream).await?;
         let answer = match answer.await {
             Ok(answer) => answer,
             Err(err) => {
-                if err.is_io() || err.is_go_away() || live.state.is_closed() {
+                if err.is_io() || err.is_go_away() || !live.state.is_usable() {
                     self.retire(&live);
                 }
                 return Err(Status::unavailable(format!("transport error: {err}")));
             }
         };
-        // A member that cannot serve (require-leader's "no leader": cut off into a
-        // minority) answers Unavailable at once, in the headers: the next request goes
-        // to the next member.
-        if answer
-            .headers()
-            .get("grpc-status")
-            .is_some_and(|code| code.as_bytes() == b"14")
-        {
-            self.retire(&live);
+        if let Some(code) = answer.headers().get("grpc-status") {
+            // A status in the headers is the whole answer (gRPC's trailers-only form),
+            // which tonic reads without reading the body.
+            in_flight.answered();
+            // A member that cannot serve (require-leader's "no leader": cut off into a
+            // minority) answers Unavailable at once: the next request goes to the next
+            // member.
+            if code.as_bytes() == b"14" {
+                self.retire(&live);
+            }
         }
         Ok(answer.map(|stream| tonic::body::Body::new(Answer::new(stream, in_flight))))
     }
+}
+
+/// h2 refused to open the stream: nothing of the request was queued.
+fn not_sent(err: &h2::Error) -> Status {
+    Status::unavailable(format!("{NOT_SENT}: the connection closed: {err}"))
+}
+
+/// The least share of the connect timeout a member gets.
+const MIN_CONNECT_SHARE: Duration = Duration::from_millis(250);
+
+/// A random endpoint index to start from (std's hasher keys are random per process and
+/// per `RandomState`).
+fn random_start() -> usize {
+    use std::hash::{BuildHasher, Hasher};
+    let bits = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    usize::try_from(bits % 1024).unwrap_or(0)
 }
 
 impl tower::Service<http::Request<tonic::body::Body>> for Lane {

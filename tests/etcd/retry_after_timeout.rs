@@ -31,12 +31,20 @@ async fn a_join_retried_after_a_timeout_rides_out_a_broken_connection() {
     // Path a keeps every request: the join gets no answer and times out, and so does
     // its one retry, unless something else happens to it.
     paths.a.hold_requests();
+    let connections = paths.a.connections_accepted();
     let lock = client.lock("x", &options);
     tokio::pin!(lock);
     let retried = async {
-        // Two requests kept: the join, and after its timeout an attempt of its retry
-        // (an attempt balanced to path b, which refuses, fails at once and is not kept).
-        paths.a.requests_held(2).await;
+        // The join is kept; after its timeout an attempt of its retry reaches path a
+        // again (an attempt sent to path b, which refuses, fails at once and is not
+        // kept): tonic's channel sends it on its open connection, where it is kept too;
+        // fencelock's own transport leaves a connection a request timed out on and
+        // opens a new one, which hangs (new connections do while requests are kept).
+        paths.a.requests_held(1).await;
+        tokio::select! {
+            () = paths.a.requests_held(2) => {}
+            () = paths.a.accepted(connections + 1) => {}
+        }
         // The retry's connection breaks (a member that died), and path b opens: the
         // next attempt that reaches a live member gets the lock.
         paths.move_to_b();
