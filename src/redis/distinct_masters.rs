@@ -2,7 +2,7 @@
 //! server reached under two names (`localhost` and `127.0.0.1`, a DNS alias, a proxy in
 //! front of it, its plain and TLS ports) could grant a lock alone. The URLs' addresses
 //! are compared before connecting (`config.rs`); this compares the servers once
-//! connected.
+//! connected, by what they say they are and by what they hold.
 
 use std::time::Duration;
 
@@ -16,15 +16,20 @@ use crate::{Backend, LockError};
 /// how to name node `i` in the error (its URL without credentials); `prefix`: the
 /// configured key prefix (an ACL may allow only keys under it).
 ///
-/// First by `run_id` (`INFO server`): Redis draws it at random when a server process
-/// starts (40 hex characters), so two processes never share one, while every connection
-/// to one process sees the same. If any master does not tell its `run_id` (an ACL
-/// without `INFO`, a proxy answering `INFO` itself), by a marker key instead: each
-/// master gets a key of its own, which expires, and a master that sees another's key is
-/// the same database under two names (two databases of one server are then not told
-/// apart). A master that does not answer fails the connect, as it would anyway.
+/// Two ways, both always:
+/// - **By `run_id`** (`INFO server`), where the masters tell it: Redis draws it at random
+///   when a server process starts, so two processes never share one, while every
+///   connection to one process sees the same. The only way that catches two databases
+///   of one server.
+/// - **By marker keys**: each master gets a key of its own (which expires), then every
+///   master reads every key (`TYPE`); a master that sees another's is the same database under
+///   two names. This needs no `INFO` (the minimal ACL has none) and does not trust what
+///   a proxy says of itself: it asks the data. A master that does not see its own
+///   marker cannot be checked (a proxy splitting reads from writes) and fails the
+///   connect.
 ///
-/// The check holds at connect; a name that later resolves elsewhere (DNS) is not seen.
+/// A master that does not answer fails the connect, as it would anyway. The check holds
+/// at connect; a name that later resolves elsewhere (DNS) is not seen.
 #[tracing::instrument(skip_all, fields(masters = nodes.len()))]
 pub(crate) async fn refuse_one_server_twice(
     nodes: &[Node],
@@ -35,25 +40,21 @@ pub(crate) async fn refuse_one_server_twice(
     if nodes.len() < 2 {
         return Ok(());
     }
-    let ids = try_join_all(nodes.iter().map(Node::run_id)).await?;
-    let same = |i: usize, j: usize, by: &str| LockError::InvalidConfig {
+    let refused = |i: usize, j: usize, reason: &str| LockError::InvalidConfig {
         backend,
         reason: format!(
-            "{:?} and {:?} are the same server ({by}): each Redlock master must be a \
+            "{:?} and {:?} are the same server ({reason}): each Redlock master must be a \
              server of its own",
-            shown[j], shown[i]
+            shown[i], shown[j]
         ),
     };
+    let ids = try_join_all(nodes.iter().map(Node::run_id)).await?;
     for (j, id) in ids.iter().enumerate() {
         let Some(id) = id else { continue };
         if let Some(i) = ids[..j].iter().position(|seen| seen.as_ref() == Some(id)) {
-            return Err(same(i, j, &format!("run_id {id}")));
+            return Err(refused(i, j, &format!("run_id {id}")));
         }
     }
-    if ids.iter().all(Option::is_some) {
-        return Ok(());
-    }
-    tracing::debug!("a master does not tell its run_id: comparing by marker keys");
     let check = owner_value();
     let markers: Vec<String> = (0..nodes.len())
         .map(|i| format!("{prefix}:master-check:{check}:{i}"))
@@ -69,17 +70,30 @@ pub(crate) async fn refuse_one_server_twice(
         Ok(_) => try_join_all(nodes.iter().map(|node| seen_markers(node, &markers))).await,
         Err(err) => Err(err),
     };
-    join_all(
-        nodes
-            .iter()
-            .zip(&markers)
-            .map(|(node, marker)| remove(node, marker)),
-    )
-    .await;
+    // Removed in the background: the check's answer does not wait for it (nor does a
+    // connect given up meanwhile leave them; they expire anyway).
+    let removal: Vec<(Node, String)> = nodes.iter().cloned().zip(markers).collect();
+    tokio::spawn(async move {
+        join_all(removal.iter().map(|(node, marker)| remove(node, marker))).await;
+    });
     for (j, seen) in found?.iter().enumerate() {
-        let other = (0..seen.len()).find(|&i| i != j && seen[i]);
-        if let Some(i) = other {
-            return Err(same(i.min(j), i.max(j), "one sees the other's marker key"));
+        if !seen.get(j).copied().unwrap_or(false) {
+            return Err(LockError::InvalidConfig {
+                backend,
+                reason: format!(
+                    "{:?} does not show the key just written to it (a proxy that reads \
+                     elsewhere?): cannot check that each Redlock master is a server of its \
+                     own",
+                    shown[j]
+                ),
+            });
+        }
+        if let Some(i) = (0..seen.len()).find(|&i| i != j && seen[i]) {
+            return Err(refused(
+                i.min(j),
+                i.max(j),
+                "one sees the other's marker key",
+            ));
         }
     }
     Ok(())
@@ -108,14 +122,16 @@ async fn place(node: &Node, marker: &str) -> Result<(), LockError> {
 /// Which of `markers` `node` holds.
 async fn seen_markers(node: &Node, markers: &[String]) -> Result<Vec<bool>, LockError> {
     let mut conn = node.connection();
+    // `TYPE` ("string" or "none"): in the minimal ACL, and no `GET` (the lock's own
+    // read) is spent on it.
     let mut pipe = redis::pipe();
     for marker in markers {
-        pipe.cmd("GET").arg(marker);
+        pipe.cmd("TYPE").arg(marker);
     }
-    let values: Vec<Option<String>> = node
+    let types: Vec<String> = node
         .call("read marker keys", None, pipe.query_async(&mut conn))
         .await?;
-    Ok(values.iter().map(Option::is_some).collect())
+    Ok(types.iter().map(|kind| kind != "none").collect())
 }
 
 /// Best effort: the key expires anyway.

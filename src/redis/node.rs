@@ -211,9 +211,9 @@ impl Node {
 
     /// The server's `run_id` (`INFO server`): drawn at random when its process starts,
     /// the same on every connection to it (`distinct_masters.rs`). `None` if the server
-    /// answered without one: `INFO` refused (an ACL without it, the command renamed) or
-    /// no `run_id` line (a proxy answering `INFO` itself). A server that does not answer
-    /// is an error.
+    /// answered without one: `INFO` refused (an ACL without it, the command renamed), an
+    /// answer of another shape or without a `run_id` line (a proxy answering `INFO`
+    /// itself). A server that does not answer is an error.
     pub(crate) async fn run_id(&self) -> Result<Option<String>, LockError> {
         let mut conn = self.connection();
         let reply: Result<String, RedisError> = redis::cmd("INFO")
@@ -226,8 +226,15 @@ impl Node {
                 .find_map(|line| line.strip_prefix("run_id:"))
                 .map(|id| id.trim().to_owned())
                 .filter(|id| !id.is_empty())),
-            Err(err) if matches!(err.kind(), ErrorKind::Server(_) | ErrorKind::Extension) => {
-                tracing::debug!(server = %self.address, %err, "INFO server refused");
+            // Refused, renamed, or an answer of another shape (a proxy's): not told.
+            // The marker keys compare every master anyway.
+            Err(err)
+                if !(err.is_timeout()
+                    || err.is_io_error()
+                    || err.is_connection_dropped()
+                    || err.is_connection_refusal()) =>
+            {
+                tracing::debug!(server = %self.address, %err, "INFO server gave no run_id");
                 Ok(None)
             }
             Err(err) => {
