@@ -146,9 +146,14 @@ impl EtcdConfig {
     /// Whether the lock's key-value requests (joins, releases, reads of a queue) go over
     /// fencelock's own HTTP/2 connection (the default) rather than tonic's channel.
     /// It sends each request from its caller's task (tonic's hands it to two other tasks
-    /// first): about a tenth more lock cycles at one and eight tasks on a 2-core machine
-    /// (`docs/bench.md`). Used only with plaintext endpoints and without credentials;
-    /// with TLS or a user, and for watches and lease keep-alives always, tonic's channel
+    /// first): about a tenth more lock cycles at one and eight tasks on a 2-core machine,
+    /// etcd without fsync (`docs/bench.md`). What changes besides: it keeps one
+    /// connection, to one member at a time (tonic's balances requests over every
+    /// member), and leaves it for another member when it fails, when the member answers
+    /// `Unavailable`, or when a request is given up unanswered after 250 ms (or half the
+    /// request timeout) with nothing answered on it meanwhile (`docs/etcd.md`). Used only
+    /// with plaintext endpoints and without credentials (none in the URLs either); with
+    /// TLS or a user, and for watches and lease keep-alives always, tonic's channel
     /// carries everything. `false` sends everything through tonic's channel.
     pub fn with_own_transport(mut self, on: bool) -> Self {
         self.own_transport = on;
@@ -171,7 +176,9 @@ impl EtcdConfig {
                 if address.contains('@') {
                     return None;
                 }
-                address.parse().ok()
+                // Without a port, tonic's default (80) applies: left to it.
+                let authority: http::uri::Authority = address.parse().ok()?;
+                authority.port_u16().map(|_| authority)
             })
             .collect()
     }
@@ -376,6 +383,8 @@ mod tests {
         assert!(tls.own_transport_endpoints().is_none());
         let userinfo = EtcdConfig::new(["http://u:p@127.0.0.1:2379"]);
         assert!(userinfo.own_transport_endpoints().is_none());
+        let no_port = EtcdConfig::new(["http://etcd"]);
+        assert!(no_port.own_transport_endpoints().is_none());
     }
 
     #[test]

@@ -562,7 +562,7 @@ async fn kv_client(
         return Ok(super::answers::kv(client));
     };
     let timeout = config.connect_timeout;
-    let lane = crate::grpc_transport::Lane::new(endpoints, timeout);
+    let lane = crate::grpc_transport::Lane::new(endpoints, timeout, config.request_timeout);
     let channel = etcd_client::Channel::Custom(tower::util::BoxCloneSyncService::new(lane));
     // The same options as the channel's (require-leader above all); no credentials (the
     // transport is not used with them), so this sends nothing.

@@ -46,7 +46,7 @@ pub(super) async fn send_body(
 
 /// A failure after the request's stream was opened: its fate is unknown.
 fn sent_in_part(err: h2::Error) -> Status {
-    Status::unavailable(format!("transport error: {err}"))
+    super::lane::fate_unknown("transport error", &err)
 }
 
 /// An answer's body for tonic: the data as it comes (its flow-control window released
@@ -71,7 +71,8 @@ impl Answer {
 /// A broken answer, in the words `etcd/call.rs` reads as a broken connection with the
 /// request's fate unknown (as hyper's).
 fn broken(err: &h2::Error) -> Status {
-    Status::unknown(format!("h2 protocol error: {err}"))
+    let unavailable = super::lane::fate_unknown("h2 protocol error", err);
+    Status::unknown(unavailable.message())
 }
 
 impl Body for Answer {
@@ -89,7 +90,12 @@ impl Body for Answer {
                     let _ = self.stream.flow_control().release_capacity(data.len());
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
-                Poll::Ready(Some(Err(err))) => return Poll::Ready(Some(Err(broken(&err)))),
+                Poll::Ready(Some(Err(err))) => {
+                    if err.is_remote() && err.is_reset() {
+                        self.in_flight.answered();
+                    }
+                    return Poll::Ready(Some(Err(broken(&err))));
+                }
                 Poll::Ready(None) => self.data_done = true,
                 Poll::Pending => return Poll::Pending,
             }
@@ -103,7 +109,12 @@ impl Body for Answer {
                 self.in_flight.answered();
                 Poll::Ready(None)
             }
-            Poll::Ready(Err(err)) => Poll::Ready(Some(Err(broken(&err)))),
+            Poll::Ready(Err(err)) => {
+                if err.is_remote() && err.is_reset() {
+                    self.in_flight.answered();
+                }
+                Poll::Ready(Some(Err(broken(&err))))
+            }
             Poll::Pending => Poll::Pending,
         }
     }

@@ -3,7 +3,7 @@
 
 use std::pin::pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,16 +16,19 @@ use tracing::Instrument;
 /// may take (the tonic channel's keep-alive, `etcd/config.rs`).
 const PING_EVERY: Duration = Duration::from_secs(10);
 const PING_ANSWER: Duration = Duration::from_secs(5);
-/// The least time between two pings: etcd's `--grpc-keepalive-min-time` (5 s by
-/// default); grpc-go answers pings more often than that (three times) with GOAWAY
-/// `too_many_pings`, which would fail the requests in flight.
-const PING_GAP: Duration = Duration::from_secs(5);
+/// The least time between two pings: above etcd's `--grpc-keepalive-min-time` (5 s by
+/// default; grpc-go measures it between arrivals, so a margin for jitter), below which
+/// grpc-go answers pings (three times) with GOAWAY `too_many_pings`, failing the
+/// requests in flight.
+const PING_GAP: Duration = Duration::from_secs(6);
 
-/// A request given up unanswered after this long says the member is not serving (a
-/// defragmentation, a stalled disk, a silent connection): the connection is left for the
-/// next member. A healthy member answers in milliseconds; a caller that gives up sooner
-/// (its own wait ended) says nothing about the member.
-const UNSERVED_AFTER: Duration = Duration::from_millis(250);
+/// A request given up unanswered after this long (or half the request timeout, if
+/// less), with no answer at all on its connection since it was sent, says the member is
+/// not serving (a defragmentation, a stalled disk, a silent connection): the connection
+/// is left for another member. A healthy member answers in milliseconds; a caller that
+/// gives up sooner (its own wait ended), or while other answers come, says nothing
+/// about the member.
+pub(super) const UNSERVED_AFTER: Duration = Duration::from_millis(250);
 
 /// TCP keep-alive while the connection is idle (no requests, so no pings): keeps a NAT
 /// or load balancer from forgetting the flow, and ends a connection whose peer is gone
@@ -41,13 +44,20 @@ const STREAM_WINDOW: u32 = 4 << 20;
 const CONNECTION_WINDOW: u32 = 16 << 20;
 
 /// What a connection's users and its driver share.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct State {
     /// The driver ended: the connection is closed or was found dead.
     closed: AtomicBool,
-    /// A request on it was given up unanswered after [`UNSERVED_AFTER`]: new requests go
-    /// to the next member (those in flight finish here).
+    /// A request on it was given up unanswered after `unserved_after`, with no answer on
+    /// the connection meanwhile: new requests go to another member (those in flight
+    /// finish here).
     unserved: AtomicBool,
+    /// [`UNSERVED_AFTER`], or half the request timeout if less.
+    unserved_after: Duration,
+    /// When the connection opened, and when (microseconds after that) the member last
+    /// answered anything on it.
+    opened: std::time::Instant,
+    last_answer: AtomicU64,
     /// Requests sent whose answer is not yet read to its end.
     in_flight: AtomicUsize,
     /// A request was given up before its answer came (its caller timed out): the driver
@@ -58,6 +68,23 @@ pub(super) struct State {
 }
 
 impl State {
+    fn new(unserved_after: Duration) -> Self {
+        Self {
+            closed: AtomicBool::new(false),
+            unserved: AtomicBool::new(false),
+            unserved_after,
+            opened: std::time::Instant::now(),
+            last_answer: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+            suspect: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Microseconds since the connection opened.
+    fn now(&self) -> u64 {
+        u64::try_from(self.opened.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
     /// Whether new requests may go out on this connection: it is open, and no request
     /// on it was given up unanswered for long.
     pub(super) fn is_usable(&self) -> bool {
@@ -71,7 +98,8 @@ impl State {
 #[derive(Debug)]
 pub(super) struct InFlight {
     state: Arc<State>,
-    sent: std::time::Instant,
+    /// Microseconds after the connection opened.
+    sent: u64,
     answered: bool,
 }
 
@@ -80,14 +108,18 @@ impl InFlight {
         state.in_flight.fetch_add(1, Ordering::Relaxed);
         Self {
             state: state.clone(),
-            sent: std::time::Instant::now(),
+            sent: state.now(),
             answered: false,
         }
     }
 
-    /// The member answered: the answer's end (its trailers), or a status in its headers.
+    /// The member answered (the answer's end, a status in its headers, or a reset of
+    /// the stream by the member): it is alive and serving.
     pub(super) fn answered(&mut self) {
         self.answered = true;
+        self.state
+            .last_answer
+            .fetch_max(self.state.now(), Ordering::Relaxed);
     }
 }
 
@@ -97,7 +129,10 @@ impl Drop for InFlight {
         if self.answered {
             return;
         }
-        if self.sent.elapsed() >= UNSERVED_AFTER {
+        let now = self.state.now();
+        let waited = Duration::from_micros(now.saturating_sub(self.sent));
+        let answered_since = self.state.last_answer.load(Ordering::Relaxed) >= self.sent;
+        if waited >= self.state.unserved_after && !answered_since {
             self.state.unserved.store(true, Ordering::Release);
         }
         self.state.suspect.notify_one();
@@ -116,8 +151,10 @@ impl Drop for ClosedOnDrop {
 
 /// Opens a connection to `authority` (the caller bounds the time); its driver runs
 /// until the connection ends or stops answering pings, or every sender is dropped.
+/// `unserved_after`: see [`UNSERVED_AFTER`].
 pub(super) async fn open(
     authority: &Authority,
+    unserved_after: Duration,
 ) -> Result<(SendRequest<Bytes>, Arc<State>), std::io::Error> {
     let tcp = TcpStream::connect(authority.as_str()).await?;
     // A request is one or two small frames: sent at once, not held for more.
@@ -133,7 +170,7 @@ pub(super) async fn open(
         .handshake::<_, Bytes>(tcp)
         .await
         .map_err(std::io::Error::other)?;
-    let state = Arc::new(State::default());
+    let state = Arc::new(State::new(unserved_after));
     let span = tracing::debug_span!("etcd connection", member = %authority);
     tokio::spawn(drive(connection, state.clone()).instrument(span));
     Ok((send, state))
@@ -151,7 +188,10 @@ async fn drive(mut connection: h2::client::Connection<TcpStream, Bytes>, state: 
     let mut answer_by: Option<tokio::time::Instant> = None;
     let mut last_ping: Option<tokio::time::Instant> = None;
     loop {
+        // Biased: the connection's reads first (a pong already read must count before
+        // its deadline, after the process was paused), then the pong, then the rest.
         let ping_now = tokio::select! {
+            biased;
             ended = &mut connection => {
                 if let Err(err) = ended {
                     tracing::debug!(%err, "connection ended");
@@ -193,5 +233,32 @@ async fn drive(mut connection: h2::client::Connection<TcpStream, Bytes>, state: 
             last_ping = Some(now);
             answer_by = Some(now + PING_ANSWER);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request given up unanswered leaves its connection only if it waited long and
+    /// nothing was answered on the connection meanwhile (a caller that gives up while
+    /// the member answers others says nothing about the member).
+    #[test]
+    fn a_connection_is_left_only_for_a_long_wait_without_any_answer() {
+        let state = Arc::new(State::new(Duration::from_millis(20)));
+        let short = InFlight::new(&state);
+        drop(short);
+        assert!(state.is_usable(), "given up at once");
+        let waiting = InFlight::new(&state);
+        std::thread::sleep(Duration::from_millis(30));
+        let mut answered = InFlight::new(&state);
+        answered.answered();
+        drop(answered);
+        drop(waiting);
+        assert!(state.is_usable(), "another request was answered meanwhile");
+        let silent = InFlight::new(&state);
+        std::thread::sleep(Duration::from_millis(30));
+        drop(silent);
+        assert!(!state.is_usable(), "a long wait with no answer");
     }
 }

@@ -28,6 +28,8 @@ pub(crate) struct Lane {
 struct Shared {
     endpoints: Vec<Authority>,
     connect_timeout: Duration,
+    /// `connection::UNSERVED_AFTER`, or half the request timeout if less.
+    unserved_after: Duration,
     /// The connection requests go out on, if one is open.
     live: Mutex<Option<Live>>,
     /// One connect at a time: requests that find no connection wait for the one being
@@ -57,12 +59,18 @@ impl std::fmt::Debug for Live {
 
 impl Lane {
     /// A transport to `endpoints` (`host:port`, at least one), connecting within
-    /// `connect_timeout` when a request first needs it.
-    pub(crate) fn new(endpoints: Vec<Authority>, connect_timeout: Duration) -> Self {
+    /// `connect_timeout` when a request first needs it; its callers give up on a request
+    /// after `request_timeout`.
+    pub(crate) fn new(
+        endpoints: Vec<Authority>,
+        connect_timeout: Duration,
+        request_timeout: Duration,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 endpoints,
                 connect_timeout,
+                unserved_after: connection::UNSERVED_AFTER.min(request_timeout / 2),
                 live: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
                 next: AtomicUsize::new(random_start()),
@@ -94,8 +102,12 @@ impl Lane {
         }
     }
 
+    /// The next connect goes to another member than `endpoint`, chosen at random (a
+    /// fleet that leaves one member spreads over the others, as under tonic's balancer).
     fn move_past(&self, endpoint: usize) {
-        self.shared.next.store(endpoint + 1, Ordering::Relaxed);
+        let others = self.shared.endpoints.len().saturating_sub(1).max(1);
+        let next = endpoint + 1 + random_start() % others;
+        self.shared.next.store(next, Ordering::Relaxed);
     }
 
     /// Leaves `failed` for the next member, unless another request already did.
@@ -134,7 +146,12 @@ impl Lane {
                 "{NOT_SENT}: tcp connect error: {authority}: {reason}"
             ))
         };
-        let (send, state) = match tokio::time::timeout(timeout, connection::open(authority)).await {
+        let (send, state) = match tokio::time::timeout(
+            timeout,
+            connection::open(authority, self.shared.unserved_after),
+        )
+        .await
+        {
             Ok(Ok(opened)) => opened,
             Ok(Err(err)) => return Err(failed(err.to_string())),
             Err(_) => return Err(failed(format!("no connection within {timeout:?}"))),
@@ -202,10 +219,14 @@ impl Lane {
         let answer = match answer.await {
             Ok(answer) => answer,
             Err(err) => {
+                if err.is_remote() && err.is_reset() {
+                    // The member reset the stream: alive, if not for this request.
+                    in_flight.answered();
+                }
                 if err.is_io() || err.is_go_away() || !live.state.is_usable() {
                     self.retire(&live);
                 }
-                return Err(Status::unavailable(format!("transport error: {err}")));
+                return Err(fate_unknown("transport error", &err));
             }
         };
         if let Some(code) = answer.headers().get("grpc-status") {
@@ -226,6 +247,31 @@ impl Lane {
 /// h2 refused to open the stream: nothing of the request was queued.
 fn not_sent(err: &h2::Error) -> Status {
     Status::unavailable(format!("{NOT_SENT}: the connection closed: {err}"))
+}
+
+/// A failure after the request's stream was opened: its fate is unknown. `what` is the
+/// text `etcd/call.rs` reads as a broken connection. Only the error's kind follows, never
+/// text a server chose (a GOAWAY's debug data): `may_have_applied` reads some words as
+/// proof a request was never sent, and a server's text must not pass for them.
+pub(super) fn fate_unknown(what: &str, err: &h2::Error) -> Status {
+    let kind = if let Some(io) = err.get_io() {
+        format!("i/o {:?}", io.kind())
+    } else if let Some(reason) = err.reason() {
+        let side = if err.is_remote() {
+            "by the member"
+        } else {
+            "here"
+        };
+        let how = if err.is_go_away() {
+            "connection closed"
+        } else {
+            "stream reset"
+        };
+        format!("{how} {side} ({reason:?})")
+    } else {
+        "connection lost".to_owned()
+    };
+    Status::unavailable(format!("{what}: {kind}"))
 }
 
 /// The least share of the connect timeout a member gets.

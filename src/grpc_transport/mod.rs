@@ -25,19 +25,23 @@
 //! - etcd serves key-value requests on every member (a follower forwards writes to the
 //!   leader, and a linearizable read is confirmed with it, `etcdserver/v3_server.go`), so
 //!   one connection to any member will do, starting from a random one (a fleet spreads
-//!   over the members). The connection is left for one to the next member when it fails,
-//!   when a member answers `Unavailable` (with require-leader: "etcdserver: no leader",
-//!   cut off into a minority), and when a request on it is given up unanswered after
-//!   250 ms (a member alive but not serving: a defragmentation, a stalled disk; or a
-//!   connection gone silent): the retry a timeout gets goes out on a new connection.
-//!   A connect gets a share of the connect timeout per member, so one host that drops
-//!   connects leaves time for the others.
+//!   over the members). The connection is left for one to another member (at random)
+//!   when it fails, when a member answers `Unavailable` (with require-leader: "etcdserver:
+//!   no leader", cut off into a minority), and when a request on it is given up
+//!   unanswered after 250 ms (or half the request timeout) with nothing at all answered
+//!   on it meanwhile (a member alive but not serving: a defragmentation, a stalled disk;
+//!   or a connection gone silent): the retry a timeout gets goes out on a new
+//!   connection. A connect gets a share of the connect timeout per member, so one host
+//!   that drops connects leaves time for the others.
 //! - HTTP/2 PING while requests are in flight (every 10 s, 5 s to answer, as the tonic
 //!   channel's keep-alive is configured) and once when a request is given up unanswered,
-//!   never two within 5 s (etcd's `--grpc-keepalive-min-time`; grpc-go answers pings more
-//!   often than that with GOAWAY). While idle, TCP keep-alive (10 s, then 3 probes 5 s
-//!   apart) keeps a NAT or load balancer's flow and ends a connection whose peer is gone;
-//!   HTTP/2 pings would count against an idle client (etcd permits none without streams).
+//!   never two within 6 s (etcd's `--grpc-keepalive-min-time` is 5 s; grpc-go answers
+//!   pings more often than that with GOAWAY). While idle, TCP keep-alive (10 s, then 3
+//!   probes 5 s apart) keeps a NAT or load balancer's flow and ends a connection whose
+//!   peer is gone; HTTP/2 pings would count against an idle client (etcd permits none
+//!   without streams).
+//! - Errors after a request's stream opened carry only the error's kind, never text a
+//!   server chose: `etcd/call.rs` reads some words as proof a request was never sent.
 
 mod answer;
 mod connection;

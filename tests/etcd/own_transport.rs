@@ -33,6 +33,19 @@ impl TwoPaths {
         Self { a, b, locks }
     }
 
+    /// Started, a lock taken and released, then the transport's connection silenced.
+    async fn silenced_after_a_lock(cluster: &fencelock::testkit::EtcdCluster) -> Self {
+        let paths = Self::start(cluster).await;
+        let guard = paths
+            .locks
+            .lock("x", &options())
+            .await
+            .expect("lock before");
+        released(guard.release().await);
+        paths.silence_the_transport();
+        paths
+    }
+
     /// The transport's connection goes silent for good (its peer crashed behind an
     /// address that still answers); the other path and every new connection work.
     fn silence_the_transport(&self) {
@@ -52,25 +65,15 @@ fn options() -> LockOptions {
         .with_wait_timeout(Duration::from_secs(5))
 }
 
-/// The transport's connection goes silent while locks are taken: a request given up
-/// unanswered leaves it for the next member, so locks go on within a few request
-/// timeouts, not after a ping's answer time (5 s) or the periodic keep-alive (10 s, then
-/// 5 s). Before: no lock for 10.1 s (the periodic ping alone), then 5.5 s (a ping when a
-/// request was given up).
+/// The transport's connection goes silent between two locks, and locks are tried again
+/// and again from then on: the first request given up unanswered leaves the connection,
+/// so a lock is taken within a few request timeouts, not after a ping's answer time
+/// (5 s) or the periodic keep-alive (10 s, then 5 s). Before: 5.5 s (a ping when a
+/// request was given up), 10.1 s (the periodic ping alone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_connection_is_left_once_a_request_on_it_is_given_up() {
     let cluster = etcd().await;
-    let paths = TwoPaths::start(&cluster).await;
-    released(
-        paths
-            .locks
-            .lock("x", &options())
-            .await
-            .expect("lock before")
-            .release()
-            .await,
-    );
-    paths.silence_the_transport();
+    let paths = TwoPaths::silenced_after_a_lock(&cluster).await;
     let silent = Instant::now();
     let wait = options().with_wait_timeout(Duration::from_secs(1));
     let mut failures = Vec::new();
@@ -96,17 +99,7 @@ async fn a_silent_connection_is_left_once_a_request_on_it_is_given_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_gone_silent_while_idle_costs_a_request_not_the_lock() {
     let cluster = etcd().await;
-    let paths = TwoPaths::start(&cluster).await;
-    released(
-        paths
-            .locks
-            .lock("x", &options())
-            .await
-            .expect("lock before")
-            .release()
-            .await,
-    );
-    paths.silence_the_transport();
+    let paths = TwoPaths::silenced_after_a_lock(&cluster).await;
     let guard = paths
         .locks
         .lock("x", &options())

@@ -183,9 +183,21 @@ impl TwoPaths {
 
     /// A locker whose endpoints are both paths (only `a` accepts for now).
     pub async fn locker(&self, namespace: &str, request_timeout: Duration) -> EtcdLocker {
+        self.locker_with(namespace, request_timeout, true).await
+    }
+
+    /// [`locker`](Self::locker), with fencelock's own transport for the sessions'
+    /// requests (`own`) or tonic's channel for everything.
+    pub async fn locker_with(
+        &self,
+        namespace: &str,
+        request_timeout: Duration,
+        own: bool,
+    ) -> EtcdLocker {
         let config = fencelock::etcd::EtcdConfig::new([self.a.http_url(), self.b.http_url()])
             .with_namespace(namespace)
-            .with_request_timeout(request_timeout);
+            .with_request_timeout(request_timeout)
+            .with_own_transport(own);
         EtcdLocker::connect(config)
             .await
             .expect("connect through path a")
