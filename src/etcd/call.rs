@@ -195,6 +195,11 @@ const NEVER_SENT: [&str; 5] = [
     crate::grpc_transport::NOT_SENT,
 ];
 
+/// A proxy's answer for a member it could not reach or lost mid-request (Envoy's local
+/// reply for gRPC), which contains the [`NEVER_SENT`] sign "connect error" but says
+/// nothing of whether the request was forwarded.
+const PROXY_ANSWER: &str = "upstream connect error";
+
 /// etcd's answers that refuse a request before it enters Raft, or that Raft refused on
 /// every member alike (`etcdserver/api/v3rpc/rpctypes/error.go`; `v3_server.go`
 /// `processInternalRaftRequestOnce`, `apply.go`, `apply_auth.go`).
@@ -227,6 +232,11 @@ pub(crate) fn may_have_applied(err: &LockError) -> bool {
         | LockError::InvalidOption { .. } => false,
         LockError::Unavailable { source, .. } | LockError::Backend { source, .. } => {
             let text = source.to_string();
+            // A proxy's own answer (Envoy's "upstream connect error or disconnect/reset
+            // before headers") may follow a request it forwarded: not a sign.
+            if text.contains(PROXY_ANSWER) {
+                return true;
+            }
             !NEVER_SENT
                 .iter()
                 .chain(REFUSED.iter())
@@ -362,6 +372,23 @@ mod tests {
             may_have_applied(&reset),
             "a reset answer leaves the fate unknown"
         );
+        let proxied = map_error(
+            "acquire",
+            Some("x"),
+            etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
+                "upstream connect error or disconnect/reset before headers. reset reason: \
+                 connection termination",
+            )),
+        );
+        assert!(may_have_applied(&proxied), "a proxy may have forwarded it");
+        let refused = map_error(
+            "acquire",
+            Some("x"),
+            etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
+                "tcp connect error: Connection refused (os error 111)",
+            )),
+        );
+        assert!(!may_have_applied(&refused), "never sent");
         let other = map_error(
             "acquire",
             None,

@@ -151,7 +151,7 @@ impl EtcdConfig {
     /// connection, to one member at a time (tonic's balances requests over every
     /// member), and leaves it for another member when it fails, when the member answers
     /// `Unavailable`, or when a request is given up unanswered after 250 ms (or half the
-    /// request timeout) with nothing answered on it meanwhile (`docs/etcd.md`). Used only
+    /// request timeout) with nothing answered on it for as long (`docs/etcd.md`). Used only
     /// with plaintext endpoints and without credentials (none in the URLs either); with
     /// TLS or a user, and for watches and lease keep-alives always, tonic's channel
     /// carries everything. `false` sends everything through tonic's channel.

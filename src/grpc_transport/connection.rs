@@ -23,9 +23,9 @@ const PING_ANSWER: Duration = Duration::from_secs(5);
 const PING_GAP: Duration = Duration::from_secs(6);
 
 /// A request given up unanswered after this long (or half the request timeout, if
-/// less), with no answer at all on its connection since it was sent, says the member is
-/// not serving (a defragmentation, a stalled disk, a silent connection): the connection
-/// is left for another member. A healthy member answers in milliseconds; a caller that
+/// less), with no answer at all on its connection for as long, says the member is not
+/// serving (a defragmentation, a stalled disk, a silent connection): the connection is
+/// left for another member. A healthy member answers in milliseconds; a caller that
 /// gives up sooner (its own wait ended), or while other answers come, says nothing
 /// about the member.
 pub(super) const UNSERVED_AFTER: Duration = Duration::from_millis(250);
@@ -49,7 +49,7 @@ pub(super) struct State {
     /// The driver ended: the connection is closed or was found dead.
     closed: AtomicBool,
     /// A request on it was given up unanswered after `unserved_after`, with no answer on
-    /// the connection meanwhile: new requests go to another member (those in flight
+    /// the connection for as long: new requests go to another member (those in flight
     /// finish here).
     unserved: AtomicBool,
     /// [`UNSERVED_AFTER`], or half the request timeout if less.
@@ -129,10 +129,15 @@ impl Drop for InFlight {
         if self.answered {
             return;
         }
+        // Left when this request waited long and nothing at all was answered on the
+        // connection for as long: answers sent before a member stalled still arrive
+        // after it stalled, so "nothing since this request was sent" would spare every
+        // request in flight then, and their retries would follow them onto it.
         let now = self.state.now();
-        let waited = Duration::from_micros(now.saturating_sub(self.sent));
-        let answered_since = self.state.last_answer.load(Ordering::Relaxed) >= self.sent;
-        if waited >= self.state.unserved_after && !answered_since {
+        let since = |at: u64| Duration::from_micros(now.saturating_sub(at));
+        let last_answer = self.state.last_answer.load(Ordering::Relaxed);
+        let limit = self.state.unserved_after;
+        if since(self.sent) >= limit && since(last_answer) >= limit {
             self.state.unserved.store(true, Ordering::Release);
         }
         self.state.suspect.notify_one();
@@ -241,7 +246,7 @@ mod tests {
     use super::*;
 
     /// A request given up unanswered leaves its connection only if it waited long and
-    /// nothing was answered on the connection meanwhile (a caller that gives up while
+    /// nothing was answered on the connection for as long (a caller that gives up while
     /// the member answers others says nothing about the member).
     #[test]
     fn a_connection_is_left_only_for_a_long_wait_without_any_answer() {
@@ -255,10 +260,19 @@ mod tests {
         answered.answered();
         drop(answered);
         drop(waiting);
-        assert!(state.is_usable(), "another request was answered meanwhile");
+        assert!(state.is_usable(), "another request was answered just now");
+        // Sent before the last answer (one already on its way when the member went
+        // silent), given up long after it.
         let silent = InFlight::new(&state);
+        let mut late = InFlight::new(&state);
+        std::thread::sleep(Duration::from_millis(5));
+        late.answered();
+        drop(late);
         std::thread::sleep(Duration::from_millis(30));
         drop(silent);
-        assert!(!state.is_usable(), "a long wait with no answer");
+        assert!(
+            !state.is_usable(),
+            "a long wait with nothing answered for as long"
+        );
     }
 }

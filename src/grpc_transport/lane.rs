@@ -1,5 +1,6 @@
 //! The transport as a tower service for etcd-client (`Channel::Custom`): one connection
-//! at a time, to one member, moving on to the next when it fails.
+//! at a time, to one member, moving on to the next (in an order of its own) when it
+//! fails.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -37,8 +38,10 @@ struct Shared {
     connecting: tokio::sync::Mutex<()>,
     /// Which endpoint to connect to next (modulo their number). Moved on *before* a
     /// connect starts, so that a connect cut short (its caller timed out on a silent
-    /// member) leaves the next attempt to the next member. Starts at a random one, so
-    /// that a fleet of clients spreads over the members, as tonic's balancer does.
+    /// member) leaves the next attempt to the next member. The endpoints are in an order
+    /// of this client's own, drawn at random: going round it tries every member once
+    /// per round, and a fleet of clients spreads over the members (at the start, and
+    /// when they leave one), as under tonic's balancer.
     next: AtomicUsize,
 }
 
@@ -66,6 +69,8 @@ impl Lane {
         connect_timeout: Duration,
         request_timeout: Duration,
     ) -> Self {
+        let mut endpoints = endpoints;
+        shuffle(&mut endpoints);
         Self {
             shared: Arc::new(Shared {
                 endpoints,
@@ -73,7 +78,7 @@ impl Lane {
                 unserved_after: connection::UNSERVED_AFTER.min(request_timeout / 2),
                 live: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
-                next: AtomicUsize::new(random_start()),
+                next: AtomicUsize::new(0),
             }),
         }
     }
@@ -102,12 +107,9 @@ impl Lane {
         }
     }
 
-    /// The next connect goes to another member than `endpoint`, chosen at random (a
-    /// fleet that leaves one member spreads over the others, as under tonic's balancer).
+    /// The next connect goes to the member after `endpoint` in this client's order.
     fn move_past(&self, endpoint: usize) {
-        let others = self.shared.endpoints.len().saturating_sub(1).max(1);
-        let next = endpoint + 1 + random_start() % others;
-        self.shared.next.store(next, Ordering::Relaxed);
+        self.shared.next.store(endpoint + 1, Ordering::Relaxed);
     }
 
     /// Leaves `failed` for the next member, unless another request already did.
@@ -277,14 +279,21 @@ pub(super) fn fate_unknown(what: &str, err: &h2::Error) -> Status {
 /// The least share of the connect timeout a member gets.
 const MIN_CONNECT_SHARE: Duration = Duration::from_millis(250);
 
-/// A random endpoint index to start from (std's hasher keys are random per process and
-/// per `RandomState`).
-fn random_start() -> usize {
+/// A random number (std's hasher keys are random per process and per `RandomState`).
+fn random() -> u64 {
     use std::hash::{BuildHasher, Hasher};
-    let bits = std::collections::hash_map::RandomState::new()
+    std::collections::hash_map::RandomState::new()
         .build_hasher()
-        .finish();
-    usize::try_from(bits % 1024).unwrap_or(0)
+        .finish()
+}
+
+/// Puts `items` in a random order (Fisher-Yates).
+fn shuffle<T>(items: &mut [T]) {
+    for last in (1..items.len()).rev() {
+        let bound = u64::try_from(last + 1).unwrap_or(u64::MAX);
+        let pick = usize::try_from(random() % bound).unwrap_or(0);
+        items.swap(last, pick);
+    }
 }
 
 impl tower::Service<http::Request<tonic::body::Body>> for Lane {
@@ -300,5 +309,18 @@ impl tower::Service<http::Request<tonic::body::Body>> for Lane {
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let lane = self.clone();
         Box::pin(async move { lane.send(request).await.map_err(Into::into) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_shuffle_keeps_every_endpoint_once() {
+        for len in 0..6 {
+            let mut items: Vec<usize> = (0..len).collect();
+            super::shuffle(&mut items);
+            items.sort_unstable();
+            assert_eq!(items, (0..len).collect::<Vec<_>>());
+        }
     }
 }

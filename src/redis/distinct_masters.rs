@@ -24,9 +24,10 @@ use crate::{Backend, LockError};
 /// - **By marker keys**: each master gets a key of its own (which expires), then every
 ///   master reads every key (`TYPE`); a master that sees another's is the same database under
 ///   two names. This needs no `INFO` (the minimal ACL has none) and does not trust what
-///   a proxy says of itself: it asks the data. A master that does not see its own
-///   marker cannot be checked (a proxy splitting reads from writes) and fails the
-///   connect.
+///   a proxy says of itself: it asks the data. A master that refuses its marker (out of
+///   memory, a failed save) still reads the others', and passes on its `run_id` alone;
+///   one that tells no `run_id` and does not show its own marker (refused, or a proxy
+///   splitting reads from writes) cannot be checked and fails the connect.
 ///
 /// A master that does not answer fails the connect, as it would anyway. The check holds
 /// at connect; a name that later resolves elsewhere (DNS) is not seen.
@@ -67,7 +68,9 @@ pub(crate) async fn refuse_one_server_twice(
     )
     .await;
     let found = match placed {
-        Ok(_) => try_join_all(nodes.iter().map(|node| seen_markers(node, &markers))).await,
+        Ok(placed) => try_join_all(nodes.iter().map(|node| seen_markers(node, &markers)))
+            .await
+            .map(|found| (placed, found)),
         Err(err) => Err(err),
     };
     // Removed in the background: the check's answer does not wait for it (nor does a
@@ -76,24 +79,35 @@ pub(crate) async fn refuse_one_server_twice(
     tokio::spawn(async move {
         join_all(removal.iter().map(|(node, marker)| remove(node, marker))).await;
     });
-    for (j, seen) in found?.iter().enumerate() {
-        if !seen.get(j).copied().unwrap_or(false) {
-            return Err(LockError::InvalidConfig {
-                backend,
-                reason: format!(
-                    "{:?} does not show the key just written to it (a proxy that reads \
-                     elsewhere?): cannot check that each Redlock master is a server of its \
-                     own",
-                    shown[j]
-                ),
-            });
-        }
+    let (placed, found) = found?;
+    for (j, seen) in found.iter().enumerate() {
         if let Some(i) = (0..seen.len()).find(|&i| i != j && seen[i]) {
             return Err(refused(
                 i.min(j),
                 i.max(j),
                 "one sees the other's marker key",
             ));
+        }
+        let own = seen.get(j).copied().unwrap_or(false);
+        match (placed[j], own, &ids[j]) {
+            (true, true, _) => {}
+            // Refused the write (out of memory under noeviction, a failed save, a
+            // replica): its run_id was compared, and it read the others' markers.
+            (false, _, Some(_)) => tracing::warn!(
+                server = %shown[j],
+                "the master refused its marker key; it was compared by run_id only"
+            ),
+            (true, false, _) | (false, _, None) => {
+                return Err(LockError::InvalidConfig {
+                    backend,
+                    reason: format!(
+                        "{:?} neither tells its run_id nor shows a key written to it (a \
+                         proxy that reads elsewhere? a write refused?): cannot check that \
+                         each Redlock master is a server of its own",
+                        shown[j]
+                    ),
+                });
+            }
         }
     }
     Ok(())
@@ -102,21 +116,32 @@ pub(crate) async fn refuse_one_server_twice(
 /// How long a marker key lives if its removal fails.
 const MARKER_LIFE: Duration = Duration::from_secs(60);
 
-async fn place(node: &Node, marker: &str) -> Result<(), LockError> {
+/// Writes `marker` on `node`: `Ok(false)` if the server refused the write (out of
+/// memory, a failed save, a read-only replica): it can still read the others' markers.
+async fn place(node: &Node, marker: &str) -> Result<bool, LockError> {
     let mut conn = node.connection();
     let life = u64::try_from(MARKER_LIFE.as_millis()).unwrap_or(u64::MAX);
-    node.call(
-        "place a marker key",
-        None,
-        redis::cmd("SET")
-            .arg(marker)
-            .arg(1)
-            .arg("NX")
-            .arg("PX")
-            .arg(life)
-            .query_async::<()>(&mut conn),
-    )
-    .await
+    let written = node
+        .call(
+            "place a marker key",
+            None,
+            redis::cmd("SET")
+                .arg(marker)
+                .arg(1)
+                .arg("NX")
+                .arg("PX")
+                .arg(life)
+                .query_async::<()>(&mut conn),
+        )
+        .await;
+    match written {
+        Ok(()) => Ok(true),
+        Err(LockError::Backend { source, .. }) => {
+            tracing::debug!(server = %node.address, %source, "marker key refused");
+            Ok(false)
+        }
+        Err(err) => Err(err),
+    }
 }
 
 /// Which of `markers` `node` holds.

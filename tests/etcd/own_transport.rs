@@ -49,13 +49,17 @@ impl TwoPaths {
     /// The transport's connection goes silent for good (its peer crashed behind an
     /// address that still answers); the other path and every new connection work.
     fn silence_the_transport(&self) {
+        self.transport_path().blackhole(2);
+    }
+
+    /// The path the transport's connection goes through (connection 2 there).
+    fn transport_path(&self) -> &FaultProxy {
         let accepted = [&self.a, &self.b].map(FaultProxy::connections_accepted);
-        let path = match accepted {
+        match accepted {
             [2, 1] => &self.a,
             [1, 2] => &self.b,
             other => panic!("one connection each for tonic, one more for the transport: {other:?}"),
-        };
-        path.blackhole(2);
+        }
     }
 }
 
