@@ -163,7 +163,11 @@ impl EtcdConfig {
     /// The members fencelock's own transport reaches (`host:port` each), if this
     /// configuration uses it (see [`with_own_transport`](Self::with_own_transport)).
     pub(crate) fn own_transport_endpoints(&self) -> Option<Vec<http::uri::Authority>> {
-        if !self.own_transport || self.uses_tls() || self.credentials.is_some() {
+        if !self.own_transport
+            || self.uses_tls()
+            || self.credentials.is_some()
+            || self.endpoints.is_empty()
+        {
             return None;
         }
         self.endpoints

@@ -134,6 +134,9 @@ impl Lane {
             return Ok(live);
         }
         let count = self.shared.endpoints.len();
+        if count == 0 {
+            return Err(Status::unavailable(format!("{NOT_SENT}: no endpoints")));
+        }
         let endpoint = self.shared.next.load(Ordering::Relaxed) % count;
         self.move_past(endpoint);
         let authority = &self.shared.endpoints[endpoint];
