@@ -86,6 +86,7 @@ impl Body for Answer {
         if !self.data_done {
             match self.stream.poll_data(cx) {
                 Poll::Ready(Some(Ok(data))) => {
+                    self.in_flight.heard();
                     // Released at once: tonic copies the data into its own buffer.
                     let _ = self.stream.flow_control().release_capacity(data.len());
                     return Poll::Ready(Some(Ok(Frame::data(data))));

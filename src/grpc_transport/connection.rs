@@ -117,10 +117,26 @@ impl InFlight {
     /// the stream by the member): it is alive and serving.
     pub(super) fn answered(&mut self) {
         self.answered = true;
+        self.heard();
+    }
+
+    /// Part of the answer came (a data frame of a large one): the member is serving.
+    pub(super) fn heard(&self) {
         self.state
             .last_answer
             .fetch_max(self.state.now(), Ordering::Relaxed);
     }
+}
+
+/// Whether a request given up unanswered leaves its connection: it waited `limit` (sent
+/// at `sent`) and nothing at all was heard on the connection for as long (last at
+/// `last_answer`; microseconds since the connection opened, `now` too). Answers sent
+/// before a member stalled still arrive after it stalled, so "nothing since this request
+/// was sent" would spare every request in flight then, and their retries would follow
+/// them onto it.
+fn unserved(now: u64, sent: u64, last_answer: u64, limit: Duration) -> bool {
+    let since = |at: u64| Duration::from_micros(now.saturating_sub(at));
+    since(sent) >= limit && since(last_answer) >= limit
 }
 
 impl Drop for InFlight {
@@ -129,15 +145,9 @@ impl Drop for InFlight {
         if self.answered {
             return;
         }
-        // Left when this request waited long and nothing at all was answered on the
-        // connection for as long: answers sent before a member stalled still arrive
-        // after it stalled, so "nothing since this request was sent" would spare every
-        // request in flight then, and their retries would follow them onto it.
-        let now = self.state.now();
-        let since = |at: u64| Duration::from_micros(now.saturating_sub(at));
         let last_answer = self.state.last_answer.load(Ordering::Relaxed);
         let limit = self.state.unserved_after;
-        if since(self.sent) >= limit && since(last_answer) >= limit {
+        if unserved(self.state.now(), self.sent, last_answer, limit) {
             self.state.unserved.store(true, Ordering::Release);
         }
         self.state.suspect.notify_one();
@@ -246,33 +256,31 @@ mod tests {
     use super::*;
 
     /// A request given up unanswered leaves its connection only if it waited long and
-    /// nothing was answered on the connection for as long (a caller that gives up while
-    /// the member answers others says nothing about the member).
+    /// nothing was heard on the connection for as long (microseconds; limit 250 ms).
     #[test]
     fn a_connection_is_left_only_for_a_long_wait_without_any_answer() {
-        let state = Arc::new(State::new(Duration::from_millis(20)));
-        let short = InFlight::new(&state);
-        drop(short);
-        assert!(state.is_usable(), "given up at once");
-        let waiting = InFlight::new(&state);
-        std::thread::sleep(Duration::from_millis(30));
+        let limit = Duration::from_millis(250);
+        // Given up at once.
+        assert!(!unserved(1_000, 900, 0, limit));
+        // Waited 300 ms, another answer 10 ms ago: the member is serving.
+        assert!(!unserved(400_000, 100_000, 390_000, limit));
+        // Waited 300 ms; the last answer came after it was sent (one already on its way
+        // when the member went silent), but 280 ms ago: left.
+        assert!(unserved(400_000, 100_000, 120_000, limit));
+        // Nothing ever answered on a connection opened 300 ms ago.
+        assert!(unserved(300_000, 0, 0, limit));
+        // An answer timed after this drop's clock read (another thread): kept.
+        assert!(!unserved(400_000, 100_000, 400_010, limit));
+    }
+
+    #[test]
+    fn a_request_dropped_unanswered_marks_the_connection_by_the_rule() {
+        let state = Arc::new(State::new(Duration::ZERO));
         let mut answered = InFlight::new(&state);
         answered.answered();
         drop(answered);
-        drop(waiting);
-        assert!(state.is_usable(), "another request was answered just now");
-        // Sent before the last answer (one already on its way when the member went
-        // silent), given up long after it.
-        let silent = InFlight::new(&state);
-        let mut late = InFlight::new(&state);
-        std::thread::sleep(Duration::from_millis(5));
-        late.answered();
-        drop(late);
-        std::thread::sleep(Duration::from_millis(30));
-        drop(silent);
-        assert!(
-            !state.is_usable(),
-            "a long wait with nothing answered for as long"
-        );
+        assert!(state.is_usable(), "answered");
+        drop(InFlight::new(&state));
+        assert!(!state.is_usable(), "a zero limit leaves at the first drop");
     }
 }

@@ -238,10 +238,19 @@ impl Lane {
             // A status in the headers is the whole answer (gRPC's trailers-only form),
             // which tonic reads without reading the body.
             in_flight.answered();
-            // A member that cannot serve (require-leader's "no leader": cut off into a
-            // minority) answers Unavailable at once: the next request goes to the next
-            // member.
-            if code.as_bytes() == b"14" {
+            // A member that cannot serve answers at once: Unavailable (require-leader's
+            // "no leader": cut off into a minority), or "too many requests" (its apply
+            // fell 5,000 entries behind its commits: a defragmentation, a stalled disk;
+            // `etcdserver/v3_server.go`, `maxGapBetweenApplyAndCommitIndex`). Those quick
+            // refusals count as answers, so the next request goes to the next member.
+            let message = answer.headers().get("grpc-message");
+            let too_many = code.as_bytes() == b"8"
+                && message.is_some_and(|text| {
+                    text.as_bytes()
+                        .windows(TOO_MANY.len())
+                        .any(|window| window == TOO_MANY)
+                });
+            if code.as_bytes() == b"14" || too_many {
                 self.retire(&live);
             }
         }
@@ -278,6 +287,10 @@ pub(super) fn fate_unknown(what: &str, err: &h2::Error) -> Status {
     };
     Status::unavailable(format!("{what}: {kind}"))
 }
+
+/// etcd's refusal of a member whose apply fell behind (`ErrTooManyRequests`,
+/// ResourceExhausted).
+const TOO_MANY: &[u8] = b"too many requests";
 
 /// The least share of the connect timeout a member gets.
 const MIN_CONNECT_SHARE: Duration = Duration::from_millis(250);

@@ -27,11 +27,12 @@
 //!   one connection to any member will do. Each client goes round the members in an
 //!   order of its own, drawn at random (a fleet spreads over them, at the start and when
 //!   leaving one; every member is tried once per round). The connection is left for
-//!   one to the next member when it fails, when a member answers `Unavailable` (with require-leader: "etcdserver:
-//!   no leader", cut off into a minority), and when a request on it is given up
-//!   unanswered after 250 ms (or half the request timeout) with nothing at all answered
-//!   on it for as long (a member alive but not serving: a defragmentation, a stalled disk;
-//!   or a connection gone silent): the retry a timeout gets goes out on a new
+//!   one to the next member when it fails, when a member answers `Unavailable` (with
+//!   require-leader: "etcdserver: no leader", cut off into a minority) or "too many
+//!   requests" (its apply fell behind: a defragmentation, a stalled disk), and when a
+//!   request on it is given up unanswered after 250 ms (or half the request timeout)
+//!   with nothing at all heard on it for as long (a member alive but not serving, or a
+//!   connection gone silent): the retry a timeout gets goes out on a new
 //!   connection. A connect gets a share of the connect timeout per member, so one host
 //!   that drops connects leaves time for the others.
 //! - HTTP/2 PING while requests are in flight (every 10 s, 5 s to answer, as the tonic

@@ -24,10 +24,11 @@ use crate::{Backend, LockError};
 /// - **By marker keys**: each master gets a key of its own (which expires), then every
 ///   master reads every key (`TYPE`); a master that sees another's is the same database under
 ///   two names. This needs no `INFO` (the minimal ACL has none) and does not trust what
-///   a proxy says of itself: it asks the data. A master that refuses its marker (out of
-///   memory, a failed save) still reads the others', and passes on its `run_id` alone;
-///   one that tells no `run_id` and does not show its own marker (refused, or a proxy
-///   splitting reads from writes) cannot be checked and fails the connect.
+///   a proxy says of itself: it asks the data. One master that refuses every write (out
+///   of memory, a failed save) still reads the others', and passes on its `run_id`
+///   alone; two such, or one without a `run_id`, or one that does not show its own
+///   marker (a proxy splitting reads from writes), cannot be checked and fail the
+///   connect.
 ///
 /// A master that does not answer fails the connect, as it would anyway. The check holds
 /// at connect; a name that later resolves elsewhere (DNS) is not seen.
@@ -80,6 +81,19 @@ pub(crate) async fn refuse_one_server_twice(
         join_all(removal.iter().map(|(node, marker)| remove(node, marker))).await;
     });
     let (placed, found) = found?;
+    // Two that refused their markers could be one server: only their word (a run_id,
+    // which a proxy may answer for itself) would tell them apart.
+    let refusing: Vec<usize> = (0..placed.len()).filter(|&j| !placed[j]).collect();
+    if let [first, second, ..] = refusing[..] {
+        return Err(LockError::InvalidConfig {
+            backend,
+            reason: format!(
+                "{:?} and {:?} both refused a key written to them (out of memory, a failed \
+                 save): cannot check that each Redlock master is a server of its own",
+                shown[first], shown[second]
+            ),
+        });
+    }
     for (j, seen) in found.iter().enumerate() {
         if let Some(i) = (0..seen.len()).find(|&i| i != j && seen[i]) {
             return Err(refused(
@@ -89,24 +103,31 @@ pub(crate) async fn refuse_one_server_twice(
             ));
         }
         let own = seen.get(j).copied().unwrap_or(false);
+        let cannot = |why: &str| LockError::InvalidConfig {
+            backend,
+            reason: format!(
+                "{:?} {why}: cannot check that each Redlock master is a server of its own",
+                shown[j]
+            ),
+        };
         match (placed[j], own, &ids[j]) {
             (true, true, _) => {}
-            // Refused the write (out of memory under noeviction, a failed save, a
-            // replica): its run_id was compared, and it read the others' markers.
+            // Refused the write: its run_id was compared, and it read the others'
+            // markers (none of them is its own database).
             (false, _, Some(_)) => tracing::warn!(
                 server = %shown[j],
-                "the master refused its marker key; it was compared by run_id only"
+                "the master refused its marker key; it was compared by run_id"
             ),
-            (true, false, _) | (false, _, None) => {
-                return Err(LockError::InvalidConfig {
-                    backend,
-                    reason: format!(
-                        "{:?} neither tells its run_id nor shows a key written to it (a \
-                         proxy that reads elsewhere? a write refused?): cannot check that \
-                         each Redlock master is a server of its own",
-                        shown[j]
-                    ),
-                });
+            (false, _, None) => {
+                return Err(cannot(
+                    "refused a key written to it (out of memory, a failed save) and does \
+                     not tell its run_id",
+                ));
+            }
+            (true, false, _) => {
+                return Err(cannot(
+                    "does not show the key just written to it (a proxy that reads elsewhere?)",
+                ));
             }
         }
     }
@@ -116,31 +137,31 @@ pub(crate) async fn refuse_one_server_twice(
 /// How long a marker key lives if its removal fails.
 const MARKER_LIFE: Duration = Duration::from_secs(60);
 
-/// Writes `marker` on `node`: `Ok(false)` if the server refused the write (out of
-/// memory, a failed save, a read-only replica): it can still read the others' markers.
+/// Writes `marker` on `node`: `Ok(false)` if the server refused every write (`OOM`:
+/// out of memory under `noeviction`; `MISCONF`: a failed save): it can still read the
+/// others' markers. Any other refusal (a read-only replica, a proxy's error) fails.
 async fn place(node: &Node, marker: &str) -> Result<bool, LockError> {
     let mut conn = node.connection();
     let life = u64::try_from(MARKER_LIFE.as_millis()).unwrap_or(u64::MAX);
-    let written = node
-        .call(
-            "place a marker key",
-            None,
-            redis::cmd("SET")
-                .arg(marker)
-                .arg(1)
-                .arg("NX")
-                .arg("PX")
-                .arg(life)
-                .query_async::<()>(&mut conn),
-        )
+    let written: Result<(), redis::RedisError> = redis::cmd("SET")
+        .arg(marker)
+        .arg(1)
+        .arg("NX")
+        .arg("PX")
+        .arg(life)
+        .query_async(&mut conn)
         .await;
     match written {
         Ok(()) => Ok(true),
-        Err(LockError::Backend { source, .. }) => {
-            tracing::debug!(server = %node.address, %source, "marker key refused");
+        // Only the server's own refusals of any write: its data is as it says.
+        Err(err) if matches!(err.code(), Some("OOM" | "MISCONF")) => {
+            tracing::debug!(server = %node.address, %err, "marker key refused");
             Ok(false)
         }
-        Err(err) => Err(err),
+        Err(err) => {
+            node.call("place a marker key", None, std::future::ready(Err(err)))
+                .await
+        }
     }
 }
 

@@ -155,7 +155,8 @@ async fn one_name_telling_its_run_id_and_one_not_are_still_one_server() {
 
 /// A master that refuses writes (out of memory under `noeviction`) cannot take its marker
 /// key: it still reads the others' and is compared by its `run_id`, so distinct servers
-/// connect (two of three grant locks). Before, every connect failed on its refusal.
+/// connect (two of three grant locks). Before, every connect failed on its refusal. Two
+/// such masters are refused: nothing but their own word tells them apart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_that_refuses_writes_is_compared_by_run_id() {
     let servers = [redis().await, redis().await, redis().await];
@@ -168,9 +169,26 @@ async fn a_master_that_refuses_writes_is_compared_by_run_id() {
         .await
         .expect("CONFIG SET maxmemory");
     let urls: Vec<String> = servers.iter().map(|server| server.url()).collect();
-    let locks = RedlockLocker::connect(RedisConfig::masters(urls).with_prefix(prefix("full")))
-        .await
-        .expect("distinct servers, one out of memory");
+    let locks =
+        RedlockLocker::connect(RedisConfig::masters(urls.clone()).with_prefix(prefix("full")))
+            .await
+            .expect("distinct servers, one out of memory");
     let guard = locks.lock("job", &LockOptions::new()).await.expect("lock");
     released(guard.release().await);
+    // Two that refuse: only their word would tell them apart.
+    let mut second = servers[1].connection().await.expect("connect");
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query_async::<()>(&mut second)
+        .await
+        .expect("CONFIG SET maxmemory");
+    let err = RedlockLocker::connect(RedisConfig::masters(urls).with_prefix(prefix("full")))
+        .await
+        .expect_err("two masters out of memory cannot be told apart");
+    assert!(
+        matches!(err, LockError::InvalidConfig { .. }) && err.to_string().contains("both refused"),
+        "{err}"
+    );
 }
