@@ -8,7 +8,8 @@
 //! `cargo run --release --example alloc_count` (`ALLOC_COUNT_REDIS_ONLY=1` or
 //! `ALLOC_COUNT_ETCD_ONLY=1` for one backend, `ALLOC_COUNT_CYCLES=N` for another count,
 //! e.g. under `valgrind --tool=callgrind`, whose caller tree names where they come from;
-//! `ALLOC_COUNT_ETCD_ROW=lock` or `=bare` for one etcd row: two runs with different
+//! `ALLOC_COUNT_ETCD_ROW=lock` or `=bare` for one etcd row, `ALLOC_COUNT_REDIS_ROW` for
+//! one Redis row: two runs with different
 //! cycle counts, subtracted, give the instructions of one cycle).
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -104,7 +105,13 @@ async fn lock_cycle<B: LockBackend>(
 async fn redis_rows(options: &LockOptions) -> Result<(), Box<dyn std::error::Error>> {
     let redis = RedisServer::start().await?;
     let locks = RedisLocker::connect(redis.config("alloc-count")).await?;
-    count("redis lock + release", |_| lock_cycle(&locks, options)).await?;
+    let row = std::env::var("ALLOC_COUNT_REDIS_ROW").unwrap_or_default();
+    if row != "bare" {
+        count("redis lock + release", |_| lock_cycle(&locks, options)).await?;
+    }
+    if row == "lock" {
+        return Ok(());
+    }
     let conn = locks.connection();
     let bare = BareRedisCycle::new();
     count("redis bare SET NX PX + CAD", |i| {

@@ -1,7 +1,7 @@
 //! What fencelock reports about its locks, through the [`metrics`](https://docs.rs/metrics)
 //! facade: install any recorder (a Prometheus exporter, StatsD, ...) and these appear;
 //! with none installed, the reports made on every successful acquisition, release and hold
-//! allocate nothing (their label sets are built once per process) and go to the facade's
+//! allocate nothing (their keys are built once per process) and go to the facade's
 //! no-op recorder (errors, losses, renewals, and everything with [`label_lock_names`] on,
 //! build their labels per report); the locks held and their losses are counted with
 //! atomics.
@@ -60,11 +60,13 @@ pub mod names {
 
 static LOCK_NAMES: AtomicBool = AtomicBool::new(false);
 
-/// The label sets of the reports made on every acquisition, release and hold, built once
-/// each (see [`static_key`]).
-static BACKEND_LABELS: static_key::BackendLabels = static_key::BackendLabels::new();
-static ACQUIRE_LABELS: static_key::OutcomeLabels<4> = static_key::OutcomeLabels::new();
-static RELEASE_LABELS: static_key::OutcomeLabels<4> = static_key::OutcomeLabels::new();
+/// The keys of the reports made on every acquisition, release and hold, built once each
+/// (see [`static_key`]).
+static ACQUIRE_KEYS: static_key::Keys<4> = static_key::Keys::new(names::ACQUIRE_SECONDS);
+static GRANT_KEYS: static_key::Keys<1> = static_key::Keys::new(names::GRANTS);
+static RELEASE_KEYS: static_key::Keys<4> = static_key::Keys::new(names::RELEASES);
+static HELD_KEYS: static_key::Keys<1> = static_key::Keys::new(names::LOCKS_HELD);
+static HOLD_KEYS: static_key::Keys<1> = static_key::Keys::new(names::HOLD_SECONDS);
 
 /// Adds a `lock` label (the lock's name) to `fencelock_acquire_seconds` and
 /// `fencelock_grants_total` from now on, process-wide. Off by default: only for a small,
@@ -106,10 +108,10 @@ pub(crate) fn acquisition<T>(
                 .increment(1);
         }
     } else {
-        let labels = ACQUIRE_LABELS.get(backend, outcome_index, "outcome", outcome);
-        static_key::histogram(names::ACQUIRE_SECONDS, labels).record(waited);
+        let key = ACQUIRE_KEYS.labelled(backend, outcome_index, "outcome", outcome);
+        static_key::histogram(&key).record(waited);
         if granted {
-            static_key::counter(names::GRANTS, BACKEND_LABELS.get(backend)).increment(1);
+            static_key::counter(&GRANT_KEYS.backend(backend)).increment(1);
         }
     }
     if let Err(err) = result {
@@ -169,8 +171,8 @@ pub(crate) fn release(backend: Backend, outcome: Release) {
         Release::Failed => (2, "error"),
         Release::Dropped => (3, "dropped"),
     };
-    let labels = RELEASE_LABELS.get(backend, index, "outcome", outcome);
-    static_key::counter(names::RELEASES, labels).increment(1);
+    let key = RELEASE_KEYS.labelled(backend, index, "outcome", outcome);
+    static_key::counter(&key).increment(1);
 }
 
 /// Counts renewals of leases: `ok` confirmed, `failed` not (an error, no answer, or no
@@ -226,7 +228,7 @@ impl Holding {
     /// Starts a hold on a lease whose guards `holders` counts.
     pub(crate) fn start(backend: Backend, holders: Arc<AtomicUsize>) -> Self {
         holders.fetch_add(1, Ordering::Relaxed);
-        static_key::gauge(names::LOCKS_HELD, BACKEND_LABELS.get(backend)).increment(1.0);
+        static_key::gauge(&HELD_KEYS.backend(backend)).increment(1.0);
         Self {
             backend,
             since: Instant::now(),
@@ -258,9 +260,8 @@ impl Drop for Holding {
         if counted {
             self.holders.fetch_sub(1, Ordering::Relaxed);
         }
-        let labels = BACKEND_LABELS.get(self.backend);
-        static_key::gauge(names::LOCKS_HELD, labels).decrement(1.0);
-        static_key::histogram(names::HOLD_SECONDS, labels)
+        static_key::gauge(&HELD_KEYS.backend(self.backend)).decrement(1.0);
+        static_key::histogram(&HOLD_KEYS.backend(self.backend))
             .record(self.since.elapsed().as_secs_f64());
     }
 }

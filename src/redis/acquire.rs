@@ -60,8 +60,8 @@ fn per_master_timeout(request_timeout: Duration, ttl: Duration) -> Duration {
 /// more: it stays until its TTL (docs/redis.md, "a key nobody owns"). No task is spawned
 /// on the way in.
 pub(crate) async fn acquire<T: Target>(
-    core: Arc<Core>,
-    subscriber: Option<Arc<Subscriber>>,
+    core: &Arc<Core>,
+    subscriber: Option<&Arc<Subscriber>>,
     target: T,
     options: &LockOptions,
     wait: bool,
@@ -75,14 +75,14 @@ pub(crate) async fn acquire<T: Target>(
 }
 
 async fn acquire_uncounted<T: Target>(
-    core: Arc<Core>,
-    subscriber: Option<Arc<Subscriber>>,
+    core: &Arc<Core>,
+    subscriber: Option<&Arc<Subscriber>>,
     target: T,
     options: &LockOptions,
     wait: bool,
 ) -> Result<Option<T::Taken>, LockError> {
     let owner = owner_value();
-    let value = lock_value(&owner, options.holder_record().as_deref());
+    let value = lock_value(&owner, options.holder_record());
     let mut acquisition = Acquisition {
         name: target.label().clone(),
         target,
@@ -136,9 +136,12 @@ async fn acquire_uncounted<T: Target>(
     outcome
 }
 
-struct Acquisition<T: Target> {
-    core: Arc<Core>,
-    subscriber: Option<Arc<Subscriber>>,
+/// Borrows the locker's core and subscriber (cloned only by a cleanup that outlives it):
+/// every task's acquisition cloning the same `Arc`s made their counts a cache line that
+/// the runtime's threads passed back and forth on every lock cycle.
+struct Acquisition<'a, T: Target> {
+    core: &'a Arc<Core>,
+    subscriber: Option<&'a Arc<Subscriber>>,
     /// The lock's name (several locks: their names joined by commas).
     name: Arc<str>,
     target: T,
@@ -165,7 +168,7 @@ struct Acquisition<T: Target> {
     last_error: Option<LockError>,
 }
 
-impl<T: Target> Drop for Acquisition<T> {
+impl<T: Target> Drop for Acquisition<'_, T> {
     fn drop(&mut self) {
         // A waiter that gives up (timed out, failed, dropped) leaves the waiters' set, so
         // that releases stop publishing for it; best effort: its registration expires.
@@ -198,7 +201,7 @@ impl<T: Target> Drop for Acquisition<T> {
     }
 }
 
-impl<T: Target> Acquisition<T> {
+impl<T: Target> Acquisition<'_, T> {
     async fn run(&mut self, wait: bool) -> Result<Option<T::Taken>, LockError> {
         let deadline = self.options.wait_timeout().map(|t| self.started + t);
         // One per release channel of the target, once subscribed (none before).
@@ -253,7 +256,7 @@ impl<T: Target> Acquisition<T> {
                     // a grant in one script unregistered it already.
                     let in_script = self.target.registers_in_script();
                     let grantee = Grantee {
-                        core: &self.core,
+                        core: self.core,
                         owner: &self.owner,
                         waiter: self.registration.for_guard(in_script),
                         options: &self.options,
@@ -356,7 +359,7 @@ impl<T: Target> Acquisition<T> {
     /// Compare-and-delete of every key with our owner value: removes what an attempt
     /// whose answer was lost may have set.
     async fn undo(&self) -> Result<(), LockError> {
-        self.target.undo(&self.core, &self.owner, &self.name).await
+        self.target.undo(self.core, &self.owner, &self.name).await
     }
 
     /// One attempt: on a single server, one script call; with Redlock, one on every

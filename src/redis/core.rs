@@ -89,35 +89,46 @@ impl Core {
         token: FencingToken,
         name: &str,
     ) -> Result<FencingToken, LockError> {
-        let last = self.seen().get(keys.counter()).copied();
-        let token = match (last, &self.nodes[..]) {
-            (Some(last), [node]) if token <= last => {
-                tracing::warn!(
-                    lock = name,
-                    %token,
-                    %last,
-                    "the token counter went backwards (evicted or flushed?); moving it forward"
-                );
-                crate::metrics::token_regression(self.backend);
-                node.advance_counter(keys.counter(), key, owner, last, name)
-                    .await?
-                    .ok_or_else(|| LockError::LeaseLost {
-                        lock: Some(name.to_owned()),
-                        reason: crate::LossReason::Expired,
-                    })?
+        // One look-up on the common path (the token went up, or a first grant): the map
+        // is hashed once per grant, under one lock.
+        let last = {
+            let mut seen = self.seen();
+            match seen.get_mut(keys.counter()) {
+                Some(last) if token > *last || self.nodes.len() != 1 => {
+                    *last = (*last).max(token);
+                    return Ok(token);
+                }
+                Some(last) => *last,
+                None => {
+                    if seen.len() >= SEEN_LIMIT {
+                        seen.clear();
+                    }
+                    // The name is copied only the first time this client sees the counter.
+                    seen.insert(keys.counter().to_owned(), token);
+                    return Ok(token);
+                }
             }
-            _ => token,
         };
-        let mut seen = self.seen();
-        // The name is copied only the first time this client sees the counter.
-        if let Some(entry) = seen.get_mut(keys.counter()) {
-            *entry = (*entry).max(token);
+        tracing::warn!(
+            lock = name,
+            %token,
+            %last,
+            "the token counter went backwards (evicted or flushed?); moving it forward"
+        );
+        crate::metrics::token_regression(self.backend);
+        let [node] = &self.nodes[..] else {
             return Ok(token);
-        }
-        if seen.len() >= SEEN_LIMIT {
-            seen.clear();
-        }
-        seen.insert(keys.counter().to_owned(), token);
+        };
+        let token = node
+            .advance_counter(keys.counter(), key, owner, last, name)
+            .await?
+            .ok_or_else(|| LockError::LeaseLost {
+                lock: Some(name.to_owned()),
+                reason: crate::LossReason::Expired,
+            })?;
+        let mut seen = self.seen();
+        let entry = seen.entry(keys.counter().to_owned()).or_insert(token);
+        *entry = (*entry).max(token);
         Ok(token)
     }
 

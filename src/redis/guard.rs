@@ -77,10 +77,16 @@ impl RedisGuard {
         &self.owner
     }
 
-    fn detach(&mut self) -> Detached {
+    /// Ends the hold here: no longer renewed, counted or released on drop.
+    fn disarm(&mut self) {
         self.released = true;
         self.holding = None;
         self.core.renewer.unregister(self.registration.id);
+    }
+
+    /// Disarms the guard, and hands its release to a task that outlives it.
+    fn detach(&mut self) -> Detached {
+        self.disarm();
         Detached {
             core: self.core.clone(),
             name: std::mem::take(&mut self.name),
@@ -151,7 +157,9 @@ impl LockGuard for RedisGuard {
             .core
             .release(&self.keys, &self.owner, &self.name, self.waiter.as_deref())
             .await;
-        drop(self.detach());
+        // (Not `detach`: its copies of the core and the keys were made only to be
+        // dropped, and the core's count is shared by every task of the locker.)
+        self.disarm();
         let backend = self.core.backend;
         match deleted {
             Ok(true) => {

@@ -108,7 +108,7 @@ pub(crate) async fn take_all(
     options.validate(MIN_TTL)?;
     let set = LockSet::new(core, &names);
     let label = set.label.to_string();
-    let taken = acquire(core.clone(), subscriber.cloned(), set, options, wait).await?;
+    let taken = acquire(core, subscriber, set, options, wait).await?;
     Ok(taken.map(|guards| MultiGuard::new(guards, label)))
 }
 

@@ -324,7 +324,7 @@ async fn lock_on(
 ) -> Result<RedisGuard, LockError> {
     validate(name, options)?;
     let one = One::new(core, name);
-    let guard = acquire(core.clone(), subscriber.cloned(), one, options, true).await?;
+    let guard = acquire(core, subscriber, one, options, true).await?;
     guard.ok_or_else(|| LockError::Backend {
         backend: core.backend,
         operation: "acquire",
@@ -340,7 +340,7 @@ async fn try_lock_on(
     options: &LockOptions,
 ) -> Result<Option<RedisGuard>, LockError> {
     validate(name, options)?;
-    acquire(core.clone(), None, One::new(core, name), options, false).await
+    acquire(core, None, One::new(core, name), options, false).await
 }
 
 fn validate(name: &str, options: &LockOptions) -> Result<(), LockError> {

@@ -18,6 +18,7 @@ mod config;
 mod core;
 mod distinct_masters;
 mod guard;
+mod id_map;
 mod inspect;
 mod keys;
 mod lock_all;

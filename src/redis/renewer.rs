@@ -16,7 +16,6 @@
 //! masters get the rest of it in the background until the next full round
 //! (`tests/redis/renewal_slow_link.rs`).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -27,6 +26,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::id_map::IdMap;
 use super::node::Node;
 use super::node_renewal::{NodeRenewal, Renewing, RoundProgress};
 use super::round_tally::{RoundTally, Verdict};
@@ -59,7 +59,7 @@ struct Shared {
     drift_factor: f64,
     /// The configured request timeout: no renewal attempt waits longer than this.
     request_timeout: Duration,
-    held: Mutex<HashMap<u64, Held>>,
+    held: Mutex<IdMap<Held>>,
     next_id: AtomicU64,
     changed: Notify,
     /// When the task next wakes, in nanoseconds since `base`: a new lock wakes the task
@@ -223,7 +223,7 @@ impl Renewer {
     }
 }
 
-fn held(shared: &Shared) -> MutexGuard<'_, HashMap<u64, Held>> {
+fn held(shared: &Shared) -> MutexGuard<'_, IdMap<Held>> {
     shared.held.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -488,7 +488,7 @@ fn plan_during_renewal(shared: &Shared, started: Instant, at_most: Instant) -> (
 }
 
 /// The interval of full rounds: a third of the shortest TTL of the renewing locks.
-fn tick_interval(held: &HashMap<u64, Held>) -> Duration {
+fn tick_interval(held: &IdMap<Held>) -> Duration {
     held.values()
         .filter(|h| h.renew)
         .map(|h| (h.ttl / 3).max(MIN_INTERVAL))
@@ -499,7 +499,7 @@ fn tick_interval(held: &HashMap<u64, Held>) -> Duration {
 /// (tick interval, when to check the deadlines next) over the tracked locks. Deadlines
 /// are on the suspend-aware clock, timers are not: with locks held, look at least every
 /// [`RECHECK`].
-fn schedule(held: &HashMap<u64, Held>) -> (Duration, Instant) {
+fn schedule(held: &IdMap<Held>) -> (Duration, Instant) {
     let interval = tick_interval(held);
     let earliest = held
         .values()
@@ -672,7 +672,7 @@ fn in_round(lock: &Held, urgent_only: bool) -> bool {
 
 /// The shortest renewal interval of the locks a round renews: what its answers may be
 /// waited for, its time bounded by, and its retry paced by.
-fn round_interval(held: &HashMap<u64, Held>, urgent_only: bool) -> Duration {
+fn round_interval(held: &IdMap<Held>, urgent_only: bool) -> Duration {
     held.values()
         .filter(|h| in_round(h, urgent_only))
         .map(|h| (h.ttl / 3).max(MIN_INTERVAL))

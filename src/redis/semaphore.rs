@@ -69,15 +69,20 @@ impl RedisSemaphore {
     #[tracing::instrument(skip(self, options), fields(backend = "redis", semaphore = %self.name, permits = self.permits))]
     pub async fn acquire(&self, options: &LockOptions) -> Result<RedisGuard, LockError> {
         options.validate(MIN_TTL)?;
-        let subscriber = Some(self.subscriber.clone());
-        acquire(self.core.clone(), subscriber, self.permit(), options, true)
-            .await?
-            .ok_or_else(|| LockError::Backend {
-                backend: Backend::Redis,
-                operation: "acquire",
-                lock: Some(self.name.clone()),
-                source: "a waiting acquisition returned without a permit".into(),
-            })
+        acquire(
+            &self.core,
+            Some(&self.subscriber),
+            self.permit(),
+            options,
+            true,
+        )
+        .await?
+        .ok_or_else(|| LockError::Backend {
+            backend: Backend::Redis,
+            operation: "acquire",
+            lock: Some(self.name.clone()),
+            source: "a waiting acquisition returned without a permit".into(),
+        })
     }
 
     /// Takes a permit if one is free now.
@@ -87,6 +92,6 @@ impl RedisSemaphore {
         options: &LockOptions,
     ) -> Result<Option<RedisGuard>, LockError> {
         options.validate(MIN_TTL)?;
-        acquire(self.core.clone(), None, self.permit(), options, false).await
+        acquire(&self.core, None, self.permit(), options, false).await
     }
 }
