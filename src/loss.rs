@@ -140,18 +140,34 @@ impl LossNotifier {
     ///
     /// Counted before the guards hear of it: the state reads as "no loss" while it is
     /// counted ([`MARKING`]), so a caller that saw `lost()` fire, or `is_held()` turn
-    /// false, finds the loss counted already.
+    /// false, finds the loss counted already. A second mark meanwhile returns only once
+    /// the first is visible (as a second send on the watch this replaced waited for its
+    /// lock): a caller that marked a loss and then acts on it (`Session::close` marks,
+    /// then revokes) never leaves a guard that still reads as held. The count runs the
+    /// installed metrics recorder, which may block or panic: the state is published
+    /// and the waiters woken however it returns.
     pub(crate) fn mark(&self, reason: LossReason) {
         let state = &self.signal.state;
-        if state
-            .compare_exchange(LIVE, MARKING, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
+        if let Err(mut seen) =
+            state.compare_exchange(LIVE, MARKING, Ordering::AcqRel, Ordering::Acquire)
         {
+            while seen == MARKING {
+                std::thread::yield_now();
+                seen = state.load(Ordering::Acquire);
+            }
             return;
         }
+        /// Publishes the reason and wakes the waiters when dropped: after the count,
+        /// or while a panic of the recorder unwinds.
+        struct Publish<'a>(&'a Signal, u8);
+        impl Drop for Publish<'_> {
+            fn drop(&mut self) {
+                self.0.state.store(self.1, Ordering::Release);
+                self.0.notify.notify_waiters();
+            }
+        }
+        let _publish = Publish(&self.signal, code(reason));
         metrics::lost(self.backend, reason, self.holders.load(Ordering::Relaxed));
-        state.store(code(reason), Ordering::Release);
-        self.signal.notify.notify_waiters();
     }
 }
 
@@ -255,5 +271,125 @@ mod tests {
         for r in REASONS {
             assert_eq!(reason(code(r)), Some(r));
         }
+    }
+
+    /// A metrics recorder whose loss counter runs `count` (a stall, a panic).
+    struct Counting<F>(F);
+
+    struct CountWith<F>(Arc<F>);
+
+    impl<F: Fn() + Send + Sync + 'static> ::metrics::CounterFn for CountWith<F> {
+        fn increment(&self, _: u64) {
+            (self.0)();
+        }
+        fn absolute(&self, _: u64) {}
+    }
+
+    impl<F: Fn() + Clone + Send + Sync + 'static> ::metrics::Recorder for Counting<F> {
+        fn describe_counter(
+            &self,
+            _: ::metrics::KeyName,
+            _: Option<::metrics::Unit>,
+            _: ::metrics::SharedString,
+        ) {
+        }
+        fn describe_gauge(
+            &self,
+            _: ::metrics::KeyName,
+            _: Option<::metrics::Unit>,
+            _: ::metrics::SharedString,
+        ) {
+        }
+        fn describe_histogram(
+            &self,
+            _: ::metrics::KeyName,
+            _: Option<::metrics::Unit>,
+            _: ::metrics::SharedString,
+        ) {
+        }
+        fn register_counter(
+            &self,
+            _: &::metrics::Key,
+            _: &::metrics::Metadata<'_>,
+        ) -> ::metrics::Counter {
+            ::metrics::Counter::from_arc(Arc::new(CountWith(Arc::new(self.0.clone()))))
+        }
+        fn register_gauge(
+            &self,
+            _: &::metrics::Key,
+            _: &::metrics::Metadata<'_>,
+        ) -> ::metrics::Gauge {
+            ::metrics::Gauge::noop()
+        }
+        fn register_histogram(
+            &self,
+            _: &::metrics::Key,
+            _: &::metrics::Metadata<'_>,
+        ) -> ::metrics::Histogram {
+            ::metrics::Histogram::noop()
+        }
+    }
+
+    /// `Session::close` marks the loss, then revokes: a mark that came first and is
+    /// still being counted must not let close's own mark return before the loss shows.
+    #[test]
+    fn a_second_mark_returns_only_once_the_first_shows() {
+        use std::sync::Barrier;
+        use std::sync::mpsc;
+        let (notifier, watch) = loss_channel(Backend::Etcd);
+        let _hold = watch.holding();
+        let notifier = Arc::new(notifier);
+        // The first mark's count waits at the gate twice: counting, then let go.
+        let gate = Arc::new(Barrier::new(2));
+        let first = std::thread::spawn({
+            let (notifier, gate) = (notifier.clone(), gate.clone());
+            move || {
+                let stall = move || {
+                    gate.wait();
+                    gate.wait();
+                };
+                ::metrics::with_local_recorder(&Counting(stall), || {
+                    notifier.mark(LossReason::Revoked);
+                });
+            }
+        });
+        gate.wait();
+        assert_eq!(watch.current(), None, "not shown while it is counted");
+        let (seen, heard) = mpsc::channel();
+        let second = std::thread::spawn({
+            let (notifier, watch) = (notifier.clone(), watch.clone());
+            move || {
+                notifier.mark(LossReason::Closed);
+                let _ = seen.send(watch.current());
+            }
+        });
+        // Returned at once, the second mark would report the loss unseen; it waits for
+        // the first instead (a wait that ends here only if it did not, which fails).
+        if let Ok(early) = heard.recv_timeout(std::time::Duration::from_millis(200)) {
+            assert_eq!(
+                early,
+                Some(LossReason::Revoked),
+                "the second mark returned first"
+            );
+        }
+        gate.wait();
+        assert!(first.join().is_ok());
+        assert!(second.join().is_ok());
+        assert_eq!(watch.current(), Some(LossReason::Revoked));
+    }
+
+    #[tokio::test]
+    async fn a_recorder_that_panics_still_lets_the_loss_show() {
+        let (notifier, watch) = loss_channel(Backend::Redis);
+        let _hold = watch.holding();
+        let panics = || panic!("a recorder's bug");
+        let marked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            ::metrics::with_local_recorder(&Counting(panics), || {
+                notifier.mark(LossReason::Expired);
+            });
+        }));
+        assert!(marked.is_err(), "the recorder panicked");
+        assert_eq!(watch.current(), Some(LossReason::Expired));
+        assert_eq!(watch.wait().await, LossReason::Expired);
     }
 }

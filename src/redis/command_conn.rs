@@ -234,11 +234,14 @@ impl CommandConn {
     pub(crate) fn replace(self: &Arc<Self>) {
         match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
             Ok(conn) => {
-                let old = ConnectionManager::clone(&self.current.swap(Arc::new(conn)));
                 // Kept for the undos of attempts sent on it (module docs); its requests
-                // in flight keep it too, until they end.
+                // in flight keep it too, until they end. Swapped and kept under the
+                // list's lock: an undo that reads the new one as current then reads the
+                // list after this, with the old one in it (between a swap and a push
+                // outside the lock, it could read neither).
                 {
                     let mut retired = self.kept();
+                    let old = ConnectionManager::clone(&self.current.swap(Arc::new(conn)));
                     if retired.len() >= RETIRED_MAX {
                         retired.remove(0);
                     }

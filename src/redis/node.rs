@@ -407,9 +407,11 @@ impl Node {
         let mut pipe = Pipeline::with_capacity(2);
         pipe.add_command(set).add_command(incr);
         // The two answers read as they come: `Pipeline::query_async` would gather them
-        // into an array and convert that again (`complete_request`: 1,000 instructions a
-        // cycle, a fortieth of the client's, callgrind). A server error in either fails
-        // the attempt, as it would there (the first one, as redis-rs reports a pipeline's).
+        // into an array and convert that again (`complete_request`). A server error in
+        // either fails the attempt, the first one's kind deciding, as redis-rs's pipeline
+        // error did; its code now reaches `map_error` too (a `NOAUTH` answer is a
+        // permission error here, as it is on the script calls, where the pipeline's error
+        // had no code and made it a backend error).
         // The `SET` answers `OK` or nil: read as a value, not a `String` (an allocation
         // per attempt for two known bytes), and only `OK` grants.
         let answers = self

@@ -256,6 +256,80 @@ async fn a_waiter_that_died_is_dropped_from_the_set_once_its_registration_expire
     );
 }
 
+/// The release script's wake decision, case by case (its one `TYPE` of the set serves
+/// both the holder's own unregistering and the decision): a holder that waited and is
+/// the set's last member publishes nothing; one that leaves another live waiter behind
+/// publishes; a key of another type under the set's name is left alone and the release
+/// publishes, unsure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_that_waited_publishes_only_for_the_waiters_it_leaves() {
+    let server = redis().await;
+    let prefix = prefix("holder-waited");
+    let holder = locker(&server, &prefix).await;
+    let mut conn = direct(&server).await;
+    let waiters_key = format!("{prefix}:waiters:door");
+    let mut listener = Listener::new(&server, &format!("{prefix}:released:door")).await;
+    let held = holder.lock("door", &long_held()).await.expect("lock");
+    let mut waiters = tokio::task::JoinSet::new();
+    for _ in 0..2 {
+        let locks = sleepy_locker(&server, &prefix).await;
+        waiters.spawn(async move { locks.lock("door", &long_held()).await });
+    }
+    until_waiters(&mut conn, &waiters_key, 2).await;
+
+    // Two registered: the release publishes; one of them takes the lock and stays
+    // registered until its own release, the other stays registered too.
+    released(held.release().await);
+    let winner = within(PROMPT, "a waiter is woken", waiters.join_next())
+        .await
+        .expect("a waiter")
+        .expect("task")
+        .expect("lock");
+    assert_eq!(listener.published(&mut conn).await, vec!["released"]);
+    // The winner's release leaves the other waiter behind: it publishes.
+    released(winner.release().await);
+    let last = within(
+        PROMPT,
+        "the waiter left behind is woken",
+        waiters.join_next(),
+    )
+    .await
+    .expect("the other waiter")
+    .expect("task")
+    .expect("lock");
+    assert_eq!(listener.published(&mut conn).await, vec!["released"]);
+    // The last holder waited too, and is the set's last member: nothing to wake.
+    released(last.release().await);
+    assert_eq!(listener.published(&mut conn).await, Vec::<String>::new());
+    assert!(
+        !exists(&mut conn, &waiters_key).await,
+        "the set went with its last member"
+    );
+
+    // A key of another type where the set would be: left alone, and a release publishes.
+    redis::cmd("HSET")
+        .arg(&waiters_key)
+        .arg("field")
+        .arg("value")
+        .query_async::<u64>(&mut conn)
+        .await
+        .expect("HSET");
+    let guard = holder.lock("door", &long_held()).await.expect("lock");
+    released(guard.release().await);
+    assert_eq!(listener.published(&mut conn).await, vec!["released"]);
+    let kind: String = redis::cmd("TYPE")
+        .arg(&waiters_key)
+        .query_async(&mut conn)
+        .await
+        .expect("TYPE");
+    assert_eq!(kind, "hash", "another type's key is not ours to change");
+    redis::cmd("DEL")
+        .arg(&waiters_key)
+        .query_async::<u64>(&mut conn)
+        .await
+        .expect("DEL");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_old_release_that_always_publishes_still_wakes_a_new_waiter() {
     let server = redis().await;
