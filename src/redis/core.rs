@@ -119,8 +119,9 @@ impl Core {
         let [node] = &self.nodes[..] else {
             return Ok(token);
         };
-        let token = node
-            .advance_counter(keys.counter(), key, owner, last, name)
+        // Boxed: the script call's future would otherwise enlarge every grant's, on a
+        // path taken only after a counter was lost.
+        let token = Box::pin(node.advance_counter(keys.counter(), key, owner, last, name))
             .await?
             .ok_or_else(|| LockError::LeaseLost {
                 lock: Some(name.to_owned()),
