@@ -345,8 +345,8 @@ impl Node {
         if let [slot] = keys.slots() {
             return self.acquire_one(slot, keys, value, ttl, lock, waiter).await;
         }
-        // Boxed, as `acquire_one`'s refusal is: a lock's acquisition future does not
-        // carry a semaphore's script call.
+        // Boxed: a lock's acquisition future (the uncontended cycle's) does not carry a
+        // semaphore's script call; a semaphore's attempt pays an allocation for it.
         Box::pin(self.acquire_slots(keys, value, ttl, lock, waiter)).await
     }
 
