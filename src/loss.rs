@@ -220,13 +220,12 @@ impl LossWatch {
             // Armed before the state is read: a mark or a drop after the read wakes it
             // (`notify_waiters` reaches every `Notified` made before it).
             let notified = signal.notify.notified();
-            match signal.state.load(Ordering::Acquire) {
-                DROPPED => return LossReason::Closed,
-                state => {
-                    if let Some(reason) = reason(state) {
-                        return reason;
-                    }
-                }
+            let state = signal.state.load(Ordering::Acquire);
+            if let Some(reason) = reason(state) {
+                return reason;
+            }
+            if state == DROPPED {
+                return LossReason::Closed;
             }
             notified.await;
         }

@@ -91,15 +91,17 @@ impl Core {
     ) -> Result<FencingToken, LockError> {
         // One look-up on the common path (the token went up, or a first grant): the map
         // is hashed once per grant, under one lock.
-        let last = {
+        let (last, node) = {
             let mut seen = self.seen();
-            match seen.get_mut(keys.counter()) {
-                Some(last) if token > *last || self.nodes.len() != 1 => {
+            match (seen.get_mut(keys.counter()), &self.nodes[..]) {
+                // Went backwards on a single server: moved forward below.
+                (Some(last), [node]) if token <= *last => (*last, node),
+                // Went up (or Redlock's largest of the masters: no order to check).
+                (Some(last), _) => {
                     *last = (*last).max(token);
                     return Ok(token);
                 }
-                Some(last) => *last,
-                None => {
+                (None, _) => {
                     if seen.len() >= SEEN_LIMIT {
                         seen.clear();
                     }
@@ -116,9 +118,6 @@ impl Core {
             "the token counter went backwards (evicted or flushed?); moving it forward"
         );
         crate::metrics::token_regression(self.backend);
-        let [node] = &self.nodes[..] else {
-            return Ok(token);
-        };
         // Boxed: the script call's future would otherwise enlarge every grant's, on a
         // path taken only after a counter was lost.
         let token = Box::pin(node.advance_counter(keys.counter(), key, owner, last, name))
