@@ -31,6 +31,9 @@ pub enum LossReason {
     /// The client can no longer see its key's deletion (its watch task stopped, as after
     /// a panic in it): the lock is given up rather than held unobserved (etcd).
     Unwatched,
+    /// The client's renewal task stopped (as after a panic in it): the lock is given up
+    /// rather than held without renewal, its key left to expire (Redis).
+    Unrenewed,
 }
 
 impl fmt::Display for LossReason {
@@ -42,6 +45,7 @@ impl fmt::Display for LossReason {
             Self::Disconnected => "the connection that held the lock closed",
             Self::KeyDeleted => "the lock's key was deleted while its lease lived",
             Self::Unwatched => "the client's watch of the lock's key stopped",
+            Self::Unrenewed => "the client's renewal task stopped",
         })
     }
 }
@@ -68,13 +72,14 @@ const MARKING: u8 = 1;
 const DROPPED: u8 = 2;
 
 /// Every reason, each at its code's place past [`DROPPED`] (see [`code`]).
-const REASONS: [LossReason; 6] = [
+const REASONS: [LossReason; 7] = [
     LossReason::Expired,
     LossReason::Revoked,
     LossReason::Closed,
     LossReason::Disconnected,
     LossReason::KeyDeleted,
     LossReason::Unwatched,
+    LossReason::Unrenewed,
 ];
 
 /// The state word of a marked `reason` (a match, so that a new reason cannot be left
@@ -89,6 +94,7 @@ fn code(reason: LossReason) -> u8 {
             LossReason::Disconnected => 3,
             LossReason::KeyDeleted => 4,
             LossReason::Unwatched => 5,
+            LossReason::Unrenewed => 6,
         }
 }
 

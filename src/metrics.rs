@@ -205,6 +205,7 @@ pub(crate) fn lost(backend: Backend, reason: LossReason, holders: usize) {
         LossReason::Disconnected => "disconnected",
         LossReason::KeyDeleted => "key_deleted",
         LossReason::Unwatched => "unwatched",
+        LossReason::Unrenewed => "unrenewed",
     };
     ::metrics::counter!(names::LOSSES, "backend" => backend.as_str(), "reason" => reason)
         .increment(u64::try_from(holders).unwrap_or(u64::MAX));

@@ -441,6 +441,21 @@ fn jittered(pause: Duration) -> Duration {
     half + extra
 }
 
+/// Reports the lease lost ([`LossReason::Unrenewed`]) when the keep-alive task's future
+/// is dropped without having reported how it ended: a panic in it (a bug, or a metrics
+/// recorder that panics while a renewal is counted), an abort, the runtime shutting
+/// down. Every other end marks its reason first (the first reason wins, so this is then
+/// a no-op). Without it, a dead task renews nothing and reports nothing: the lease runs
+/// out on the server while `lost()` waits for ever.
+struct ReportOnStop(Arc<LossNotifier>);
+
+impl Drop for ReportOnStop {
+    fn drop(&mut self) {
+        // `mark` catches a panicking recorder: no second panic during an unwind.
+        self.0.mark(LossReason::Unrenewed);
+    }
+}
+
 impl KeepAlive {
     /// Renews every TTL/3 until the session is dropped or closed, the lease is lost, or
     /// renewal is stopped (then the lease runs out its TTL). A keep-alive that fails or
@@ -452,6 +467,7 @@ impl KeepAlive {
         mut stop: oneshot::Receiver<()>,
         mut control: mpsc::UnboundedReceiver<Control>,
     ) {
+        let _report = ReportOnStop(self.notifier.clone());
         let interval = self.ttl / 3;
         let answer_wait = answer_wait(interval);
         let mut stream: Option<Stream> = None;

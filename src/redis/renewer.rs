@@ -73,6 +73,10 @@ struct Shared {
     /// take, in nanoseconds (`node_renewal.rs`).
     ahead: Arc<[AtomicU64]>,
     base: Instant,
+    /// Set (under the map's lock) once the task has stopped, however it ended (a panic
+    /// in it, the runtime shutting down): no lock is renewed any more, so every lock in
+    /// the map was reported lost, and a lock registered after this is at once.
+    stopped: AtomicBool,
 }
 
 impl Shared {
@@ -97,6 +101,7 @@ impl Shared {
             ahead: nodes.iter().map(|_| AtomicU64::new(0)).collect(),
             nodes,
             base: Instant::now(),
+            stopped: AtomicBool::new(false),
         }
     }
 
@@ -187,6 +192,12 @@ impl Renewer {
         let wake = {
             // Under the map's lock, so that the task's plan and this check cannot cross.
             let mut held = held(&self.shared);
+            if self.shared.stopped.load(Ordering::Acquire) {
+                // Nobody would renew it, nor tell its guard when its time runs out.
+                drop(held);
+                notifier.mark(LossReason::Unrenewed);
+                return Registration { id, loss, clock };
+            }
             held.insert(
                 id,
                 Held {
@@ -240,7 +251,41 @@ fn attempt_wait(interval: Duration, request_timeout: Duration) -> Duration {
     answer_wait(interval).min(interval).min(request_timeout)
 }
 
+/// Reports every lock the task leaves behind as lost when its future is dropped,
+/// however it ends: a panic in it (a bug, or a metrics recorder that panics while a
+/// renewal is counted), an abort, the runtime shutting down. A dead task renews nothing
+/// and marks nothing expired: without this, its locks' guards would wait on a loss
+/// nobody reports while their keys expire on the servers.
+struct ReportOnStop(Arc<Shared>);
+
+impl Drop for ReportOnStop {
+    fn drop(&mut self) {
+        let orphans = {
+            let mut held = held(&self.0);
+            self.0.stopped.store(true, Ordering::Release);
+            std::mem::take(&mut *held)
+        };
+        if std::thread::panicking() {
+            tracing::error!(
+                locks = orphans.len(),
+                "the Redis renewal task panicked; its locks are reported lost"
+            );
+        } else if !orphans.is_empty() {
+            // Aborted, or its runtime shut down with locks still held.
+            tracing::debug!(
+                locks = orphans.len(),
+                "the Redis renewal task stopped; its locks are reported lost"
+            );
+        }
+        // `mark` catches a panicking recorder: no second panic during an unwind.
+        for (_, lock) in orphans {
+            lock.notifier.mark(LossReason::Unrenewed);
+        }
+    }
+}
+
 async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
+    let _report = ReportOnStop(shared.clone());
     // The next full round: ticks follow from the last one; `plan` only brings them forward.
     let mut next_tick = Instant::now() + FAR;
     // Failed or unanswered renewal attempts in a row.

@@ -29,6 +29,7 @@ mod containers;
 mod etcd;
 mod holders;
 mod mariadb;
+mod panicking_recorder;
 mod peer;
 mod pki;
 mod postgres;
@@ -50,6 +51,7 @@ pub use etcd::{
 };
 pub use holders::{Holders, random_set};
 pub use mariadb::{MARIADB_BIN_ENV, MariaDbServer};
+pub use panicking_recorder::PanicsOnCounter;
 pub use peer::{CURATOR_JAR_ENV, JAVAC_BIN_ENV, LockPeer, PYTHON_ENV, python_with_kazoo};
 pub use pki::{CertPair, ServerTls, TestPki};
 pub use postgres::{PG_BIN_DIR_ENV, PostgresServer};

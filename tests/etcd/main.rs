@@ -22,6 +22,7 @@ mod guarded_txn;
 mod harness;
 mod inspect;
 mod invalid_input;
+mod keepalive_task_stopped;
 mod key_deleted;
 mod key_names;
 mod large_batch_answer;

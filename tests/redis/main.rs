@@ -34,6 +34,7 @@ mod redlock_slow_refusal;
 mod release_not_owner;
 mod renewal_slow_link;
 mod renewal_traffic;
+mod renewer_stops;
 mod reregister_after_reconnect;
 mod script_cache_flushed;
 mod semaphore;

@@ -1,0 +1,38 @@
+//! A session's keep-alive task that stops renews nothing and reports nothing. Here it
+//! panics: a metrics recorder that panics when a renewal is counted (a recorder's bug,
+//! or any bug of the task's own). The session's locks must be reported lost at once
+//! (`Unrenewed`), not left to guards whose `lost()` waits for ever while the lease runs
+//! out on the server.
+
+use std::time::Duration;
+
+use fencelock::metrics::names::RENEWALS;
+use fencelock::testkit::PanicsOnCounter;
+use fencelock::{LockBackend, LockGuard, LockOptions, LossReason};
+
+use crate::support::{etcd, locker, namespace, within};
+
+#[test]
+fn a_keep_alive_task_that_dies_reports_the_sessions_locks_lost() {
+    // One thread: the keep-alive task runs where the recorder is installed (a local
+    // recorder is the thread's, and a current-thread runtime polls every task on the
+    // thread that blocks on it).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    metrics::with_local_recorder(&PanicsOnCounter(RENEWALS), || {
+        runtime.block_on(async {
+            let cluster = etcd().await;
+            let locks = locker(&cluster, &namespace("keepalive-task-stopped")).await;
+            // Renewed after 2 s: that renewal's count kills the task. The lease's time runs
+            // out 6 s from now, and nobody would report it.
+            let options = LockOptions::new().with_ttl(Duration::from_secs(6));
+            let guard = locks.lock("job", &options).await.expect("lock");
+            assert!(guard.is_held());
+            let reason = within(Duration::from_secs(4), "the loss", guard.lost()).await;
+            assert_eq!(reason, LossReason::Unrenewed);
+            assert!(!guard.is_held());
+        });
+    });
+}
