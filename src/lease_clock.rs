@@ -158,7 +158,12 @@ impl LeaseClock {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads the clock.
-    #[cfg(any(feature = "etcd", feature = "zookeeper", feature = "postgres"))]
+    #[cfg(any(
+        feature = "etcd",
+        feature = "zookeeper",
+        feature = "postgres",
+        feature = "redis"
+    ))]
     pub(crate) async fn passed(&self) {
         loop {
             let left = self.remaining();

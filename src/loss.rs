@@ -31,8 +31,10 @@ pub enum LossReason {
     /// The client can no longer see its key's deletion (its watch task stopped, as after
     /// a panic in it): the lock is given up rather than held unobserved (etcd).
     Unwatched,
-    /// The client's renewal task stopped (as after a panic in it): the lock is given up
-    /// rather than held without renewal, its key left to expire (Redis).
+    /// The client's renewal task stopped (as after a panic in it, or its runtime shut
+    /// down): the lock is given up rather than held with nobody renewing it or
+    /// reporting its expiry, its key left to expire (Redis's renewer, an etcd session's
+    /// keep-alive).
     Unrenewed,
 }
 

@@ -126,7 +126,10 @@ impl Session {
             failures: 0,
         };
         let span = tracing::info_span!("etcd session", lease_id = format_args!("{lease_id:x}"));
-        tokio::spawn(task.run(stop_rx, control_rx).instrument(span));
+        // The report is made here and moved in: a task dropped before it was first polled
+        // (its runtime shut down at once) reports the loss too.
+        let report = ReportOnStop(notifier.clone());
+        tokio::spawn(task.run(stop_rx, control_rx, report).instrument(span));
         tracing::debug!(lease_id, ?ttl, "session opened");
 
         let batch = super::batch::Batcher::new(
@@ -444,7 +447,8 @@ fn jittered(pause: Duration) -> Duration {
 /// Reports the lease lost ([`LossReason::Unrenewed`]) when the keep-alive task's future
 /// is dropped without having reported how it ended: a panic in it (a bug, or a metrics
 /// recorder that panics while a renewal is counted), an abort, the runtime shutting
-/// down. Every other end marks its reason first (the first reason wins, so this is then
+/// down, a runtime gone before the task was first polled. Also a lease no longer
+/// renewed (`expire`, its TTL still running): on the safe side. Every other end marks its reason first (the first reason wins, so this is then
 /// a no-op). Without it, a dead task renews nothing and reports nothing: the lease runs
 /// out on the server while `lost()` waits for ever.
 struct ReportOnStop(Arc<LossNotifier>);
@@ -466,8 +470,8 @@ impl KeepAlive {
         mut self,
         mut stop: oneshot::Receiver<()>,
         mut control: mpsc::UnboundedReceiver<Control>,
+        _report: ReportOnStop,
     ) {
-        let _report = ReportOnStop(self.notifier.clone());
         let interval = self.ttl / 3;
         let answer_wait = answer_wait(interval);
         let mut stream: Option<Stream> = None;

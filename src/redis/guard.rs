@@ -131,7 +131,15 @@ impl LockGuard for RedisGuard {
     }
 
     async fn lost(&self) -> LossReason {
-        self.registration.loss.wait().await
+        // The deadline too, not only the renewer's report: whatever becomes of the
+        // renewal task, a lock whose time ran out by our clock is reported, as
+        // `is_held()` reports it.
+        let registration = &self.registration;
+        tokio::select! {
+            biased;
+            reason = registration.loss.wait() => reason,
+            () = registration.clock.passed() => LossReason::Expired,
+        }
     }
 
     fn is_held(&self) -> bool {

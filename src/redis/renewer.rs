@@ -74,8 +74,8 @@ struct Shared {
     ahead: Arc<[AtomicU64]>,
     base: Instant,
     /// Set (under the map's lock) once the task has stopped, however it ended (a panic
-    /// in it, the runtime shutting down): no lock is renewed any more, so every lock in
-    /// the map was reported lost, and a lock registered after this is at once.
+    /// in it, the runtime shutting down): every lock in the map was reported lost, and
+    /// the next registration starts a new task (under the same lock).
     stopped: AtomicBool,
 }
 
@@ -113,7 +113,8 @@ impl Shared {
 /// Handle to the renewal task; the task stops when the handle is dropped.
 pub(crate) struct Renewer {
     shared: Arc<Shared>,
-    _stop: oneshot::Sender<()>,
+    /// Stops the task when dropped; replaced when a new task is started.
+    stop: Mutex<oneshot::Sender<()>>,
 }
 
 /// What a held lock keeps from its registration.
@@ -139,12 +140,8 @@ impl Renewer {
             drift_factor,
             request_timeout,
         ));
-        let (stop_tx, stop_rx) = oneshot::channel();
-        tokio::spawn(run(shared.clone(), stop_rx));
-        Self {
-            shared,
-            _stop: stop_tx,
-        }
+        let stop = Mutex::new(spawn_task(&shared));
+        Self { shared, stop }
     }
 
     /// The safety margin subtracted from a TTL for clock drift between us and the servers.
@@ -192,11 +189,14 @@ impl Renewer {
         let wake = {
             // Under the map's lock, so that the task's plan and this check cannot cross.
             let mut held = held(&self.shared);
-            if self.shared.stopped.load(Ordering::Acquire) {
-                // Nobody would renew it, nor tell its guard when its time runs out.
-                drop(held);
-                notifier.mark(LossReason::Unrenewed);
-                return Registration { id, loss, clock };
+            if self.shared.stopped.swap(false, Ordering::AcqRel) {
+                // The task died (its locks were reported lost): this lock gets a new one,
+                // rather than a client that grants locks nobody renews. Started under the
+                // map's lock, so it plans with this lock in the map.
+                tracing::warn!("the Redis renewal task had stopped; starting a new one");
+                self.shared.planned_wake.store(u64::MAX, Ordering::Release);
+                *self.stop.lock().unwrap_or_else(PoisonError::into_inner) =
+                    spawn_task(&self.shared);
             }
             held.insert(
                 id,
@@ -253,9 +253,11 @@ fn attempt_wait(interval: Duration, request_timeout: Duration) -> Duration {
 
 /// Reports every lock the task leaves behind as lost when its future is dropped,
 /// however it ends: a panic in it (a bug, or a metrics recorder that panics while a
-/// renewal is counted), an abort, the runtime shutting down. A dead task renews nothing
-/// and marks nothing expired: without this, its locks' guards would wait on a loss
-/// nobody reports while their keys expire on the servers.
+/// renewal is counted), an abort, the runtime shutting down, a runtime gone before the
+/// task was first polled. A dead task renews nothing and marks nothing expired: without
+/// this, its locks' guards would wait on a loss nobody reports while their keys expire
+/// on the servers. Locks without renewal are reported too (before their TTL ends: on the
+/// safe side), and so is a lock registered while the task ends.
 struct ReportOnStop(Arc<Shared>);
 
 impl Drop for ReportOnStop {
@@ -284,8 +286,18 @@ impl Drop for ReportOnStop {
     }
 }
 
-async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
-    let _report = ReportOnStop(shared.clone());
+/// Spawns the task; returns what stops it when dropped.
+fn spawn_task(shared: &Arc<Shared>) -> oneshot::Sender<()> {
+    let (stop_tx, stop_rx) = oneshot::channel();
+    // The report is made here and moved in, not made by the task: a task dropped before
+    // it was first polled (its runtime shut down at once) reports, and is replaced, too.
+    tokio::spawn(run(shared.clone(), stop_rx, ReportOnStop(shared.clone())));
+    stop_tx
+}
+
+/// The task: renews, and marks the expired lost, until `stop` fires or it is dropped
+/// (`report` then does what is left).
+async fn run(shared: Arc<Shared>, mut stop: oneshot::Receiver<()>, _report: ReportOnStop) {
     // The next full round: ticks follow from the last one; `plan` only brings them forward.
     let mut next_tick = Instant::now() + FAR;
     // Failed or unanswered renewal attempts in a row.
