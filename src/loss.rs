@@ -211,9 +211,16 @@ impl LossWatch {
         Holding::start(self.backend, self.holders.clone())
     }
 
-    /// The reason, if the loss has been marked.
+    /// The reason, if the loss has been marked; `Closed` if the notifier was dropped
+    /// without marking, as [`wait`](Self::wait) says. A guard's `is_held()` and a
+    /// session's "may a new lock join" read this: a lease whose notifier went away (the
+    /// task that owned it ended without reporting, as after a panic) is nobody's to
+    /// vouch for, and must not read as held while `lost()` says closed.
     pub(crate) fn current(&self) -> Option<LossReason> {
-        reason(self.signal.state.load(Ordering::Acquire))
+        match self.signal.state.load(Ordering::Acquire) {
+            DROPPED => Some(LossReason::Closed),
+            state => reason(state),
+        }
     }
 
     /// Resolves once the loss is marked. If the notifier is dropped without marking
@@ -258,8 +265,11 @@ mod tests {
     #[tokio::test]
     async fn dropped_notifier_counts_as_closed() {
         let (notifier, watch) = loss_channel(Backend::Etcd);
+        assert_eq!(watch.current(), None);
         drop(notifier);
         assert_eq!(watch.wait().await, LossReason::Closed);
+        // Read without waiting too: a guard's `is_held()` must agree with its `lost()`.
+        assert_eq!(watch.current(), Some(LossReason::Closed));
     }
 
     #[tokio::test]

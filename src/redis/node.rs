@@ -566,7 +566,7 @@ pub(crate) fn malformed(backend: Backend, operation: &'static str, lock: &str) -
         backend,
         operation,
         lock: Some(lock.to_owned()),
-        source: "malformed script reply".into(),
+        source: "malformed reply (a script's or the acquire pipeline's)".into(),
     }
 }
 

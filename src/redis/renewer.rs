@@ -189,7 +189,11 @@ impl Renewer {
         let wake = {
             // Under the map's lock, so that the task's plan and this check cannot cross.
             let mut held = held(&self.shared);
-            if self.shared.stopped.swap(false, Ordering::AcqRel) {
+            // A read, not a swap: a write to this shared word on every grant would pass its
+            // cache line between the runtime's threads. Cleared under the map's lock, as
+            // it is set.
+            if self.shared.stopped.load(Ordering::Acquire) {
+                self.shared.stopped.store(false, Ordering::Release);
                 // The task died (its locks were reported lost): this lock gets a new one,
                 // rather than a client that grants locks nobody renews. Started under the
                 // map's lock, so it plans with this lock in the map.
