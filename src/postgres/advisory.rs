@@ -527,6 +527,15 @@ impl std::fmt::Debug for PgAdvisoryGuard {
 }
 
 impl PgAdvisoryGuard {
+    /// Stops the heartbeat's task as a panic in it would (for tests: its loss must
+    /// still be reported).
+    #[doc(hidden)]
+    pub fn stop_heartbeat_for_test(&self) {
+        if let Some(heartbeat) = &self.heartbeat {
+            heartbeat.stop();
+        }
+    }
+
     /// The server process holding the lock (for `pg_terminate_backend`, or monitoring).
     #[must_use]
     pub fn backend_pid(&self) -> Option<i32> {
@@ -558,9 +567,16 @@ impl LockGuard for PgAdvisoryGuard {
     }
 
     async fn lost(&self) -> LossReason {
-        match &self.conn {
-            Some(conn) => conn.closed.wait().await,
-            None => LossReason::Closed,
+        let (Some(conn), Some(heartbeat)) = (&self.conn, &self.heartbeat) else {
+            return LossReason::Closed;
+        };
+        // The deadline too, not only the heartbeat's report: whatever becomes of the
+        // heartbeat task (a panic in it), a lock whose time ran out is reported, as
+        // `is_held()` reports it.
+        tokio::select! {
+            biased;
+            reason = conn.closed.wait() => reason,
+            () = heartbeat.passed() => LossReason::Expired,
         }
     }
 

@@ -137,6 +137,20 @@ impl Heartbeat {
     pub(super) fn has_passed(&self) -> bool {
         self.lease.has_passed()
     }
+
+    /// Resolves once the deadline has passed (following it as heartbeats move it).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads the clock.
+    pub(super) async fn passed(&self) {
+        self.lease.passed().await;
+    }
+
+    /// Stops the task without a word, as a panic in it would.
+    pub(super) fn stop(&self) {
+        self.task.abort();
+    }
 }
 
 impl Drop for Heartbeat {

@@ -94,3 +94,25 @@ async fn a_frozen_connection_is_reported_lost_within_the_ttl_while_the_server_st
         ReleaseOutcome::Released
     );
 }
+
+/// The heartbeat's task reports the loss; if it dies (a panic in it), the guard's
+/// `lost()` must still resolve at the deadline, as `is_held()` turns false then, rather
+/// than wait on a connection that stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_heartbeat_task_still_lets_the_loss_show_at_the_deadline() {
+    let db = Db::start().await;
+    let locks = locker(&db.server.connection_string(&db.name)).await;
+    let held = locks
+        .lock("job", &LockOptions::new().with_ttl(TTL))
+        .await
+        .expect("lock");
+    held.stop_heartbeat_for_test();
+    let reason = tokio::time::timeout(TTL + Duration::from_secs(3), held.lost())
+        .await
+        .expect("the loss is reported by the deadline");
+    assert_eq!(reason, LossReason::Expired);
+    assert!(!held.is_held());
+    // The server still holds it (the connection is open): the deadline is the client's
+    // own word that it no longer vouches for the lock.
+    assert_eq!(held.release().await.ok(), Some(ReleaseOutcome::NotHeld));
+}
