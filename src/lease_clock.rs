@@ -158,19 +158,39 @@ impl LeaseClock {
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads the clock.
+    #[cfg(any(feature = "etcd", feature = "zookeeper", feature = "postgres"))]
+    pub(crate) async fn passed(&self) {
+        self.passed_looking_every(RECHECK).await;
+    }
+
+    /// Resolves once the deadline has passed, as [`passed`](Self::passed) does, but
+    /// sleeping to the deadline rather than looking every [`RECHECK`]: a suspend is
+    /// noticed only when the sleep ends (tokio's timers stop while the machine sleeps).
+    /// For a fallback beside a task that watches closely (a guard's `lost()`, beside the
+    /// renewal or heartbeat task that reports the loss on time): many guards waiting on
+    /// it cost one wake-up per renewal each, not four a second.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads the clock.
+    #[cfg(any(feature = "redis", feature = "postgres"))]
+    pub(crate) async fn passed_eventually(&self) {
+        self.passed_looking_every(Duration::MAX).await;
+    }
+
     #[cfg(any(
         feature = "etcd",
         feature = "zookeeper",
         feature = "postgres",
         feature = "redis"
     ))]
-    pub(crate) async fn passed(&self) {
+    async fn passed_looking_every(&self, recheck: Duration) {
         loop {
             let left = self.remaining();
             if left.is_zero() {
                 return;
             }
-            tokio::time::sleep(left.min(RECHECK)).await;
+            tokio::time::sleep(left.min(recheck)).await;
         }
     }
 }

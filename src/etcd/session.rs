@@ -447,10 +447,11 @@ fn jittered(pause: Duration) -> Duration {
 /// Reports the lease lost ([`LossReason::Unrenewed`]) when the keep-alive task's future
 /// is dropped without having reported how it ended: a panic in it (a bug, or a metrics
 /// recorder that panics while a renewal is counted), an abort, the runtime shutting
-/// down, a runtime gone before the task was first polled. Also a lease no longer
-/// renewed (`expire`, its TTL still running): on the safe side. Every other end marks its reason first (the first reason wins, so this is then
-/// a no-op). Without it, a dead task renews nothing and reports nothing: the lease runs
-/// out on the server while `lost()` waits for ever.
+/// down, a runtime gone before the task was first polled; also while it waits out a
+/// lease no longer renewed (`expire`, its TTL still running): on the safe side. Every
+/// other end marks its reason first (the first reason wins, so this is then a no-op).
+/// Without it, a dead task renews nothing and reports nothing: the lease runs out on the
+/// server while `lost()` waits for ever.
 struct ReportOnStop(Arc<LossNotifier>);
 
 impl Drop for ReportOnStop {

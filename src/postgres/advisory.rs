@@ -572,11 +572,15 @@ impl LockGuard for PgAdvisoryGuard {
         };
         // The deadline too, not only the heartbeat's report: whatever becomes of the
         // heartbeat task (a panic in it), a lock whose time ran out is reported, as
-        // `is_held()` reports it.
+        // `is_held()` reports it, and its connection closed, as the task would have
+        // (the guard no longer vouches for the lock: let the server free it).
         tokio::select! {
             biased;
             reason = conn.closed.wait() => reason,
-            () = heartbeat.passed() => LossReason::Expired,
+            () = heartbeat.passed_eventually() => {
+                conn.task.abort();
+                LossReason::Expired
+            }
         }
     }
 

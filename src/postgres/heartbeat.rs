@@ -138,13 +138,15 @@ impl Heartbeat {
         self.lease.has_passed()
     }
 
-    /// Resolves once the deadline has passed (following it as heartbeats move it).
+    /// Resolves once the deadline has passed (following it as heartbeats move it), late
+    /// by a suspend: a fallback beside the task, which reports on time
+    /// ([`LeaseClock::passed_eventually`]).
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: it only reads the clock.
-    pub(super) async fn passed(&self) {
-        self.lease.passed().await;
+    pub(super) async fn passed_eventually(&self) {
+        self.lease.passed_eventually().await;
     }
 
     /// Stops the task without a word, as a panic in it would.

@@ -132,13 +132,13 @@ impl LockGuard for RedisGuard {
 
     async fn lost(&self) -> LossReason {
         // The deadline too, not only the renewer's report: whatever becomes of the
-        // renewal task, a lock whose time ran out by our clock is reported, as
-        // `is_held()` reports it.
+        // renewal task (one never polled, its runtime idle), a lock whose time ran out
+        // by our clock is reported, as `is_held()` reports it.
         let registration = &self.registration;
         tokio::select! {
             biased;
             reason = registration.loss.wait() => reason,
-            () = registration.clock.passed() => LossReason::Expired,
+            () = registration.clock.passed_eventually() => LossReason::Expired,
         }
     }
 

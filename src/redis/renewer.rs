@@ -186,21 +186,16 @@ impl Renewer {
         };
         let (notifier, loss) = loss_channel(self.shared.backend);
         let needs = self.shared.nanos(needs);
-        let wake = {
+        let (wake, restart) = {
             // Under the map's lock, so that the task's plan and this check cannot cross.
             let mut held = held(&self.shared);
-            // A read, not a swap: a write to this shared word on every grant would pass its
-            // cache line between the runtime's threads. Cleared under the map's lock, as
-            // it is set.
-            if self.shared.stopped.load(Ordering::Acquire) {
+            // The task died (its locks were reported lost): this lock gets a new one,
+            // started below, rather than a client that grants locks nobody renews.
+            // Cleared under the map's lock, as it is set: one restart per death.
+            let restart = self.shared.stopped.load(Ordering::Acquire);
+            if restart {
                 self.shared.stopped.store(false, Ordering::Release);
-                // The task died (its locks were reported lost): this lock gets a new one,
-                // rather than a client that grants locks nobody renews. Started under the
-                // map's lock, so it plans with this lock in the map.
-                tracing::warn!("the Redis renewal task had stopped; starting a new one");
                 self.shared.planned_wake.store(u64::MAX, Ordering::Release);
-                *self.stop.lock().unwrap_or_else(PoisonError::into_inner) =
-                    spawn_task(&self.shared);
             }
             held.insert(
                 id,
@@ -219,9 +214,19 @@ impl Renewer {
                 // round's snapshot clears it): the round this asks for has this lock.
                 self.shared.renew_now.store(true, Ordering::Release);
             }
-            needs < self.shared.planned_wake.fetch_min(needs, Ordering::AcqRel)
+            let wake = needs < self.shared.planned_wake.fetch_min(needs, Ordering::AcqRel);
+            (wake, restart)
         };
-        if wake {
+        if restart {
+            tracing::warn!("the Redis renewal task had stopped; starting a new one");
+            // Not under the map's lock: a runtime shutting down drops the new task at
+            // once, inside `spawn`, and its report takes that lock (it then reports this
+            // lock lost). Under the stop handle's lock, so that restarts store their
+            // handles in order (only the new task's report can ask for the next one).
+            // The new task's first plan reads the map, this lock in it.
+            let mut stop = self.stop.lock().unwrap_or_else(PoisonError::into_inner);
+            *stop = spawn_task(&self.shared);
+        } else if wake {
             self.shared.changed.notify_one();
         }
         Registration { id, loss, clock }
@@ -290,12 +295,19 @@ impl Drop for ReportOnStop {
     }
 }
 
-/// Spawns the task; returns what stops it when dropped.
+/// Spawns the task on the caller's runtime; returns what stops it when dropped. A
+/// restarted task runs on the runtime of the lock call that restarted it.
 fn spawn_task(shared: &Arc<Shared>) -> oneshot::Sender<()> {
     let (stop_tx, stop_rx) = oneshot::channel();
     // The report is made here and moved in, not made by the task: a task dropped before
     // it was first polled (its runtime shut down at once) reports, and is replaced, too.
-    tokio::spawn(run(shared.clone(), stop_rx, ReportOnStop(shared.clone())));
+    let report = ReportOnStop(shared.clone());
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn(run(shared.clone(), stop_rx, report))),
+        // No runtime to run it on: what it would keep is reported lost now (the report
+        // dropped here), and the next registration tries again.
+        Err(_) => drop(report),
+    }
     stop_tx
 }
 
@@ -784,6 +796,41 @@ mod tests {
             0.01,
             Duration::from_secs(1),
         )
+    }
+
+    /// A lock registered after the task died starts a new one. If the runtime is
+    /// shutting down, `spawn` drops the new task at once, inside the call, and its report
+    /// takes the map's lock: the restart must not hold it then (it did, and the lock
+    /// call hung for ever on its own thread, keeping the runtime from shutting down).
+    #[test]
+    fn a_restart_while_the_runtime_shuts_down_reports_the_lock_and_returns() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let handle = runtime.handle().clone();
+        drop(runtime);
+        let renewer = Renewer {
+            shared: Arc::new(shared()),
+            stop: Mutex::new(oneshot::channel().0),
+        };
+        renewer.shared.stopped.store(true, Ordering::Release);
+        let (done, returned) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _entered = handle.enter();
+            let registration = renewer.register(
+                Arc::from("key"),
+                Arc::from("owner"),
+                Duration::from_secs(6),
+                true,
+                Clock::BOOT.now(),
+            );
+            let _ = done.send(registration.loss.current());
+        });
+        let seen = returned
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the registration returned");
+        assert_eq!(seen, Some(LossReason::Unrenewed));
     }
 
     fn hold(shared: &Shared, id: u64, renew: bool, urgent: bool) {

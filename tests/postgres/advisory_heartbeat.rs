@@ -95,24 +95,31 @@ async fn a_frozen_connection_is_reported_lost_within_the_ttl_while_the_server_st
     );
 }
 
-/// The heartbeat's task reports the loss; if it dies (a panic in it), the guard's
-/// `lost()` must still resolve at the deadline, as `is_held()` turns false then, rather
-/// than wait on a connection that stays open.
+/// The heartbeat's task reports the loss and closes the connection; if it dies (a panic
+/// in it), the guard's `lost()` must still resolve at the deadline, as `is_held()` turns
+/// false then, rather than wait on a connection that stays open, and the connection
+/// must be closed so that the server frees the lock for the next holder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_heartbeat_task_still_lets_the_loss_show_at_the_deadline() {
     let db = Db::start().await;
     let locks = locker(&db.server.connection_string(&db.name)).await;
-    let held = locks
-        .lock("job", &LockOptions::new().with_ttl(TTL))
-        .await
-        .expect("lock");
+    let other = locker(&db.server.connection_string(&db.name)).await;
+    let options = LockOptions::new().with_ttl(TTL);
+    let held = locks.lock("job", &options).await.expect("lock");
     held.stop_heartbeat_for_test();
     let reason = tokio::time::timeout(TTL + Duration::from_secs(3), held.lost())
         .await
         .expect("the loss is reported by the deadline");
     assert_eq!(reason, LossReason::Expired);
     assert!(!held.is_held());
-    // The server still holds it (the connection is open): the deadline is the client's
-    // own word that it no longer vouches for the lock.
+    // Given up for good: the next holder gets it while this guard still exists.
+    let next = other
+        .lock(
+            "job",
+            &options.clone().with_wait_timeout(Duration::from_secs(10)),
+        )
+        .await
+        .expect("the server freed the lock");
+    assert!(next.token() > held.token());
     assert_eq!(held.release().await.ok(), Some(ReleaseOutcome::NotHeld));
 }
