@@ -34,7 +34,7 @@ pub enum LossReason {
     /// The client's renewal task stopped (as after a panic in it, or its runtime shut
     /// down): the lock is given up rather than held with nobody renewing it or
     /// reporting its expiry, its key left to expire (Redis's renewer, an etcd session's
-    /// keep-alive).
+    /// keep-alive, a ZooKeeper session's monitor, which then closes the session).
     Unrenewed,
 }
 

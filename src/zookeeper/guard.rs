@@ -73,6 +73,13 @@ impl ZooKeeperGuard {
         &self.path
     }
 
+    /// Stops the session's monitor as a panic in it would (for tests: the loss must
+    /// still be reported and the session closed).
+    #[doc(hidden)]
+    pub fn stop_session_monitor_for_test(&self) {
+        self.session.stop_monitor_for_test();
+    }
+
     /// The ZooKeeper session the node lives in (its id, as ZooKeeper's four-letter
     /// commands and logs show it in hex).
     #[must_use]

@@ -100,10 +100,15 @@ impl Session {
         let (notifier, loss) = loss_channel(Backend::ZooKeeper);
         let id = client.session_id().0;
         let shared: Shared = Arc::new(RwLock::new(Some(client.clone())));
+        // The end is made here and moved in: a monitor dropped before it was first polled
+        // (its runtime gone) ends the session too.
+        let end = MonitorEnd {
+            notifier,
+            shared: shared.clone(),
+        };
         let monitor = tokio::spawn(monitor(
             client,
-            shared.clone(),
-            notifier,
+            end,
             lease.clone(),
             Answered::new(timeout, sent),
             config.request_timeout,
@@ -164,6 +169,13 @@ impl Session {
     }
 }
 
+impl Session {
+    /// Stops the monitor as a panic in it would (for tests: the session must still end).
+    pub(crate) fn stop_monitor_for_test(&self) {
+        self.monitor.abort();
+    }
+}
+
 impl Drop for Session {
     fn drop(&mut self) {
         // The monitor holds a client handle: without it the last handle goes and the
@@ -216,8 +228,7 @@ fn cap(deadline: ClockInstant, hard_end: Option<ClockInstant>) -> ClockInstant {
 /// the timeout would push the next heartbeat past the local deadline (a false loss).
 async fn monitor(
     client: Client,
-    shared: Shared,
-    notifier: LossNotifier,
+    end: MonitorEnd,
     lease: Arc<LeaseClock>,
     mut answered: Answered,
     request_timeout: Duration,
@@ -268,12 +279,32 @@ async fn monitor(
         }
     };
     tracing::debug!(%reason, "session lost");
-    notifier.mark(reason);
-    shared
-        .write()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take();
+    end.notifier.mark(reason);
+    // The session's client handle goes first (`MonitorEnd`), then this one, the last.
+    drop(end);
     drop(client);
+}
+
+/// What the monitor does when it ends, however it ends: marks the loss (`Unrenewed` if
+/// it had not marked one: a panic in it, or its runtime gone; the first reason wins) and
+/// takes the session's client handle, so that the session closes from this side. Without
+/// it, a monitor that died left the client library pinging a session every guard of
+/// which reads as lost, its lock nodes blocking the next holders until the guards went.
+/// (An abort by `Session::drop` comes when no guard is left: nothing reads the mark.)
+struct MonitorEnd {
+    notifier: LossNotifier,
+    shared: Shared,
+}
+
+impl Drop for MonitorEnd {
+    fn drop(&mut self) {
+        // `mark` catches a panicking recorder: no second panic during an unwind.
+        self.notifier.mark(LossReason::Unrenewed);
+        self.shared
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+    }
 }
 
 /// One heartbeat `after` from now (a `sync`, answered through the leader): its send time

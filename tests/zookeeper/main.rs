@@ -13,6 +13,7 @@ mod interop;
 mod invalid_input;
 mod leader_failover;
 mod lock_all;
+mod monitor_stopped;
 mod protected_mode;
 mod reconnect_keeps_lock;
 mod rwlock;
