@@ -5,9 +5,10 @@
 //! which does stop during suspend: a deadline kept on it would still lie ahead after the
 //! machine woke up from a long sleep, and `is_held()` would say yes while the server has
 //! long since handed the lock to someone else. Deadlines are therefore kept on
-//! [`Clock::BOOT`] (`CLOCK_BOOTTIME`, which counts suspended time), and every wait for a
-//! deadline wakes at least every [`RECHECK`] to compare against it, because tokio's timers
-//! run on the monotonic clock.
+//! [`Clock::BOOT`] (`CLOCK_BOOTTIME`, which counts suspended time), and every wait that
+//! reports a deadline on time wakes at least every [`RECHECK`] to compare against it,
+//! because tokio's timers run on the monotonic clock (`passed_eventually`, a fallback
+//! beside such a wait, sleeps to the deadline instead).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -168,7 +169,8 @@ impl LeaseClock {
     /// noticed only when the sleep ends (tokio's timers stop while the machine sleeps).
     /// For a fallback beside a task that watches closely (a guard's `lost()`, beside the
     /// renewal or heartbeat task that reports the loss on time): many guards waiting on
-    /// it cost one wake-up per renewal each, not four a second.
+    /// it cost about one wake-up per TTL each (a renewal moves the deadline on before the
+    /// sleep ends), not four a second.
     ///
     /// # Cancel safety
     ///

@@ -578,6 +578,10 @@ impl LockGuard for PgAdvisoryGuard {
             biased;
             reason = conn.closed.wait() => reason,
             () = heartbeat.passed_eventually() => {
+                // Marked before the abort, as the heartbeat task does: an abort alone
+                // marks nothing, and a heartbeat answer landing now could still move the
+                // deadline on, so that `is_held()` read held on a closed connection.
+                conn.notifier.mark(LossReason::Expired);
                 conn.task.abort();
                 LossReason::Expired
             }

@@ -218,7 +218,6 @@ impl Renewer {
             (wake, restart)
         };
         if restart {
-            tracing::warn!("the Redis renewal task had stopped; starting a new one");
             // Not under the map's lock: a runtime shutting down drops the new task at
             // once, inside `spawn`, and its report takes that lock (it then reports this
             // lock lost). Under the stop handle's lock, so that restarts store their
@@ -226,6 +225,9 @@ impl Renewer {
             // The new task's first plan reads the map, this lock in it.
             let mut stop = self.stop.lock().unwrap_or_else(PoisonError::into_inner);
             *stop = spawn_task(&self.shared);
+            // After the spawn: nothing between clearing `stopped` and it may panic (a
+            // tracing layer that does), or no task would be left to restart.
+            tracing::warn!("the Redis renewal task had stopped; a new one was started");
         } else if wake {
             self.shared.changed.notify_one();
         }
@@ -825,12 +827,26 @@ mod tests {
                 true,
                 Clock::BOOT.now(),
             );
-            let _ = done.send(registration.loss.current());
+            let _ = done.send((registration.loss.current(), renewer));
         });
-        let seen = returned
+        let (seen, renewer) = returned
             .recv_timeout(Duration::from_secs(10))
             .expect("the registration returned");
         assert_eq!(seen, Some(LossReason::Unrenewed));
+        // The dropped task's report asks for another restart: the next lock tries again
+        // (here with no runtime at all: reported lost at once, nothing spawned).
+        assert!(renewer.shared.stopped.load(Ordering::Acquire));
+        assert_eq!(renewer.len(), 0);
+        let next = renewer.register(
+            Arc::from("key"),
+            Arc::from("owner"),
+            Duration::from_secs(6),
+            true,
+            Clock::BOOT.now(),
+        );
+        assert_eq!(next.loss.current(), Some(LossReason::Unrenewed));
+        assert!(renewer.shared.stopped.load(Ordering::Acquire));
+        assert_eq!(renewer.len(), 0);
     }
 
     fn hold(shared: &Shared, id: u64, renew: bool, urgent: bool) {
