@@ -51,7 +51,7 @@ pub use etcd::{
 };
 pub use holders::{Holders, random_set};
 pub use mariadb::{MARIADB_BIN_ENV, MariaDbServer};
-pub use panicking_recorder::PanicsOnCounter;
+pub use panicking_recorder::{PanicsOnCounter, lost_at_first_renewal};
 pub use peer::{CURATOR_JAR_ENV, JAVAC_BIN_ENV, LockPeer, PYTHON_ENV, python_with_kazoo};
 pub use pki::{CertPair, ServerTls, TestPki};
 pub use postgres::{PG_BIN_DIR_ENV, PostgresServer};

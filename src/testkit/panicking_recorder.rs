@@ -1,7 +1,11 @@
 //! A metrics recorder that panics when one counter is counted: a fault to inject into
 //! the library's background tasks (a recorder's bug, or any panic in such a task).
 
+use std::time::Duration;
+
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+
+use crate::{LockBackend, LockGuard, LockOptions, LossReason};
 
 /// Panics whenever the counter named `.0` is registered (each `counter!` call registers
 /// it); every other metric goes nowhere.
@@ -46,4 +50,25 @@ impl Recorder for PanicsOnCounter {
     fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
         Histogram::noop()
     }
+}
+
+/// Takes `name` for 6 s (so its first renewal comes after about 2 s), and checks that
+/// its guard hears [`LossReason::Unrenewed`] well before that time runs out by the
+/// client's clock, then reads as not held: what a client must do when the task that
+/// renews its locks is stopped at its first renewal (with [`PanicsOnCounter`] on the
+/// renewal counter). The lost guard is then dropped (its release is best effort).
+///
+/// # Panics
+///
+/// Like `assert!`, if the lock is refused or the loss is not reported so.
+pub async fn lost_at_first_renewal<B: LockBackend>(locks: &B, name: &str) {
+    let options = LockOptions::new().with_ttl(Duration::from_secs(6));
+    let guard = locks.lock(name, &options).await.expect("lock");
+    assert!(guard.is_held());
+    // The bound only ends a test that would wait for ever: the reason tells.
+    let reason = tokio::time::timeout(Duration::from_secs(20), guard.lost())
+        .await
+        .expect("the loss is reported");
+    assert_eq!(reason, LossReason::Unrenewed);
+    assert!(!guard.is_held());
 }

@@ -4,13 +4,10 @@
 //! (`Unrenewed`), not left to guards whose `lost()` waits for ever while the lease runs
 //! out on the server.
 
-use std::time::Duration;
-
 use fencelock::metrics::names::RENEWALS;
-use fencelock::testkit::PanicsOnCounter;
-use fencelock::{LockBackend, LockGuard, LockOptions, LossReason};
+use fencelock::testkit::{PanicsOnCounter, lost_at_first_renewal};
 
-use crate::support::{etcd, locker, namespace, within};
+use crate::support::{etcd, locker, namespace};
 
 #[test]
 fn a_keep_alive_task_that_dies_reports_the_sessions_locks_lost() {
@@ -29,12 +26,7 @@ fn a_keep_alive_task_that_dies_reports_the_sessions_locks_lost() {
             // lease's time runs out by the client's clock. Without the report, the loss
             // would be heard only from the server once the lease has expired there (the
             // key's deletion), with another reason.
-            let options = LockOptions::new().with_ttl(Duration::from_secs(6));
-            let guard = locks.lock("job", &options).await.expect("lock");
-            assert!(guard.is_held());
-            let reason = within(Duration::from_secs(20), "the loss", guard.lost()).await;
-            assert_eq!(reason, LossReason::Unrenewed);
-            assert!(!guard.is_held());
+            lost_at_first_renewal(&locks, "job").await;
         });
     });
 }

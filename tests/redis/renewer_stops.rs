@@ -10,11 +10,11 @@
 use std::time::Duration;
 
 use fencelock::metrics::names::RENEWALS;
-use fencelock::testkit::PanicsOnCounter;
-use fencelock::{LockBackend, LockGuard, LockOptions, LossReason};
+use fencelock::testkit::{PanicsOnCounter, lost_at_first_renewal};
+use fencelock::{LockBackend, LockGuard, LockOptions};
 use tokio::runtime::{Builder, Runtime};
 
-use crate::support::{locker, owner_part, prefix, redis, within};
+use crate::support::{locker, owner_part, prefix, redis};
 
 fn current_thread() -> Runtime {
     Builder::new_current_thread()
@@ -56,14 +56,9 @@ fn a_renewal_task_that_panics_reports_its_locks_lost_and_is_replaced() {
     });
     metrics::with_local_recorder(&PanicsOnCounter(RENEWALS), || {
         runtime.block_on(async {
-            // Renewed every 2 s: the first renewal kills the task, well before the lock's
-            // time runs out by the client's clock (then `lost()` says `Expired`).
-            let options = LockOptions::new().with_ttl(Duration::from_secs(6));
-            let guard = locks.lock("job", &options).await.expect("lock");
-            assert!(guard.is_held());
-            let reason = within(Duration::from_secs(20), "the loss", guard.lost()).await;
-            assert_eq!(reason, LossReason::Unrenewed);
-            assert!(!guard.is_held());
+            // The first renewal kills the task, well before the lock's time runs out by
+            // the client's clock (then `lost()` would say `Expired`).
+            lost_at_first_renewal(&locks, "job").await;
         });
     });
     // The recorder is gone: the next lock's new task renews it.
