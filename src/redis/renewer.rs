@@ -278,14 +278,11 @@ impl Drop for ReportOnStop {
             self.0.stopped.store(true, Ordering::Release);
             std::mem::take(&mut *held)
         };
-        if std::thread::panicking() {
-            tracing::error!(
-                locks = orphans.len(),
-                "the Redis renewal task panicked; its locks are reported lost"
-            );
-        } else if !orphans.is_empty() {
-            // Aborted, or its runtime shut down with locks still held.
-            tracing::debug!(
+        if !orphans.is_empty() {
+            // A panic in it, an abort, or its runtime shut down with locks still held: no
+            // telling which here (tokio drops a task's future after it has caught the
+            // task's panic, so no unwind is seen in this drop).
+            tracing::warn!(
                 locks = orphans.len(),
                 "the Redis renewal task stopped; its locks are reported lost"
             );
