@@ -272,15 +272,35 @@ struct ServerSaid {
 
 /// Keeps `conn` running; marks `notifier` when it ends (the connection closed). Aborting
 /// the returned handle closes the connection (its socket is dropped).
+///
+/// The mark is made however the task ends ([`MarkOnEnd`], made here and moved into the
+/// task): the connection closing, an abort, or the runtime it was spawned on shutting
+/// down (dropped before or after it was first polled). Each of these drops the socket,
+/// and the server frees the session's locks; a guard or a pooled connection on another
+/// runtime must not read it as open (before, a lock held through it read as held until
+/// its heartbeat's next failure, a third of the TTL, while the next holder could have it).
 pub(crate) fn spawn_connection(
     conn: Connection,
     notifier: std::sync::Arc<crate::loss::LossNotifier>,
 ) -> tokio::task::AbortHandle {
+    let end = MarkOnEnd(notifier);
     tokio::spawn(async move {
+        let _end = end;
         if let Err(err) = conn.await {
             tracing::debug!(%err, "PostgreSQL connection ended");
         }
-        notifier.mark(LossReason::Disconnected);
     })
     .abort_handle()
+}
+
+/// Marks a connection's loss (`Disconnected`) when dropped: owned by the connection's task
+/// from its spawn, so that its drop, however it comes, reports that the socket is gone.
+/// A mark made before (the heartbeat's `Expired`, given before it aborts) is kept: the
+/// first reason wins.
+struct MarkOnEnd(std::sync::Arc<crate::loss::LossNotifier>);
+
+impl Drop for MarkOnEnd {
+    fn drop(&mut self) {
+        self.0.mark(LossReason::Disconnected);
+    }
 }

@@ -9,6 +9,7 @@ mod advisory_lock;
 mod cancel_then_reuse;
 mod concurrent_writers;
 mod conformance;
+mod connection_runtime_ended;
 mod grant_after_long_wait;
 mod idempotency;
 mod invalid_input;
