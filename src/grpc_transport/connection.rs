@@ -187,14 +187,17 @@ pub(super) async fn open(
         .map_err(std::io::Error::other)?;
     let state = Arc::new(State::new(unserved_after));
     let span = tracing::debug_span!("etcd connection", member = %authority);
-    tokio::spawn(drive(connection, state.clone()).instrument(span));
+    // Made before the spawn and moved in: a task dropped before its first poll (a
+    // runtime shutting down) marks the connection closed too.
+    let closed = ClosedOnDrop(state.clone());
+    tokio::spawn(drive(connection, closed).instrument(span));
     Ok((send, state))
 }
 
 /// Runs the connection's reads and writes; pings it while requests are in flight and
 /// drops it (failing its requests) if a ping goes unanswered.
-async fn drive(mut connection: h2::client::Connection<TcpStream, Bytes>, state: Arc<State>) {
-    let _closed = ClosedOnDrop(state.clone());
+async fn drive(mut connection: h2::client::Connection<TcpStream, Bytes>, closed: ClosedOnDrop) {
+    let state = &closed.0;
     let mut ping = connection.ping_pong();
     let mut connection = pin!(connection);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + PING_EVERY, PING_EVERY);
@@ -271,6 +274,29 @@ mod tests {
         assert!(unserved(300_000, 0, 0, limit));
         // An answer timed after this drop's clock read (another thread): kept.
         assert!(!unserved(400_000, 100_000, 400_010, limit));
+    }
+
+    /// A runtime shutting down before the connection's driver first ran (a task dropped
+    /// unpolled) leaves the connection closed, not usable: a request on it would wait on
+    /// a driver that never runs.
+    #[test]
+    fn a_connection_whose_driver_never_ran_is_closed() {
+        // The handshake only writes the client's preface: a bound socket, never accepted
+        // from, is enough.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listener");
+        let port = listener.local_addr().expect("address").port();
+        let authority: Authority = format!("127.0.0.1:{port}").parse().expect("authority");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        // A current-thread runtime runs spawned tasks only while `block_on` waits: the
+        // driver, spawned as `open` returns, is dropped with the runtime unpolled.
+        let (_send, state) = runtime
+            .block_on(open(&authority, Duration::from_secs(1)))
+            .expect("open");
+        drop(runtime);
+        assert!(!state.is_usable(), "closed with its runtime");
     }
 
     #[test]

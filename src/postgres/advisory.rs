@@ -56,6 +56,13 @@ const MAX_IDLE: usize = 64;
 /// cancel that could not be confirmed (no answer within the `connect_timeout`, or a
 /// connection string naming several hosts) closes the connection instead.
 ///
+/// Each connection runs on a task of the runtime that opened it (the first at `connect`,
+/// others in `lock` calls), as tokio-postgres's connections do. A runtime that shuts
+/// down ends its connections: their locks are reported lost (`Disconnected`) and the pool
+/// hands them out no more. A runtime kept but not running (a current-thread runtime
+/// outside `block_on`) stalls its connections' statements until the wait timeout: use
+/// the locker from a runtime that keeps running, as with any tokio client.
+///
 /// ```no_run
 /// use fencelock::postgres::PgAdvisoryLocker;
 /// use fencelock::{LockBackend, LockGuard, LockOptions};
@@ -578,9 +585,10 @@ impl LockGuard for PgAdvisoryGuard {
             biased;
             reason = conn.closed.wait() => reason,
             () = heartbeat.passed_eventually() => {
-                // Marked before the abort, as the heartbeat task does: an abort alone
-                // marks nothing, and a heartbeat answer landing now could still move the
-                // deadline on, so that `is_held()` read held on a closed connection.
+                // Marked before the abort, as the heartbeat task does: the abort's own
+                // mark (`Disconnected`) comes later, on the connection's runtime, and a
+                // heartbeat answer landing now could still move the deadline on, so that
+                // `is_held()` read held on a closed connection.
                 conn.notifier.mark(LossReason::Expired);
                 conn.task.abort();
                 LossReason::Expired

@@ -273,34 +273,119 @@ struct ServerSaid {
 /// Keeps `conn` running; marks `notifier` when it ends (the connection closed). Aborting
 /// the returned handle closes the connection (its socket is dropped).
 ///
-/// The mark is made however the task ends ([`MarkOnEnd`], made here and moved into the
-/// task): the connection closing, an abort, or the runtime it was spawned on shutting
-/// down (dropped before or after it was first polled). Each of these drops the socket,
-/// and the server frees the session's locks; a guard or a pooled connection on another
-/// runtime must not read it as open (before, a lock held through it read as held until
-/// its heartbeat's next failure, a third of the TTL, while the next holder could have it).
+/// The mark is made however the task ends ([`MarkedConnection`], made here and moved
+/// into the task): the connection closing, an abort, or the runtime it was spawned on
+/// shutting down (dropped before or after it was first polled). Each of these drops the
+/// socket, and the server frees the session's locks; a guard or a pooled connection on
+/// another runtime must not read it as open (before, a lock held through it read as held
+/// until its heartbeat's next failure, a third of the TTL, while the next holder could
+/// have it).
 pub(crate) fn spawn_connection(
     conn: Connection,
     notifier: std::sync::Arc<crate::loss::LossNotifier>,
 ) -> tokio::task::AbortHandle {
-    let end = MarkOnEnd(notifier);
-    tokio::spawn(async move {
-        let _end = end;
-        if let Err(err) = conn.await {
-            tracing::debug!(%err, "PostgreSQL connection ended");
-        }
-    })
-    .abort_handle()
+    tokio::spawn(MarkedConnection { conn, notifier }).abort_handle()
 }
 
-/// Marks a connection's loss (`Disconnected`) when dropped: owned by the connection's task
-/// from its spawn, so that its drop, however it comes, reports that the socket is gone.
-/// A mark made before (the heartbeat's `Expired`, given before it aborts) is kept: the
-/// first reason wins.
-struct MarkOnEnd(std::sync::Arc<crate::loss::LossNotifier>);
+/// A connection that marks its loss (`Disconnected`) when dropped, before its socket is
+/// closed: `drop` runs before the fields are dropped, so no guard can read the lock as
+/// held once the server may have freed it, as the heartbeat marks before it aborts. A
+/// mark made before (the heartbeat's `Expired`) is kept: the first reason wins.
+struct MarkedConnection {
+    conn: Connection,
+    notifier: std::sync::Arc<crate::loss::LossNotifier>,
+}
 
-impl Drop for MarkOnEnd {
+impl Future for MarkedConnection {
+    type Output = ();
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.conn.as_mut().poll(cx).map(|ended| {
+            if let Err(err) = ended {
+                tracing::debug!(%err, "PostgreSQL connection ended");
+            }
+        })
+    }
+}
+
+impl Drop for MarkedConnection {
     fn drop(&mut self) {
-        self.0.mark(LossReason::Disconnected);
+        self.notifier.mark(LossReason::Disconnected);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+    use crate::loss::{LossNotifier, LossWatch, loss_channel};
+
+    /// Stands for a connection's future: never ends by itself; when dropped (the socket
+    /// closing), records whether the loss was already marked.
+    struct Socket {
+        watch: LossWatch,
+        marked_before_close: Arc<AtomicBool>,
+    }
+
+    impl Future for Socket {
+        type Output = Result<(), tokio_postgres::Error>;
+
+        fn poll(
+            self: Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Self::Output> {
+            std::task::Poll::Pending
+        }
+    }
+
+    impl Drop for Socket {
+        fn drop(&mut self) {
+            let marked = self.watch.current().is_some();
+            self.marked_before_close.store(marked, Ordering::SeqCst);
+        }
+    }
+
+    fn socket() -> (Connection, Arc<LossNotifier>, LossWatch, Arc<AtomicBool>) {
+        let (notifier, watch) = loss_channel(Backend::Postgres);
+        let marked_before_close = Arc::new(AtomicBool::new(false));
+        let socket = Socket {
+            watch: watch.clone(),
+            marked_before_close: marked_before_close.clone(),
+        };
+        (
+            Box::pin(socket),
+            Arc::new(notifier),
+            watch,
+            marked_before_close,
+        )
+    }
+
+    #[tokio::test]
+    async fn an_aborted_connection_is_marked_lost_before_its_socket_closes() {
+        let (conn, notifier, watch, marked_before_close) = socket();
+        let task = spawn_connection(conn, notifier);
+        tokio::task::yield_now().await;
+        assert_eq!(watch.current(), None, "a running connection is not lost");
+        task.abort();
+        assert_eq!(watch.wait().await, LossReason::Disconnected);
+        assert!(marked_before_close.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn a_connection_whose_runtime_ends_before_its_first_poll_is_marked_lost() {
+        let (conn, notifier, watch, marked_before_close) = socket();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        // Spawned, never polled: a current-thread runtime runs tasks only in `block_on`.
+        let _task = runtime.block_on(async { spawn_connection(conn, notifier) });
+        drop(runtime);
+        assert_eq!(watch.current(), Some(LossReason::Disconnected));
+        assert!(marked_before_close.load(Ordering::SeqCst));
     }
 }

@@ -199,14 +199,16 @@ impl CommandConn {
         if self.probing.swap(true, Ordering::AcqRel) {
             return;
         }
-        tokio::spawn(self.clone().probe());
+        // Made before the spawn and moved into the task: the flag is cleared however the
+        // probe ends (a panic, the task dropped at a runtime's shutdown, even before it
+        // was first polled): a flag left set would keep every later probe from running.
+        tokio::spawn(self.clone().probe(Probing(self.clone())));
     }
 
     /// Pings the current connection; replaces it if no answer comes within the timeout.
-    async fn probe(self: Arc<Self>) {
-        // Cleared however the probe ends (a panic, the task dropped at a runtime's
-        // shutdown): a flag left set would keep every later probe from running.
-        let _probing = Probing(&self.probing);
+    /// `_probing` clears the flag when the probe ends (an argument: an async fn's
+    /// arguments are moved into its future when it is called, before any poll).
+    async fn probe(self: Arc<Self>, _probing: Probing) {
         let mut conn = self.current();
         let cmd = redis::cmd("PING");
         let ping = cmd.query_async::<redis::Value>(&mut conn);
@@ -273,12 +275,51 @@ impl CommandConn {
     }
 }
 
-/// The probe in flight: clears the flag when dropped.
-struct Probing<'a>(&'a AtomicBool);
+/// The probe in flight: clears the connection's flag when dropped.
+struct Probing(Arc<CommandConn>);
 
-impl Drop for Probing<'_> {
+impl Drop for Probing {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+        self.0.probing.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod probe_tests {
+    use super::*;
+
+    /// A probe whose task is dropped before it first ran (its runtime shut down) clears
+    /// the flag: left set, no later unanswered request would ever probe, and a silent
+    /// connection would never be replaced.
+    #[test]
+    fn a_probe_dropped_before_it_ran_lets_the_next_one_start() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let conn = runtime.block_on(async {
+            // Lazy: nothing is connected (nothing listens there); the probe never runs.
+            let client = Client::open("redis://127.0.0.1:1").expect("client");
+            let config = ConnectionManagerConfig::new();
+            let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+                .expect("a lazy manager");
+            let conn = CommandConn::new(
+                client,
+                config,
+                Duration::from_secs(1),
+                "127.0.0.1:1".into(),
+                manager,
+            );
+            // Spawned as the block_on future ends: never polled.
+            conn.unanswered();
+            conn
+        });
+        assert!(conn.probing.load(Ordering::Acquire), "a probe was started");
+        drop(runtime);
+        assert!(
+            !conn.probing.load(Ordering::Acquire),
+            "the dropped probe cleared the flag"
+        );
     }
 }
 
