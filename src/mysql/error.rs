@@ -118,8 +118,31 @@ pub enum FenceError {
         resource: String,
     },
 
-    /// The database failed (connection lost, SQL error, deadlock, ...). The transaction
-    /// was not committed.
+    /// `commit` sent `COMMIT`, and no answer says what became of it: the connection
+    /// failed, or the session was killed or the server shut down in its place. The
+    /// transaction may have been committed, fence and writes together, or not at all. Do
+    /// not run it again as if it had failed: with a fence that accepts equal tokens the
+    /// retry would pass and apply the writes twice (a strict fence would refuse it as
+    /// stale, its own first attempt's token). Find out first: read back what the
+    /// transaction wrote, or make its work idempotent
+    /// ([`IdempotencyKeys`](super::IdempotencyKeys), claimed inside it).
+    #[error(
+        "the outcome of the fenced transaction for {resource:?} is unknown: COMMIT was \
+         sent and no answer came ({source}); it may have been committed"
+    )]
+    CommitUnknown {
+        /// The protected resource.
+        resource: String,
+        /// What came instead of the answer.
+        #[source]
+        source: mysql_async::Error,
+    },
+
+    /// The database failed (SQL error, deadlock, connection lost, ...). What was sent
+    /// with it was not applied, except where the database could not say: a statement
+    /// sent in autocommit mode whose connection failed before its answer may have been
+    /// applied, as with any statement; a fenced transaction's `commit` says so itself
+    /// ([`CommitUnknown`](Self::CommitUnknown)).
     #[error("database error: {0}")]
     Database(#[from] mysql_async::Error),
 }
@@ -175,6 +198,13 @@ impl FenceError {
     #[must_use]
     pub fn is_transaction_ended(&self) -> bool {
         matches!(self, Self::TransactionEnded { .. })
+    }
+
+    /// `commit` got no answer to its `COMMIT`: the transaction may have been committed
+    /// ([`CommitUnknown`](Self::CommitUnknown)). Find out before running it again.
+    #[must_use]
+    pub fn is_commit_unknown(&self) -> bool {
+        matches!(self, Self::CommitUnknown { .. })
     }
 
     /// The row the write was meant for does not exist.

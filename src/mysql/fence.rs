@@ -404,6 +404,11 @@ fn release_proven(nonce: u64) -> String {
 const SIGNED_BIGINT_MAX: u64 = u64::MAX >> 1;
 /// "SAVEPOINT ... does not exist", MariaDB and MySQL.
 const ER_SP_DOES_NOT_EXIST: u16 = 1305;
+/// Errors that end the session or its statement from outside rather than answer it: the
+/// server shutting down (1053), the statement interrupted (`KILL QUERY`, 1317), the
+/// connection killed (MariaDB's 1927, MySQL's 3169). Sent in place of a `COMMIT`'s
+/// answer, they do not say whether it committed.
+const SESSION_ENDED: [u16; 4] = [1053, 1317, 1927, 3169];
 
 /// A transaction that passed the fence. Use it like a [`Transaction`] (it derefs to one:
 /// `exec_drop`, `query`, ... through [`Queryable`]), then [`commit`](Self::commit);
@@ -451,7 +456,9 @@ impl FencedTransaction<'_> {
     /// implicitly) is not committed, and the answer is [`FenceError::TransactionEnded`].
     /// Statements of yours that ran after that point ran unfenced, outside it (with
     /// `autocommit = 1`, each committed on its own: that cannot be undone; with
-    /// `autocommit = 0`, in a new transaction, which is rolled back).
+    /// `autocommit = 0`, in a new transaction, which is rolled back). If no answer comes
+    /// to the `COMMIT` (the connection fails, the session is killed), the transaction may
+    /// have been committed: the answer is [`FenceError::CommitUnknown`].
     ///
     /// # Cancel safety
     ///
@@ -491,8 +498,17 @@ impl FencedTransaction<'_> {
             }
             return Err(err);
         }
-        self.tx.commit().await?;
-        Ok(())
+        let resource = self.resource.clone();
+        match self.tx.commit().await {
+            Ok(()) => Ok(()),
+            Err(mysql_async::Error::Server(server)) if !SESSION_ENDED.contains(&server.code) => {
+                Err(mysql_async::Error::Server(server).into())
+            }
+            // No answer to the `COMMIT`, or the session's end in its place: the server may
+            // have committed it (a session killed while its commit waited for a
+            // semi-synchronous replica had committed it already).
+            Err(source) => Err(FenceError::CommitUnknown { resource, source }),
+        }
     }
 
     /// Rolls everything back.

@@ -62,8 +62,38 @@ pub enum FenceError {
         aborted: bool,
     },
 
-    /// The database failed (connection lost, SQL error, ...). The transaction was not
-    /// committed.
+    /// `commit` sent `COMMIT`, and no answer says what became of it: the connection
+    /// failed (or the session was ended) after the check and `COMMIT` were sent. The
+    /// transaction may have been committed, fence and writes together, or not at all.
+    /// Do not run it again as if it had failed: with a fence that accepts equal tokens
+    /// the retry would pass and apply the writes twice (under
+    /// [`FenceMode::Strict`](super::FenceMode::Strict) it would be refused as stale by
+    /// the first attempt's own token). Ask the server with
+    /// [`Fence::commit_status`](super::Fence::commit_status) and `xid`, on a new
+    /// connection.
+    #[error(
+        "the outcome of the fenced transaction for {resource:?} (xid {xid}) is unknown: \
+         COMMIT was sent and no answer came ({}); it may have been committed",
+        describe(source)
+    )]
+    CommitUnknown {
+        /// The protected resource.
+        resource: String,
+        /// The transaction's id (`txid_current()`), for
+        /// [`Fence::commit_status`](super::Fence::commit_status).
+        xid: i64,
+        /// What ended the wait for the answer.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+
+    /// The database failed (SQL error, connection lost, ...). What was sent with it was
+    /// not applied, except where the database could not say: a statement sent in
+    /// autocommit mode (a [`TokenColumn`](super::TokenColumn) or
+    /// [`VersionColumn`](super::VersionColumn) write, an
+    /// [`IdempotencyKeys`](super::IdempotencyKeys) claim) whose connection failed before
+    /// its answer may have been applied, as with any statement; a fenced transaction's
+    /// `commit` says so itself ([`CommitUnknown`](Self::CommitUnknown)).
     #[error("database error: {}", describe(.0))]
     Database(#[from] tokio_postgres::Error),
 }
@@ -94,5 +124,12 @@ impl FenceError {
     #[must_use]
     pub fn is_transaction_ended(&self) -> bool {
         matches!(self, Self::TransactionEnded { .. })
+    }
+
+    /// `commit` got no answer to its `COMMIT`: the transaction may have been committed
+    /// ([`CommitUnknown`](Self::CommitUnknown)). Ask before running it again.
+    #[must_use]
+    pub fn is_commit_unknown(&self) -> bool {
+        matches!(self, Self::CommitUnknown { .. })
     }
 }

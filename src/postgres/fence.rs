@@ -3,7 +3,7 @@
 
 use std::ops::Deref;
 
-use tokio_postgres::error::SqlState;
+use tokio_postgres::error::{Severity, SqlState};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, GenericClient, Transaction};
 
@@ -149,6 +149,13 @@ impl Fence {
     /// Passes the fence inside a transaction the caller already opened: moves the fence
     /// forward (and locks its row until the transaction ends) or returns
     /// [`FenceError::Stale`], after which the caller must roll back.
+    ///
+    /// Call it before the transaction reads what it will write. A read before the fence
+    /// may see the data from before the previous holder's write, which that holder had
+    /// not committed yet (it held the fence row; this call waits for it): under READ
+    /// COMMITTED the write computed from that read overwrites the previous holder's (a
+    /// lost update, tokens in order); under REPEATABLE READ the snapshot the read took
+    /// makes the fence fail with a serialization error (40001).
     pub async fn check(
         &self,
         tx: &Transaction<'_>,
@@ -195,6 +202,25 @@ impl Fence {
         self.current_in(client, resource).await
     }
 
+    /// What became of the fenced transaction `xid` whose `commit` went unanswered
+    /// ([`FenceError::CommitUnknown`]): PostgreSQL's `txid_status` (10 and later), asked
+    /// on any connection to the same server (the lost one is gone). Read it before
+    /// running the transaction again: [`Committed`](CommitStatus::Committed) means it
+    /// was applied.
+    pub async fn commit_status(
+        &self,
+        client: &impl GenericClient,
+        xid: i64,
+    ) -> Result<CommitStatus, FenceError> {
+        let row = client.query_one("SELECT txid_status($1)", &[&xid]).await?;
+        Ok(match row.try_get::<_, Option<&str>>(0)? {
+            Some("committed") => CommitStatus::Committed,
+            Some("in progress") => CommitStatus::InProgress,
+            Some(_) => CommitStatus::Aborted,
+            None => CommitStatus::Forgotten,
+        })
+    }
+
     async fn current_in(
         &self,
         client: &impl GenericClient,
@@ -223,6 +249,30 @@ pub struct FencedTransaction<'a> {
     token: FencingToken,
     /// The id of the transaction that passed the fence (`txid_current()`).
     xid: i64,
+}
+
+/// Whether `err` is the server's answer to the statement (an `ERROR`: it failed, and
+/// changed nothing that a `COMMIT` after it could commit), rather than the end of the
+/// connection or of the session (`FATAL`, `PANIC`) in its place.
+fn answered(err: &tokio_postgres::Error) -> bool {
+    err.as_db_error()
+        .is_some_and(|db| db.parsed_severity() == Some(Severity::Error))
+}
+
+/// What became of a transaction whose `commit` went unanswered
+/// ([`FenceError::CommitUnknown`]), as [`Fence::commit_status`] reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CommitStatus {
+    /// Committed: the fence and the writes were applied together.
+    Committed,
+    /// Rolled back, or never committed (a crash): nothing was applied.
+    Aborted,
+    /// Still running on the server (its session is alive, the connection to it lost):
+    /// ask again later; the server ends it when it notices the connection's loss.
+    InProgress,
+    /// Too old for the server to say (its commit log was truncated since).
+    Forgotten,
 }
 
 /// Sent just before `COMMIT`, in the same round trip: fails unless the transaction `COMMIT`
@@ -263,7 +313,9 @@ impl FencedTransaction<'_> {
     /// answered `ROLLBACK`, which tokio-postgres reports as success), or that a `COMMIT` or
     /// `ROLLBACK` of yours ended, is not committed, and the answer is
     /// [`FenceError::TransactionEnded`]. The check costs no round trip: it is sent with
-    /// the `COMMIT`.
+    /// the `COMMIT`. If no answer comes (the connection fails, the session is ended),
+    /// the transaction may have been committed: the answer is
+    /// [`FenceError::CommitUnknown`], and [`Fence::commit_status`] tells which.
     ///
     /// # Cancel safety
     ///
@@ -284,15 +336,31 @@ impl FencedTransaction<'_> {
         // the handle's drop (it would only earn a warning). A top-level transaction owns
         // no allocation, so nothing leaks.
         std::mem::forget(tx);
+        // An `ERROR` answer is the server's word: the statement failed, the transaction
+        // is aborted, and the `COMMIT` after it can only roll back. Anything else (the
+        // connection closed, a `FATAL` that ended the session) came instead of an answer:
+        // the server may have run the `COMMIT` (a session ended while its commit waited
+        // for a synchronous standby had committed locally), so the outcome is unknown.
+        let unknown = |source: tokio_postgres::Error| FenceError::CommitUnknown {
+            resource: resource.clone(),
+            xid,
+            source,
+        };
         if let Err(err) = checked {
             let aborted = err.code() == Some(&SqlState::IN_FAILED_SQL_TRANSACTION);
             if aborted || err.code() == Some(&SqlState::DIVISION_BY_ZERO) {
                 return Err(FenceError::TransactionEnded { resource, aborted });
             }
+            if !answered(&err) {
+                return Err(unknown(err));
+            }
             return Err(err.into());
         }
-        committed?;
-        Ok(())
+        match committed {
+            Ok(()) => Ok(()),
+            Err(err) if answered(&err) => Err(err.into()),
+            Err(err) => Err(unknown(err)),
+        }
     }
 
     /// Rolls everything back.

@@ -26,7 +26,7 @@ mod version_cas;
 pub use advisory::{MIN_TTL, PgAdvisoryGuard, PgAdvisoryLocker};
 pub use connect::connect;
 pub use error::FenceError;
-pub use fence::{Fence, FenceMode, FencedTransaction};
+pub use fence::{CommitStatus, Fence, FenceMode, FencedTransaction};
 pub use idempotency::{Claim, IdempotencyKeys};
 pub use single_statement::TokenColumn;
 pub use version_cas::VersionColumn;

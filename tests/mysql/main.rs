@@ -7,6 +7,7 @@ mod support;
 
 mod abandoned_begin;
 mod abandoned_statement;
+mod commit_unknown;
 mod concurrent_writers;
 mod connect_errors;
 mod idempotency;

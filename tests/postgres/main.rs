@@ -7,6 +7,7 @@ mod support;
 mod advisory_heartbeat;
 mod advisory_lock;
 mod cancel_then_reuse;
+mod commit_unknown;
 mod concurrent_writers;
 mod conformance;
 mod connection_runtime_ended;
