@@ -91,6 +91,13 @@ impl Default for Fence {
 
 impl Fence {
     /// Fences in table `fencelock_fences`, accepting equal tokens.
+    ///
+    /// The name is unqualified, so each connection finds the table in its own default
+    /// database (`DATABASE()`). Every writer of a resource must find the same table: two
+    /// fence tables would each accept the other's stale tokens. If writers connect with
+    /// different default databases (or none), name the table with its database,
+    /// [`with_table("shop.fencelock_fences")`](Self::with_table), as PostgreSQL's
+    /// default is schema-qualified.
     pub fn new() -> Self {
         Self::build(Ident::trusted("fencelock_fences"), FenceMode::AllowEqual)
     }

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use fencelock::LockGuard;
+use futures_util::FutureExt;
 
 use super::child::{Exit, Job, start_failure_status};
 use super::diag::diag;
@@ -119,6 +120,16 @@ impl<G: LockGuard> Held<'_, G> {
                 signal = signals.next() => job.signal_all(signal),
             }
         };
+        // The end is seen now, which may be long after it came: fencelock may have been
+        // stopped (SIGSTOP, a debugger, a suspended machine) while the command ended and
+        // the lease ran out, and the next holder may have been granted the lock since.
+        // Only a lease still vouched for now says the command ended under the lock.
+        if !enforcer.killed && self.vouched_for_no_more() {
+            enforcer.kill(job);
+            diag!(
+                "the command's end was seen only after the lease deadline (was fencelock                  stopped?); it may have run without the lock"
+            );
+        }
         let left = job.running_members();
         if !left.is_empty() && !enforcer.killed {
             job.signal_all(libc::SIGTERM);
@@ -148,6 +159,15 @@ impl<G: LockGuard> Held<'_, G> {
         } else {
             Ending::Completed(exit)
         })
+    }
+}
+
+impl<G: LockGuard> Held<'_, G> {
+    /// The guard no longer vouches for the lock: its lease is within the kill margin of
+    /// its end (or past it), or its loss has been reported.
+    fn vouched_for_no_more(&self) -> bool {
+        let remaining = self.guard.lease_remaining().unwrap_or(Duration::MAX);
+        remaining <= self.margin || self.guard.lost().now_or_never().is_some()
     }
 }
 
