@@ -20,6 +20,7 @@ mod run_redis;
 mod run_redis_blips;
 mod run_redis_several;
 mod run_sigchld_ignored;
+mod run_signals_forwarded;
 mod run_signals_inherited;
 mod run_start_failure;
 mod run_stderr_stuck;

@@ -78,12 +78,21 @@ fn caught(signal_number: libc::c_int) -> io::Result<Option<Signal>> {
     signal(SignalKind::from_raw(signal_number)).map(Some)
 }
 
-/// SIGINT, SIGTERM and SIGHUP received by fencelock, for the command's processes; and the
-/// terminal's stop signal, refused. Each only if it was not ignored at the start.
+/// SIGINT, SIGTERM and SIGHUP received by fencelock, for the command's processes, and the
+/// other signals whose default action would end fencelock: SIGQUIT (Ctrl-\ at a
+/// terminal reaches fencelock's group alone), SIGUSR1 and SIGUSR2 (a log tool's). Killed
+/// by one of these, fencelock would leave the command's descendants that left its group
+/// running on past the lease (the watchdog kills the group only); forwarded, the command
+/// gets it as if it had been sent to the command, and fencelock ends the rest and
+/// releases the lock as after any end of the command. And the terminal's stop signal,
+/// refused. Each only if it was not ignored at the start.
 pub(super) struct Forwarded {
     interrupt: Option<Signal>,
     terminate: Option<Signal>,
     hangup: Option<Signal>,
+    quit: Option<Signal>,
+    user1: Option<Signal>,
+    user2: Option<Signal>,
     /// SIGTSTP (Ctrl-Z): a stopped fencelock renews nothing while the command, in a group
     /// of its own that the terminal does not stop, runs on past the lease. Caught, so
     /// that fencelock refuses to be stopped while the command runs.
@@ -98,6 +107,9 @@ impl Forwarded {
             interrupt: caught(libc::SIGINT)?,
             terminate: caught(libc::SIGTERM)?,
             hangup: caught(libc::SIGHUP)?,
+            quit: caught(libc::SIGQUIT)?,
+            user1: caught(libc::SIGUSR1)?,
+            user2: caught(libc::SIGUSR2)?,
             stop: caught(libc::SIGTSTP)?,
         })
     }
@@ -113,6 +125,9 @@ impl Forwarded {
                 () = received(&mut self.interrupt) => return libc::SIGINT,
                 () = received(&mut self.terminate) => return libc::SIGTERM,
                 () = received(&mut self.hangup) => return libc::SIGHUP,
+                () = received(&mut self.quit) => return libc::SIGQUIT,
+                () = received(&mut self.user1) => return libc::SIGUSR1,
+                () = received(&mut self.user2) => return libc::SIGUSR2,
                 () = received(&mut self.stop) => diag!(
                     "not stopping while the command holds the lock (a stopped fencelock \
                      renews nothing); Ctrl-C interrupts the command"
