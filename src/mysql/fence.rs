@@ -411,11 +411,15 @@ fn release_proven(nonce: u64) -> String {
 const SIGNED_BIGINT_MAX: u64 = u64::MAX >> 1;
 /// "SAVEPOINT ... does not exist", MariaDB and MySQL.
 const ER_SP_DOES_NOT_EXIST: u16 = 1305;
-/// Errors that end the session or its statement from outside rather than answer it: the
-/// server shutting down (1053), the statement interrupted (`KILL QUERY`, 1317), the
-/// connection killed (MariaDB's 1927, MySQL's 3169). Sent in place of a `COMMIT`'s
-/// answer, they do not say whether it committed.
-const SESSION_ENDED: [u16; 4] = [1053, 1317, 1927, 3169];
+/// The answers to a `COMMIT` that say it was rolled back: a deadlock (1213; also Galera's
+/// certification failure), a lock wait timeout (1205), an error during the commit
+/// (1180), MariaDB's snapshot-isolation conflict (1020), Group Replication's rollback
+/// (3101). Any other error in its place (the session killed, 1927 or 3169; the server
+/// shutting down, 1053; the statement interrupted, 1317, or timed out, 1969; a cluster
+/// member cut off from the group) does not say whether it committed: a list of the
+/// errors known to roll back, not of those known not to, so that one not foreseen is
+/// reported as unknown, never as "not committed".
+const ROLLED_BACK: [u16; 5] = [1213, 1205, 1180, 1020, 3101];
 
 /// A transaction that passed the fence. Use it like a [`Transaction`] (it derefs to one:
 /// `exec_drop`, `query`, ... through [`Queryable`]), then [`commit`](Self::commit);
@@ -508,11 +512,12 @@ impl FencedTransaction<'_> {
         let resource = self.resource.clone();
         match self.tx.commit().await {
             Ok(()) => Ok(()),
-            Err(mysql_async::Error::Server(server)) if !SESSION_ENDED.contains(&server.code) => {
+            Err(mysql_async::Error::Server(server)) if ROLLED_BACK.contains(&server.code) => {
                 Err(mysql_async::Error::Server(server).into())
             }
-            // No answer to the `COMMIT`, or the session's end in its place: the server may
-            // have committed it (a session killed while its commit waited for a
+            // No answer to the `COMMIT`, the session's end in its place, or an error not
+            // known to mean a rollback: the server may have committed it (a session
+            // killed, or a statement time limit hit, while its commit waited for a
             // semi-synchronous replica had committed it already).
             Err(source) => Err(FenceError::CommitUnknown { resource, source }),
         }

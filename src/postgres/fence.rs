@@ -204,9 +204,14 @@ impl Fence {
 
     /// What became of the fenced transaction `xid` whose `commit` went unanswered
     /// ([`FenceError::CommitUnknown`]): PostgreSQL's `txid_status` (10 and later), asked
-    /// on any connection to the same server (the lost one is gone). Read it before
-    /// running the transaction again: [`Committed`](CommitStatus::Committed) means it
-    /// was applied.
+    /// on any connection to the same server (the lost one is gone), the primary that ran
+    /// it: not a standby promoted since (an asynchronous one may never have received the
+    /// transaction, and may have given its id to another), nor a lagging replica. Read it
+    /// before running the transaction again: [`Committed`](CommitStatus::Committed)
+    /// means it was applied. [`InProgress`](CommitStatus::InProgress) may last as long
+    /// as the server takes to notice the lost connection (its TCP keepalive; fencelock's
+    /// advisory locks tune their own connections, not yours), holding the fence row
+    /// locked meanwhile: ask again, or end that session.
     pub async fn commit_status(
         &self,
         client: &impl GenericClient,
@@ -253,7 +258,10 @@ pub struct FencedTransaction<'a> {
 
 /// Whether `err` is the server's answer to the statement (an `ERROR`: it failed, and
 /// changed nothing that a `COMMIT` after it could commit), rather than the end of the
-/// connection or of the session (`FATAL`, `PANIC`) in its place.
+/// connection or of the session (`FATAL`, `PANIC`) in its place. Read from the severity
+/// field that is never translated (`V`, sent since PostgreSQL 9.6): an error without it
+/// (an older server, a pooler's own error such as PgBouncer's `query_timeout`) counts as
+/// no answer, which is right for a pooler's, and on the safe side for the rest.
 fn answered(err: &tokio_postgres::Error) -> bool {
     err.as_db_error()
         .is_some_and(|db| db.parsed_severity() == Some(Severity::Error))

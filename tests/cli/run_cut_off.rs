@@ -139,3 +139,61 @@ async fn a_command_that_exits_0_on_fencelocks_sigterm_is_not_reported_as_success
         "a command fencelock interrupted is never reported as success: {stderr}"
     );
 }
+
+/// Whether `pid` catches `signal` (its `SigCgt` mask in `/proc`).
+fn catches(pid: u32, signal: libc::c_int) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let mask = status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .expect("SigCgt");
+    mask & (1 << (signal - 1)) != 0
+}
+
+/// Once the command is gone, a Ctrl-C ends fencelock again, also while its release waits
+/// for a lock service that does not answer (up to the TTL). Before, the handler that
+/// forwarded it to the command stayed installed, and swallowed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigint_while_the_release_waits_ends_fencelock() {
+    let etcd = EtcdCluster::single().await.expect("etcd");
+    let proxy = FaultProxy::start(address(&etcd.endpoint(0)))
+        .await
+        .expect("proxy");
+    let mut fencelock = fencelock_run(&[proxy.http_url()], "cli-cut-sigint")
+        .args(["--lock", "job", "--ttl", "10s", "--"])
+        .args(["sh", "-c", "echo running; read line; exit 0"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pid = fencelock.id().expect("pid");
+    let mut lines = BufReader::new(fencelock.stdout.take().expect("stdout")).lines();
+    assert_eq!(next_line(&mut lines).await, "running");
+    assert!(catches(pid, libc::SIGINT), "caught, for the command");
+    // etcd becomes unreachable, and the command finishes: the release waits.
+    proxy.cut();
+    let mut stdin = fencelock.stdin.take().expect("stdin");
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, b"go\n")
+        .await
+        .expect("write");
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while catches(pid, libc::SIGINT) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("SIGINT is fencelock's own again once the command is gone");
+    let sent = i32::try_from(pid).expect("pid");
+    // SAFETY: kill(2) of the process this test started, not yet reaped.
+    unsafe {
+        libc::kill(sent, libc::SIGINT);
+    }
+    let status = tokio::time::timeout(Duration::from_secs(3), fencelock.wait())
+        .await
+        .expect("fencelock ends at once, not when its release gives up")
+        .expect("status");
+    proxy.heal();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGINT), "{status:?}");
+}

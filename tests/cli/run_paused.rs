@@ -5,6 +5,7 @@
 //! status as a run under the lock. Before, it did whenever the release then failed too
 //! (the lock service unreachable): exit 0, "finished with the lock held".
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -20,6 +21,15 @@ fn signal(pid: u32, signal: libc::c_int) {
     // SAFETY: a plain kill(2) to a child this test spawned and has not reaped.
     let sent = unsafe { libc::kill(pid, signal) };
     assert_eq!(sent, 0, "kill({pid}, {signal})");
+}
+
+/// Whether process `pid` has ended (a zombie, or gone).
+fn ended(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_none_or(|state| state == "Z" || state == "X")
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -68,6 +78,104 @@ async fn a_command_whose_end_is_seen_after_the_lease_ran_out_is_reported_lost() 
         output.status.code(),
         Some(76),
         "the command may have run without the lock: {stderr}"
+    );
+    drop(granted);
+}
+
+/// As above, with the pause while a process the command left behind (one that ignores
+/// SIGTERM) is given its grace: that process ends while fencelock is stopped, after the
+/// lease ran out, and fencelock, resumed, finds nothing left to wait for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leftovers_whose_end_is_seen_after_the_lease_ran_out_are_reported_lost() {
+    let etcd = EtcdCluster::single().await.expect("etcd");
+    let ns = "cli-paused-leftover";
+    let proxy = FaultProxy::start(address(&etcd.endpoint(0)))
+        .await
+        .expect("proxy");
+    let next = EtcdLocker::connect(etcd.config(ns)).await.expect("connect");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("go");
+    let path = std::ffi::CString::new(fifo.to_str().expect("a path")).expect("no NUL");
+    // SAFETY: mkfifo(3) of a path in this test's own directory.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0, "mkfifo");
+    // The command leaves a process behind that ignores SIGTERM (its pid in a file once
+    // it does: the command ends only then) and ends when the test writes to the fifo.
+    let pid_file = dir.path().join("leftover");
+    let script = format!(
+        "sh -c 'trap \"\" TERM; echo $$ > {pids}; read line < {fifo}' & \
+         while [ ! -s {pids} ]; do sleep 0.01; done; exit 0",
+        pids = pid_file.display(),
+        fifo = fifo.display()
+    );
+    let mut fencelock = fencelock_run(&[proxy.http_url()], ns)
+        .args(["--lock", "job", "--ttl", "3s", "--grace", "1s", "--"])
+        .args(["sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pid = fencelock.id().expect("pid");
+    let mut diagnostics = BufReader::new(fencelock.stderr.take().expect("stderr")).lines();
+    // fencelock saw the command's end and gives what it left its grace.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(line) = diagnostics.next_line().await.expect("read") {
+            if line.contains("left 1 process(es) running") {
+                return;
+            }
+        }
+        panic!("stderr ended before the leftover was reported");
+    })
+    .await
+    .expect("the leftover reported within 10 s");
+    signal(pid, libc::SIGSTOP);
+    let rest = tokio::spawn(async move {
+        let mut rest = Vec::new();
+        while let Ok(Some(line)) = diagnostics.next_line().await {
+            rest.push(line);
+        }
+        rest
+    });
+    // Its lease runs out: another client is granted the lock. Then the leftover ends.
+    let granted = next
+        .lock(
+            "job",
+            &LockOptions::new().with_wait_timeout(Duration::from_secs(20)),
+        )
+        .await
+        .expect("the lock passes on");
+    // Non-blocking: with no reader left (the leftover gone), an error, not a hang.
+    let mut writer = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .expect("the leftover still reads the fifo");
+    std::io::Write::write_all(&mut writer, b"go\n").expect("write the fifo");
+    drop(writer);
+    // Gone before fencelock runs again (a zombie it cannot reap while stopped): it finds
+    // nothing left to wait for.
+    let leftover: i32 = std::fs::read_to_string(&pid_file)
+        .expect("the leftover's pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !ended(leftover) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the leftover ends once it reads the fifo");
+    proxy.cut();
+    signal(pid, libc::SIGCONT);
+    let status = tokio::time::timeout(Duration::from_secs(20), fencelock.wait())
+        .await
+        .expect("fencelock exits")
+        .expect("status");
+    proxy.heal();
+    let rest = rest.await.expect("stderr").join("\n");
+    assert_eq!(
+        status.code(),
+        Some(76),
+        "what the command left may have run without the lock: {rest}"
     );
     drop(granted);
 }

@@ -120,3 +120,45 @@ async fn a_sigterm_to_the_watchdog_does_not_leave_the_group_unguarded() {
          ({sent} SIGTERMs sent to the watchdog from its start on)"
     );
 }
+
+/// The other signals that would end a process by default, sent to the watchdog alone
+/// (`systemctl kill -s USR1` signals every process of a unit, to have logs reopened):
+/// fencelock forwards them to its command and lives on, and so must the watchdog, or a
+/// later death of fencelock leaves the command's group unguarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stray_signals_to_the_watchdog_do_not_leave_the_group_unguarded() {
+    let etcd = EtcdCluster::single().await.expect("etcd");
+    let mut fencelock = fencelock_run(&[etcd.endpoint(0)], "cli-watchdog-stray")
+        .args(["--lock", "job", "--ttl", "2s", "--"])
+        .args(["sh", "-c", "sleep 30 & echo $!; echo running; wait"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let fencelock_pid = i32::try_from(fencelock.id().expect("pid")).expect("pid");
+    let mut lines = BufReader::new(fencelock.stdout.take().expect("stdout")).lines();
+    let background: i32 = next_line(&mut lines).await.parse().expect("pid");
+    assert_eq!(next_line(&mut lines).await, "running");
+    let watchdog = watchdog_of(fencelock_pid).expect("the watchdog runs");
+    for signal in [libc::SIGUSR1, libc::SIGUSR2, libc::SIGALRM, libc::SIGPIPE] {
+        // SAFETY: kill(2) of a process this test's fencelock started.
+        unsafe {
+            libc::kill(watchdog, signal);
+        }
+    }
+    // SAFETY: kill(2) of the process this test started.
+    unsafe {
+        libc::kill(fencelock_pid, libc::SIGKILL);
+    }
+    let gone = gone_within(&[background], Duration::from_secs(5)).await;
+    if gone.is_none() {
+        // SAFETY: the test's own leftover.
+        unsafe {
+            libc::kill(background, libc::SIGKILL);
+        }
+    }
+    assert!(
+        gone.is_some(),
+        "the command's background process outlived fencelock: the watchdog died of a stray \
+         signal"
+    );
+}

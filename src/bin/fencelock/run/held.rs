@@ -127,7 +127,8 @@ impl<G: LockGuard> Held<'_, G> {
         if !enforcer.killed && self.vouched_for_no_more() {
             enforcer.kill(job);
             diag!(
-                "the command's end was seen only after the lease deadline (was fencelock                  stopped?); it may have run without the lock"
+                "the command's end was seen only after the lease deadline (was fencelock stopped?); \
+                 it may have run without the lock"
             );
         }
         let left = job.running_members();
@@ -151,6 +152,15 @@ impl<G: LockGuard> Held<'_, G> {
                 () = tokio::time::sleep(next) => {}
                 signal = signals.next() => job.signal_all(signal),
             }
+        }
+        // As for the command's end: the last of what it left may have ended while
+        // fencelock was stopped, after the lease ran out.
+        if !enforcer.killed && !left.is_empty() && self.vouched_for_no_more() {
+            enforcer.killed = true;
+            diag!(
+                "what the command left behind was seen gone only after the lease deadline \
+                 (was fencelock stopped?); it may have run without the lock"
+            );
         }
         Ok(if enforcer.killed {
             Ending::Lost

@@ -137,6 +137,31 @@ impl Forwarded {
     }
 }
 
+impl Drop for Forwarded {
+    /// Once the command is gone, the signals caught for it end (or stop) fencelock again,
+    /// as they do a process that catches nothing: a Ctrl-C or a SIGTERM while it releases
+    /// the lock (up to the TTL when the lock service does not answer) must not be
+    /// swallowed. tokio keeps its handlers installed for the process's life: they are
+    /// replaced here. (Only those caught: a signal ignored at the start stays ignored.)
+    fn drop(&mut self) {
+        let caught = [
+            (libc::SIGINT, self.interrupt.is_some()),
+            (libc::SIGTERM, self.terminate.is_some()),
+            (libc::SIGHUP, self.hangup.is_some()),
+            (libc::SIGQUIT, self.quit.is_some()),
+            (libc::SIGUSR1, self.user1.is_some()),
+            (libc::SIGUSR2, self.user2.is_some()),
+            (libc::SIGTSTP, self.stop.is_some()),
+        ];
+        for (number, _) in caught.into_iter().filter(|(_, caught)| *caught) {
+            // SAFETY: SIG_DFL installs no handler; the disposition a process starts with.
+            unsafe {
+                libc::signal(number, libc::SIG_DFL);
+            }
+        }
+    }
+}
+
 /// Resolves when `signal` is received; never if it is not caught.
 async fn received(signal: &mut Option<Signal>) {
     match signal {

@@ -86,13 +86,28 @@ impl Watchdog {
     }
 }
 
-/// The signals the watchdog ignores: only fencelock's end may end it.
-const IGNORED: [libc::c_int; 5] = [
+/// The signals the watchdog ignores: only fencelock's end may end it. Every catchable
+/// signal whose default action ends or stops a process: the ones fencelock forwards to
+/// the command (INT, HUP, TERM, QUIT, USR1, USR2: `systemctl kill -s USR1` sends one
+/// to every process of the unit, the watchdog among them, while fencelock lives on) and
+/// the rest (a watchdog ended by a stray signal would leave the command unguarded should
+/// fencelock die later). It writes to nothing but stderr, sets no timer and no limit.
+const IGNORED: [libc::c_int; 15] = [
     libc::SIGINT,
     libc::SIGHUP,
     libc::SIGTERM,
     libc::SIGQUIT,
     libc::SIGTSTP,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGALRM,
+    libc::SIGVTALRM,
+    libc::SIGPROF,
+    libc::SIGIO,
+    libc::SIGPWR,
+    libc::SIGPIPE,
+    libc::SIGXCPU,
+    libc::SIGXFSZ,
 ];
 
 /// Sets every signal in [`IGNORED`] to `SIG_IGN`. Async-signal-safe (only signal(2)), so
