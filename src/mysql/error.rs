@@ -120,8 +120,8 @@ pub enum FenceError {
 
     /// `commit` sent `COMMIT`, and no answer says what became of it: the connection
     /// failed, or the session was killed or the server shut down in its place (any error
-    /// but those known to mean a rollback: a deadlock, a lock wait timeout, an error
-    /// during the commit, a snapshot conflict, a Group Replication rollback). The
+    /// but those known to mean a rollback: a deadlock, a lock wait timeout, a snapshot
+    /// conflict). The
     /// transaction may have been committed, fence and writes together, or not at all. Do
     /// not run it again as if it had failed: with a fence that accepts equal tokens the
     /// retry would pass and apply the writes twice (a strict fence would refuse it as

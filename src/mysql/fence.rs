@@ -412,14 +412,17 @@ const SIGNED_BIGINT_MAX: u64 = u64::MAX >> 1;
 /// "SAVEPOINT ... does not exist", MariaDB and MySQL.
 const ER_SP_DOES_NOT_EXIST: u16 = 1305;
 /// The answers to a `COMMIT` that say it was rolled back: a deadlock (1213; also Galera's
-/// certification failure), a lock wait timeout (1205), an error during the commit
-/// (1180), MariaDB's snapshot-isolation conflict (1020), Group Replication's rollback
-/// (3101). Any other error in its place (the session killed, 1927 or 3169; the server
-/// shutting down, 1053; the statement interrupted, 1317, or timed out, 1969; a cluster
-/// member cut off from the group) does not say whether it committed: a list of the
-/// errors known to roll back, not of those known not to, so that one not foreseen is
-/// reported as unknown, never as "not committed".
-const ROLLED_BACK: [u16; 5] = [1213, 1205, 1180, 1020, 3101];
+/// certification failure, decided alike on every node), a lock wait timeout (1205: a
+/// commit that waited for the commit lock, then rolled back), MariaDB's
+/// snapshot-isolation conflict (1020). Any other error in its place does not say whether
+/// it committed: the session killed (1927, 3169), the server shutting down (1053), the
+/// statement interrupted (1317) or timed out (1969); an error during the commit (1180:
+/// raised also by the engine's commit step after the transaction reached the binary
+/// log, which replicas and crash recovery then commit); Group Replication's rollback
+/// (3101: also sent when the member leaves the group while the majority may commit the
+/// transaction). A list of the errors known to roll back, not of those known not to, so
+/// that one not foreseen is reported as unknown, never as "not committed".
+const ROLLED_BACK: [u16; 3] = [1213, 1205, 1020];
 
 /// A transaction that passed the fence. Use it like a [`Transaction`] (it derefs to one:
 /// `exec_drop`, `query`, ... through [`Queryable`]), then [`commit`](Self::commit);

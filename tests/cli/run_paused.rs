@@ -5,7 +5,6 @@
 //! status as a run under the lock. Before, it did whenever the release then failed too
 //! (the lock service unreachable): exit 0, "finished with the lock held".
 
-use std::os::unix::fs::OpenOptionsExt;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -23,13 +22,16 @@ fn signal(pid: u32, signal: libc::c_int) {
     assert_eq!(sent, 0, "kill({pid}, {signal})");
 }
 
+/// The state letter of process `pid` (`/proc/<pid>/stat`), if it is still there.
+fn state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().next()?.chars().next()
+}
+
 /// Whether process `pid` has ended (a zombie, or gone).
 fn ended(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
-        stat.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_none_or(|state| state == "Z" || state == "X")
-    })
+    state(pid).is_none_or(|state| state == 'Z' || state == 'X')
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,9 +84,9 @@ async fn a_command_whose_end_is_seen_after_the_lease_ran_out_is_reported_lost() 
     drop(granted);
 }
 
-/// As above, with the pause while a process the command left behind (one that ignores
-/// SIGTERM) is given its grace: that process ends while fencelock is stopped, after the
-/// lease ran out, and fencelock, resumed, finds nothing left to wait for.
+/// As above, with the pause while a process the command left behind is given its
+/// grace: that process ends while fencelock is stopped, and fencelock, resumed after the
+/// lease ran out, finds nothing left to wait for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leftovers_whose_end_is_seen_after_the_lease_ran_out_are_reported_lost() {
     let etcd = EtcdCluster::single().await.expect("etcd");
@@ -94,47 +96,44 @@ async fn leftovers_whose_end_is_seen_after_the_lease_ran_out_are_reported_lost()
         .expect("proxy");
     let next = EtcdLocker::connect(etcd.config(ns)).await.expect("connect");
     let dir = tempfile::tempdir().expect("tempdir");
-    let fifo = dir.path().join("go");
-    let path = std::ffi::CString::new(fifo.to_str().expect("a path")).expect("no NUL");
-    // SAFETY: mkfifo(3) of a path in this test's own directory.
-    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0, "mkfifo");
-    // The command leaves a process behind that ignores SIGTERM (its pid in a file once
-    // it does: the command ends only then) and ends when the test writes to the fifo.
+    // The command leaves a process behind (its pid in a file, the command ending only
+    // then) that, on fencelock's SIGTERM to what is left, stops fencelock (its
+    // grandparent: the command's parent) and ends: the pause comes in the grace, at once.
     let pid_file = dir.path().join("leftover");
     let script = format!(
-        "sh -c 'trap \"\" TERM; echo $$ > {pids}; read line < {fifo}' & \
+        "f=$PPID; sh -c \"trap 'kill -STOP $f; exit 0' TERM; echo \\$\\$ > {pids}; \
+         while :; do sleep 0.05; done\" & \
          while [ ! -s {pids} ]; do sleep 0.01; done; exit 0",
-        pids = pid_file.display(),
-        fifo = fifo.display()
+        pids = pid_file.display()
     );
     let mut fencelock = fencelock_run(&[proxy.http_url()], ns)
         .args(["--lock", "job", "--ttl", "3s", "--grace", "1s", "--"])
         .args(["sh", "-c", &script])
-        .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
-    let pid = fencelock.id().expect("pid");
-    let mut diagnostics = BufReader::new(fencelock.stderr.take().expect("stderr")).lines();
-    // fencelock saw the command's end and gives what it left its grace.
+    let pid = i32::try_from(fencelock.id().expect("pid")).expect("pid");
     tokio::time::timeout(Duration::from_secs(10), async {
-        while let Some(line) = diagnostics.next_line().await.expect("read") {
-            if line.contains("left 1 process(es) running") {
-                return;
-            }
+        while !std::fs::read_to_string(&pid_file).is_ok_and(|p| !p.trim().is_empty()) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        panic!("stderr ended before the leftover was reported");
     })
     .await
-    .expect("the leftover reported within 10 s");
-    signal(pid, libc::SIGSTOP);
-    let rest = tokio::spawn(async move {
-        let mut rest = Vec::new();
-        while let Ok(Some(line)) = diagnostics.next_line().await {
-            rest.push(line);
+    .expect("the leftover started");
+    let leftover: i32 = std::fs::read_to_string(&pid_file)
+        .expect("the leftover's pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    // fencelock stopped by the leftover, which has ended (a zombie fencelock cannot reap
+    // while stopped).
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !(state(pid) == Some('T') && ended(leftover)) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        rest
-    });
-    // Its lease runs out: another client is granted the lock. Then the leftover ends.
+    })
+    .await
+    .expect("fencelock stopped and the leftover ended");
+    // Its lease runs out: another client is granted the lock.
     let granted = next
         .lock(
             "job",
@@ -142,40 +141,17 @@ async fn leftovers_whose_end_is_seen_after_the_lease_ran_out_are_reported_lost()
         )
         .await
         .expect("the lock passes on");
-    // Non-blocking: with no reader left (the leftover gone), an error, not a hang.
-    let mut writer = std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(&fifo)
-        .expect("the leftover still reads the fifo");
-    std::io::Write::write_all(&mut writer, b"go\n").expect("write the fifo");
-    drop(writer);
-    // Gone before fencelock runs again (a zombie it cannot reap while stopped): it finds
-    // nothing left to wait for.
-    let leftover: i32 = std::fs::read_to_string(&pid_file)
-        .expect("the leftover's pid")
-        .trim()
-        .parse()
-        .expect("a pid");
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while !ended(leftover) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the leftover ends once it reads the fifo");
     proxy.cut();
-    signal(pid, libc::SIGCONT);
+    signal(u32::try_from(pid).expect("pid"), libc::SIGCONT);
     let status = tokio::time::timeout(Duration::from_secs(20), fencelock.wait())
         .await
         .expect("fencelock exits")
         .expect("status");
     proxy.heal();
-    let rest = rest.await.expect("stderr").join("\n");
     assert_eq!(
         status.code(),
         Some(76),
-        "what the command left may have run without the lock: {rest}"
+        "what the command left may have run without the lock"
     );
     drop(granted);
 }

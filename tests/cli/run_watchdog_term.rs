@@ -139,7 +139,24 @@ async fn stray_signals_to_the_watchdog_do_not_leave_the_group_unguarded() {
     let background: i32 = next_line(&mut lines).await.parse().expect("pid");
     assert_eq!(next_line(&mut lines).await, "running");
     let watchdog = watchdog_of(fencelock_pid).expect("the watchdog runs");
-    for signal in [libc::SIGUSR1, libc::SIGUSR2, libc::SIGALRM, libc::SIGPIPE] {
+    let stray = [
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGALRM,
+        libc::SIGVTALRM,
+        libc::SIGPROF,
+        libc::SIGIO,
+        libc::SIGPWR,
+        libc::SIGXCPU,
+        libc::SIGXFSZ,
+        libc::SIGSTKFLT,
+        libc::SIGTRAP,
+        libc::SIGSYS,
+        libc::SIGTTIN,
+        libc::SIGRTMIN(),
+        libc::SIGRTMAX(),
+    ];
+    for signal in stray {
         // SAFETY: kill(2) of a process this test's fencelock started.
         unsafe {
             libc::kill(watchdog, signal);

@@ -91,13 +91,16 @@ impl Watchdog {
 /// the command (INT, HUP, TERM, QUIT, USR1, USR2: `systemctl kill -s USR1` sends one
 /// to every process of the unit, the watchdog among them, while fencelock lives on) and
 /// the rest (a watchdog ended by a stray signal would leave the command unguarded should
-/// fencelock die later). It writes to nothing but stderr, sets no timer and no limit.
-const IGNORED: [libc::c_int; 15] = [
+/// fencelock die later), the real-time ones too ([`ignore_signals`]). It reads its pipe,
+/// writes one line to stderr, and sets no timer and no limit.
+const IGNORED: [libc::c_int; 20] = [
     libc::SIGINT,
     libc::SIGHUP,
     libc::SIGTERM,
     libc::SIGQUIT,
     libc::SIGTSTP,
+    libc::SIGTTIN,
+    libc::SIGTTOU,
     libc::SIGUSR1,
     libc::SIGUSR2,
     libc::SIGALRM,
@@ -108,12 +111,20 @@ const IGNORED: [libc::c_int; 15] = [
     libc::SIGPIPE,
     libc::SIGXCPU,
     libc::SIGXFSZ,
+    libc::SIGSTKFLT,
+    libc::SIGTRAP,
+    libc::SIGSYS,
 ];
 
 /// Sets every signal in [`IGNORED`] to `SIG_IGN`. Async-signal-safe (only signal(2)), so
 /// it may run between fork and exec.
 fn ignore_signals() {
-    for signal in IGNORED {
+    // The real-time signals end a process by default too. `SIGRTMIN()` is the first one
+    // the C library leaves to programs (signal(2) refuses the ones it keeps); it reads a
+    // value the C library set at start, so it is as safe between fork and exec as the
+    // rest of this.
+    let real_time = libc::SIGRTMIN()..=libc::SIGRTMAX();
+    for signal in IGNORED.into_iter().chain(real_time) {
         // SAFETY: setting a disposition to SIG_IGN installs no handler; called before
         // any other thread exists (in the forked child, or at the watchdog's start).
         unsafe {
