@@ -13,14 +13,7 @@ use fencelock::testkit::{EtcdCluster, FaultProxy};
 use fencelock::{LockBackend, LockOptions};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-use crate::support::{address, fencelock_run, next_line};
-
-fn signal(pid: u32, signal: libc::c_int) {
-    let pid = i32::try_from(pid).expect("pid");
-    // SAFETY: a plain kill(2) to a child this test spawned and has not reaped.
-    let sent = unsafe { libc::kill(pid, signal) };
-    assert_eq!(sent, 0, "kill({pid}, {signal})");
-}
+use crate::support::{address, fencelock_run, next_line, signal};
 
 /// The state letter of process `pid` (`/proc/<pid>/stat`), if it is still there.
 fn state(pid: i32) -> Option<char> {

@@ -10,20 +10,13 @@ use std::time::Duration;
 use fencelock::testkit::EtcdCluster;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use crate::support::{fencelock_run, next_line};
+use crate::support::{fencelock_run, next_line, signal};
 
 /// Says `running`, then `usr1`, `usr2` on those signals, and `quit` on SIGQUIT (and exits
 /// 0). `sleep` short: the shell runs a trap once its foreground command ends.
 const COMMAND: &str = "trap 'echo usr1' USR1; trap 'echo usr2' USR2; \
                        trap 'echo quit; exit 0' QUIT; echo running; \
                        while :; do sleep 0.05; done";
-
-fn signal(pid: u32, signal: libc::c_int) {
-    let pid = i32::try_from(pid).expect("pid");
-    // SAFETY: a plain kill(2) to a child this test spawned and has not reaped.
-    let sent = unsafe { libc::kill(pid, signal) };
-    assert_eq!(sent, 0, "kill({pid}, {signal})");
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quit_and_user_signals_are_forwarded_to_the_command() {

@@ -176,3 +176,11 @@ pub async fn finishes_unsignalled(
         "no renewal trouble was reported ({what}): {stderr}"
     );
 }
+
+/// Sends `signal` to `pid`, a child the test spawned and has not reaped.
+pub fn signal(pid: u32, signal: libc::c_int) {
+    let pid = i32::try_from(pid).expect("pid");
+    // SAFETY: a plain kill(2) to a child this test spawned and has not reaped.
+    let sent = unsafe { libc::kill(pid, signal) };
+    assert_eq!(sent, 0, "kill({pid}, {signal})");
+}
