@@ -153,6 +153,8 @@ async fn stray_signals_to_the_watchdog_do_not_leave_the_group_unguarded() {
         libc::SIGTRAP,
         libc::SIGSYS,
         libc::SIGTTIN,
+        libc::SIGTTOU,
+        libc::SIGTSTP,
         libc::SIGRTMIN(),
         libc::SIGRTMAX(),
     ];

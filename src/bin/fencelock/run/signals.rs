@@ -21,7 +21,6 @@
 
 use std::io;
 
-use futures_util::FutureExt;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::diag::diag;
@@ -142,32 +141,28 @@ impl Drop for Forwarded {
     /// Once the command is gone, the signals caught for it end fencelock again, as they
     /// do a process that catches nothing: a Ctrl-C or a SIGTERM while it releases the
     /// lock (up to the TTL when the lock service does not answer) must not be swallowed.
-    /// tokio keeps its handlers installed for the process's life: they are replaced here,
-    /// and one that came in since the last forwarding is raised again, now with its
-    /// default action. (Only those caught: a signal ignored at the start stays ignored.
-    /// SIGTSTP stays caught, and unanswered: a fencelock stopped during its release
-    /// would let the lease run out and report a finished command as lost. `run` makes
-    /// one `Forwarded` per process: tokio would not install a handler for these again.)
+    /// tokio keeps its handlers installed for the process's life: they are replaced here.
+    /// (Only those caught: a signal ignored at the start stays ignored. SIGTSTP stays
+    /// caught, and unanswered: a fencelock stopped during its release would let the lease
+    /// run out and report a finished command as lost. A signal that came in while the
+    /// command ran and was not forwarded, such as a SIGTERM sent to fencelock and its
+    /// command together that the command's end overtook, is not raised again: it was
+    /// meant for the command, and would otherwise kill fencelock before its release.
+    /// `run` makes one `Forwarded` per process: tokio would not install a handler for
+    /// these again.)
     fn drop(&mut self) {
         let caught = [
-            (libc::SIGINT, &mut self.interrupt),
-            (libc::SIGTERM, &mut self.terminate),
-            (libc::SIGHUP, &mut self.hangup),
-            (libc::SIGQUIT, &mut self.quit),
-            (libc::SIGUSR1, &mut self.user1),
-            (libc::SIGUSR2, &mut self.user2),
+            (libc::SIGINT, self.interrupt.is_some()),
+            (libc::SIGTERM, self.terminate.is_some()),
+            (libc::SIGHUP, self.hangup.is_some()),
+            (libc::SIGQUIT, self.quit.is_some()),
+            (libc::SIGUSR1, self.user1.is_some()),
+            (libc::SIGUSR2, self.user2.is_some()),
         ];
-        for (number, signal) in caught {
-            let Some(signal) = signal else { continue };
+        for (number, _) in caught.into_iter().filter(|(_, caught)| *caught) {
             // SAFETY: SIG_DFL installs no handler; the disposition a process starts with.
             unsafe {
                 libc::signal(number, libc::SIG_DFL);
-            }
-            if let Some(Some(())) = signal.recv().now_or_never() {
-                // SAFETY: raise(3) of a signal whose default action is wanted now.
-                unsafe {
-                    libc::raise(number);
-                }
             }
         }
     }
