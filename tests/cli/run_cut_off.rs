@@ -11,7 +11,9 @@ use fencelock::{LockBackend, LockOptions};
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use crate::support::{address, fencelock_run, last_sign_of_life, life_script, next_line, now_ns};
+use crate::support::{
+    address, bit, fencelock_run, last_sign_of_life, life_script, mask, next_line, now_ns, signal,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_command_is_dead_before_the_next_grant_every_time() {
@@ -142,13 +144,7 @@ async fn a_command_that_exits_0_on_fencelocks_sigterm_is_not_reported_as_success
 
 /// Whether `pid` catches `signal` (its `SigCgt` mask in `/proc`).
 fn catches(pid: u32, signal: libc::c_int) -> bool {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let mask = status
-        .lines()
-        .find_map(|line| line.strip_prefix("SigCgt:"))
-        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
-        .expect("SigCgt");
-    mask & (1 << (signal - 1)) != 0
+    mask(pid, "SigCgt") & bit(signal) != 0
 }
 
 /// Once the command is gone, a Ctrl-C ends fencelock again, also while its release waits
@@ -184,11 +180,7 @@ async fn a_sigint_while_the_release_waits_ends_fencelock() {
     })
     .await
     .expect("SIGINT is fencelock's own again once the command is gone");
-    let sent = i32::try_from(pid).expect("pid");
-    // SAFETY: kill(2) of the process this test started, not yet reaped.
-    unsafe {
-        libc::kill(sent, libc::SIGINT);
-    }
+    signal(pid, libc::SIGINT);
     let status = tokio::time::timeout(Duration::from_secs(3), fencelock.wait())
         .await
         .expect("fencelock ends at once, not when its release gives up")

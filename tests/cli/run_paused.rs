@@ -13,18 +13,13 @@ use fencelock::testkit::{EtcdCluster, FaultProxy};
 use fencelock::{LockBackend, LockOptions};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-use crate::support::{address, fencelock_run, next_line, signal};
+use crate::support::{address, fencelock_run, is_running, next_line, signal};
 
 /// The state letter of process `pid` (`/proc/<pid>/stat`), if it is still there.
 fn state(pid: i32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (_, rest) = stat.rsplit_once(')')?;
     rest.split_whitespace().next()?.chars().next()
-}
-
-/// Whether process `pid` has ended (a zombie, or gone).
-fn ended(pid: i32) -> bool {
-    state(pid).is_none_or(|state| state == 'Z' || state == 'X')
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,7 +115,7 @@ async fn leftovers_whose_end_is_seen_after_the_lease_ran_out_are_reported_lost()
     // fencelock stopped by the leftover, which has ended (a zombie fencelock cannot reap
     // while stopped).
     tokio::time::timeout(Duration::from_secs(10), async {
-        while !(state(pid) == Some('T') && ended(leftover)) {
+        while state(pid) != Some('T') || is_running(leftover) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })

@@ -10,7 +10,7 @@ use fencelock::testkit::EtcdCluster;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-use crate::support::next_line;
+use crate::support::{bit, mask, next_line};
 
 /// Tells the signals it has blocked and whether SIGHUP is ignored, says `running`, and
 /// then `hup` on SIGHUP, `term` on SIGTERM (and exits 0).
@@ -42,21 +42,6 @@ fn under(launcher: &[&str], etcd: &EtcdCluster, namespace: &str) -> Command {
         .stderr(Stdio::null())
         .kill_on_drop(true);
     command
-}
-
-/// The hexadecimal signal mask `field` (`SigBlk`, `SigIgn`, `SigCgt`) of `pid`'s main
-/// thread.
-fn mask(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let line = status
-        .lines()
-        .find_map(|line| line.strip_prefix(&format!("{field}:")))
-        .expect(field);
-    u64::from_str_radix(line.trim(), 16).expect("a mask")
-}
-
-fn bit(signal: i32) -> u64 {
-    1 << (signal - 1)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

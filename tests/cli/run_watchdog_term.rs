@@ -14,7 +14,7 @@ use std::time::Duration;
 use fencelock::testkit::EtcdCluster;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use crate::support::{fencelock_run, gone_within, next_line};
+use crate::support::{fencelock_run, gone_within, kill_all, next_line};
 
 /// The pid of the `run-watchdog` process among the children of `parent` (read from each
 /// of its threads' `children` list: much faster than a scan of `/proc`, so that the test
@@ -65,6 +65,21 @@ fn terminate_watchdog_until(fencelock: i32, stop: &AtomicBool) -> (usize, usize)
     }
 }
 
+/// SIGKILLs fencelock and waits up to 5 s for the command's `background` process to be
+/// gone, as its watchdog should see to; ends it itself if not (no leftover outlives the
+/// test). Whether it was gone in time.
+async fn killed_with(fencelock: i32, background: i32) -> bool {
+    // SAFETY: kill(2) of the process this test started.
+    unsafe {
+        libc::kill(fencelock, libc::SIGKILL);
+    }
+    let gone = gone_within(&[background], Duration::from_secs(5)).await;
+    if gone.is_none() {
+        kill_all(&[background]);
+    }
+    gone.is_some()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigterm_to_the_watchdog_does_not_leave_the_group_unguarded() {
     let etcd = EtcdCluster::single().await.expect("etcd");
@@ -103,19 +118,9 @@ async fn a_sigterm_to_the_watchdog_does_not_leave_the_group_unguarded() {
     // Whether the start-up window was covered shows in the log (zero: only signals to the
     // running watchdog, on a machine too busy to schedule the thread earlier).
     eprintln!("SIGTERMs sent to the watchdog before its command's start was seen: {started}");
-    // SAFETY: kill(2) of the process this test started.
-    unsafe {
-        libc::kill(fencelock_pid, libc::SIGKILL);
-    }
-    let gone = gone_within(&[background], Duration::from_secs(5)).await;
-    if gone.is_none() {
-        // SAFETY: the test's own leftover.
-        unsafe {
-            libc::kill(background, libc::SIGKILL);
-        }
-    }
+    let gone = killed_with(fencelock_pid, background).await;
     assert!(
-        gone.is_some(),
+        gone,
         "the command's background process outlived fencelock and its watchdog \
          ({sent} SIGTERMs sent to the watchdog from its start on)"
     );
@@ -164,19 +169,9 @@ async fn stray_signals_to_the_watchdog_do_not_leave_the_group_unguarded() {
             libc::kill(watchdog, signal);
         }
     }
-    // SAFETY: kill(2) of the process this test started.
-    unsafe {
-        libc::kill(fencelock_pid, libc::SIGKILL);
-    }
-    let gone = gone_within(&[background], Duration::from_secs(5)).await;
-    if gone.is_none() {
-        // SAFETY: the test's own leftover.
-        unsafe {
-            libc::kill(background, libc::SIGKILL);
-        }
-    }
+    let gone = killed_with(fencelock_pid, background).await;
     assert!(
-        gone.is_some(),
+        gone,
         "the command's background process outlived fencelock: the watchdog died of a stray \
          signal"
     );

@@ -184,3 +184,19 @@ pub fn signal(pid: u32, signal: libc::c_int) {
     let sent = unsafe { libc::kill(pid, signal) };
     assert_eq!(sent, 0, "kill({pid}, {signal})");
 }
+
+/// The hexadecimal signal mask `field` (`SigBlk`, `SigIgn`, `SigCgt`) of `pid`'s main
+/// thread.
+pub fn mask(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let line = status
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{field}:")))
+        .expect(field);
+    u64::from_str_radix(line.trim(), 16).expect("a mask")
+}
+
+/// `signal`'s bit in a [`mask`].
+pub fn bit(signal: i32) -> u64 {
+    1 << (signal - 1)
+}

@@ -170,9 +170,7 @@ impl<G: LockGuard> Held<'_, G> {
             Ending::Completed(exit)
         })
     }
-}
 
-impl<G: LockGuard> Held<'_, G> {
     /// The guard no longer vouches for the lock: its lease is within the kill margin of
     /// its end (or past it), or its loss has been reported.
     fn vouched_for_no_more(&self) -> bool {
