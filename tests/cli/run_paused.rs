@@ -13,7 +13,17 @@ use fencelock::testkit::{EtcdCluster, FaultProxy};
 use fencelock::{LockBackend, LockOptions};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-use crate::support::{address, fencelock_run, is_running, next_line, signal};
+use crate::support::{address, bit, fencelock_run, is_running, next_line, signal};
+
+/// The lock `job`, granted to `next` once fencelock's lease ran out.
+async fn passed_on(next: &EtcdLocker) -> fencelock::etcd::EtcdGuard {
+    next.lock(
+        "job",
+        &LockOptions::new().with_wait_timeout(Duration::from_secs(20)),
+    )
+    .await
+    .expect("the lock passes on")
+}
 
 /// The state letter of process `pid` (`/proc/<pid>/stat`), if it is still there.
 fn state(pid: i32) -> Option<char> {
@@ -48,13 +58,7 @@ async fn a_command_whose_end_is_seen_after_the_lease_ran_out_is_reported_lost() 
     let mut stdin = fencelock.stdin.take().expect("stdin");
     stdin.write_all(b"go\n").await.expect("write");
     // Its lease runs out (nothing renews it): another client is granted the lock.
-    let granted = next
-        .lock(
-            "job",
-            &LockOptions::new().with_wait_timeout(Duration::from_secs(20)),
-        )
-        .await
-        .expect("the lock passes on");
+    let granted = passed_on(&next).await;
     // fencelock resumes cut off from etcd: its release cannot tell it anything.
     proxy.cut();
     signal(pid, libc::SIGCONT);
@@ -122,13 +126,7 @@ async fn leftovers_whose_end_is_seen_after_the_lease_ran_out_are_reported_lost()
     .await
     .expect("fencelock stopped and the leftover ended");
     // Its lease runs out: another client is granted the lock.
-    let granted = next
-        .lock(
-            "job",
-            &LockOptions::new().with_wait_timeout(Duration::from_secs(20)),
-        )
-        .await
-        .expect("the lock passes on");
+    let granted = passed_on(&next).await;
     proxy.cut();
     signal(u32::try_from(pid).expect("pid"), libc::SIGCONT);
     let status = tokio::time::timeout(Duration::from_secs(20), fencelock.wait())
@@ -140,6 +138,65 @@ async fn leftovers_whose_end_is_seen_after_the_lease_ran_out_are_reported_lost()
         status.code(),
         Some(76),
         "what the command left may have run without the lock"
+    );
+    drop(granted);
+}
+
+/// Whether `pid` has received SIGKILL: it has ended, or the signal waits for it to run.
+fn killed(pid: u32) -> bool {
+    let pending = |field| {
+        std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+            status.lines().any(|line| {
+                line.strip_prefix(field)
+                    .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+                    .is_some_and(|mask| mask & bit(libc::SIGKILL) != 0)
+            })
+        })
+    };
+    !is_running(i32::try_from(pid).expect("pid")) || pending("SigPnd:") || pending("ShdPnd:")
+}
+
+/// fencelock stopped while its command runs on: nothing in fencelock can kill the command
+/// at the lease deadline, so its watchdog (a process of its own, not stopped with it)
+/// does, from the last deadline fencelock told it. Before, the command ran on past the
+/// deadline and while the next holder held the lock, until fencelock ran again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_of_a_stopped_fencelock_is_killed_at_the_lease_deadline() {
+    let etcd = EtcdCluster::single().await.expect("etcd");
+    let ns = "cli-paused-watchdog";
+    let next = EtcdLocker::connect(etcd.config(ns)).await.expect("connect");
+    let mut fencelock = fencelock_run(&[etcd.endpoint(0)], ns)
+        .args(["--lock", "job", "--ttl", "2s", "--"])
+        .args(["sh", "-c", "echo $$; exec sleep 60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pid = fencelock.id().expect("pid");
+    let mut lines = BufReader::new(fencelock.stdout.take().expect("stdout")).lines();
+    let command: u32 = next_line(&mut lines)
+        .await
+        .parse()
+        .expect("the command's pid");
+
+    signal(pid, libc::SIGSTOP);
+    // Nothing renews the lease: another client is granted the lock after its deadline.
+    let granted = passed_on(&next).await;
+    let killed_by_then = killed(command);
+    signal(pid, libc::SIGCONT);
+    let output = tokio::time::timeout(Duration::from_secs(20), fencelock.wait_with_output())
+        .await
+        .expect("fencelock exits")
+        .expect("output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        killed_by_then,
+        "the command still ran when the next holder was granted the lock: {stderr}"
+    );
+    assert_eq!(output.status.code(), Some(76), "{stderr}");
+    assert!(
+        stderr.contains("the lease deadline passed without word from fencelock"),
+        "{stderr}"
     );
     drop(granted);
 }

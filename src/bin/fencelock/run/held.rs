@@ -10,7 +10,7 @@ use futures_util::FutureExt;
 use super::child::{Exit, Job, start_failure_status};
 use super::diag::diag;
 use super::signals::Forwarded;
-use super::watchdog::Watchdog;
+use super::watchdog::{BootTime, Watchdog};
 use super::{CHECK, EXIT_INTERNAL, GROUP_POLL};
 
 /// How the command's time under the lock ended.
@@ -55,7 +55,7 @@ impl<G: LockGuard> Held<'_, G> {
                 return Ending::NotStarted(EXIT_INTERNAL);
             }
         };
-        let watchdog = match Watchdog::start() {
+        let mut watchdog = match Watchdog::start() {
             Ok(watchdog) => watchdog,
             Err(err) => {
                 diag!("cannot start the watchdog: {err}");
@@ -69,6 +69,11 @@ impl<G: LockGuard> Held<'_, G> {
             .env("FENCELOCK_KEY", self.key)
             .env("FENCELOCK_LOCK", lock)
             .env("FENCELOCK_TOKENS", &self.tokens);
+        // The deadline before the command: a fencelock stopped the moment it started it
+        // leaves a watchdog that knows when to kill it.
+        if let Some(at) = self.watchdog_deadline() {
+            watchdog.kill_at(at);
+        }
         let Some(pipe) = watchdog.pipe_fd() else {
             diag!("the watchdog's pipe is closed");
             return Ending::NotStarted(EXIT_INTERNAL);
@@ -86,7 +91,7 @@ impl<G: LockGuard> Held<'_, G> {
                 return Ending::NotStarted(status);
             }
         };
-        let ending = match self.supervise(&mut job, &mut signals).await {
+        let ending = match self.supervise(&mut job, &mut signals, &mut watchdog).await {
             Ok(ending) => ending,
             Err(err) => {
                 // The group first, the words after: nothing of the command may outlive
@@ -104,8 +109,13 @@ impl<G: LockGuard> Held<'_, G> {
 
     /// Waits for the command, forwarding signals, and enforces the lease deadline, first
     /// on the command, then on whatever it left behind.
-    async fn supervise(&self, job: &mut Job, signals: &mut Forwarded) -> std::io::Result<Ending> {
-        let mut enforcer = Enforcer::new(self);
+    async fn supervise(
+        &self,
+        job: &mut Job,
+        signals: &mut Forwarded,
+        watchdog: &mut Watchdog,
+    ) -> std::io::Result<Ending> {
+        let mut enforcer = Enforcer::new(self, watchdog);
         let exit = loop {
             job.reap_orphans();
             let next = enforcer.enforce(job);
@@ -156,7 +166,7 @@ impl<G: LockGuard> Held<'_, G> {
         // As for the command's end: the last of what it left may have ended while
         // fencelock was stopped, after the lease ran out.
         if !enforcer.killed && !left.is_empty() && self.vouched_for_no_more() {
-            enforcer.killed = true;
+            enforcer.killed_already();
             diag!(
                 "what the command left behind was seen gone only after the lease deadline \
                  (was fencelock stopped?); it may have run without the lock"
@@ -177,11 +187,25 @@ impl<G: LockGuard> Held<'_, G> {
         let remaining = self.guard.lease_remaining().unwrap_or(Duration::MAX);
         remaining <= self.margin || self.guard.lost().now_or_never().is_some()
     }
+
+    /// When the watchdog is to kill the group by itself: the lease deadline less half the
+    /// kill margin. fencelock's own kill comes at the margin, so the watchdog's comes
+    /// only when fencelock's did not (stopped, starved), still before the deadline. The
+    /// clock is read before the lease's remaining time, so the moment is never later
+    /// than the deadline. `None` when either cannot be read: the watchdog then guards
+    /// against fencelock's death only.
+    fn watchdog_deadline(&self) -> Option<BootTime> {
+        let now = BootTime::now()?;
+        let remaining = self.guard.lease_remaining()?;
+        Some(now.after(remaining.saturating_sub(self.margin / 2)))
+    }
 }
 
-/// The lease deadline, enforced on the command's group.
+/// The lease deadline, enforced on the command's group, by fencelock and, should
+/// fencelock not run at that moment, by the watchdog.
 struct Enforcer<'a, G> {
     held: &'a Held<'a, G>,
+    watchdog: &'a mut Watchdog,
     /// SIGTERM went out because renewals stopped being confirmed (and they have not been
     /// confirmed again since).
     warned: bool,
@@ -194,9 +218,10 @@ struct Enforcer<'a, G> {
 }
 
 impl<'a, G: LockGuard> Enforcer<'a, G> {
-    fn new(held: &'a Held<'a, G>) -> Self {
+    fn new(held: &'a Held<'a, G>, watchdog: &'a mut Watchdog) -> Self {
         Self {
             held,
+            watchdog,
             warned: false,
             terminated: false,
             killed: false,
@@ -210,6 +235,9 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
             // Keep at it: a process may have been forking when the signal went out.
             job.signal_all(libc::SIGKILL);
             return GROUP_POLL;
+        }
+        if let Some(at) = self.held.watchdog_deadline() {
+            self.watchdog.kill_at(at);
         }
         let Held {
             guard,
@@ -253,7 +281,15 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
     }
 
     fn kill(&mut self, job: &Job) {
-        self.killed = true;
         job.signal_all(libc::SIGKILL);
+        self.killed_already();
+    }
+
+    /// The group is killed (or gone): the watchdog no longer needs a deadline of its own
+    /// (it would only kill it again, and say it was fencelock that did not), but for
+    /// fencelock's death.
+    fn killed_already(&mut self) {
+        self.killed = true;
+        self.watchdog.stand_down();
     }
 }

@@ -19,15 +19,17 @@
 //! to someone else. When renewals stop being confirmed, SIGTERM goes out `--grace` before
 //! that deadline (if renewals resume in time, the command keeps running: the lock is still
 //! held). If the server reports the lease gone, SIGKILL goes out at once. If `fencelock`
-//! itself dies, a watchdog process kills the group at once. The lock is released only
+//! itself dies, a watchdog process kills the group at once; if `fencelock` is stopped
+//! (SIGSTOP, a debugger) or starved at the deadline, the watchdog kills the group by
+//! then too, from the last deadline `fencelock` told it. The lock is released only
 //! after all of them are gone: processes the command leaves behind get SIGTERM, then
 //! SIGKILL after `--grace`.
 //!
-//! Its limits: a *paused* `fencelock` (or a machine that stops, or a suspended one)
-//! cannot signal anyone; a process of another user (after `sudo`) cannot be signalled
-//! (a warning says so, and the lock is held until it exits); and if `fencelock` itself
-//! dies, the watchdog kills the command's process group only, not the descendants that
-//! left it. That is what `FENCELOCK_TOKEN` is for: storage that checks it refuses a
+//! Its limits: a machine that stops, or a suspended one, cannot signal anyone (the
+//! watchdog kills at the resumption); a process of another user (after `sudo`) cannot be
+//! signalled (a warning says so, and the lock is held until it exits); and if
+//! `fencelock` itself dies or is stopped, the watchdog kills the command's process group
+//! only, not the descendants that left it. That is what `FENCELOCK_TOKEN` is for: storage that checks it refuses a
 //! holder that outlived its lock.
 //!
 //! Exit status: the command's own when it ran to completion with the lock held (128 +
@@ -44,6 +46,7 @@ mod held;
 mod signals;
 mod tree;
 mod watchdog;
+mod watchdog_process;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -60,7 +63,7 @@ use child::{check_program, start_failure_status};
 use diag::diag;
 use held::{Ending, Held};
 
-pub use watchdog::run as watchdog;
+pub use watchdog_process::run as watchdog;
 
 /// Options of `fencelock run`.
 #[derive(Debug, Args)]

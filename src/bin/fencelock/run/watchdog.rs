@@ -1,38 +1,113 @@
 //! The watchdog of `fencelock run`: a small process that kills the command's whole
 //! process group the moment `fencelock` itself dies, however it dies (SIGKILL, the OOM
-//! killer, a crash), so that the command never runs on while the lock expires and
-//! another host takes it.
+//! killer, a crash), or when the lease deadline passes while `fencelock` cannot act on
+//! it (stopped by SIGSTOP or a debugger, starved), so that the command never runs on
+//! while the lock expires and another host takes it.
 //!
 //! It is this same binary (`/proc/self/exe run-watchdog`, so a binary replaced on disk
-//! meanwhile does not matter), in a process group of its own (a Ctrl-C or a hang-up for
-//! `fencelock` does not reach it), reading a pipe whose only writer is `fencelock`:
+//! meanwhile does not matter), in a process group of its own (a Ctrl-C, a hang-up or a
+//! SIGSTOP for `fencelock`'s group does not reach it), reading a pipe whose only writers
+//! are `fencelock` and, once, the command:
 //!
 //! - `group <pgid>`: the group to kill (written by the command itself between fork and
 //!   exec, so that it is never unguarded);
-//! - `done`: `fencelock` has finished with the group; exit without killing anything;
-//! - end of file without `done`: `fencelock` is gone; SIGKILL the group, then exit.
+//! - `kill-at <ns>`: SIGKILL the group at this `CLOCK_BOOTTIME` time, unless a later
+//!   `kill-at` comes first (written by `fencelock` before the command starts and each
+//!   time a confirmed renewal moves the lease deadline);
+//! - `stand-down`: `fencelock` killed the group itself; forget the `kill-at`;
+//! - end of file: `fencelock` is gone; SIGKILL the group, then exit.
 //!
-//! The pipe's writing end is close-on-exec, so the command cannot hold it open.
+//! When `fencelock` has finished with the group, it kills the watchdog itself (SIGKILL,
+//! which no signal disposition stops) before it closes the pipe: nothing of the watchdog
+//! is left to read an end of file then, nor to kill a group id that may be someone
+//! else's by then. (Telling it `done` and waiting for its exit left `fencelock` waiting
+//! forever on a stopped watchdog.)
+//!
+//! The pipe's writing end is close-on-exec, so the command cannot hold it open; the
+//! process itself is in `watchdog_process.rs`.
 
-use std::io::{self, BufRead, Write};
+use std::io::{self, Write};
 use std::os::fd::{AsRawFd, RawFd};
-use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::Duration;
 
-/// The `fencelock` side: tells the watchdog which group to guard, and when it is done.
+use super::watchdog_process::ignore_signals;
+
+/// A moment on `CLOCK_BOOTTIME`, in nanoseconds: the clock the watchdog kills by. Unlike
+/// `CLOCK_MONOTONIC` (tokio's `Instant`) it goes on while the machine is suspended, as
+/// the lock service's own clock does, so a deadline that passed during a suspension is
+/// acted on at the resumption, not a suspension later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct BootTime(u64);
+
+impl BootTime {
+    /// Now. `None` if the clock cannot be read (a kernel older than 2.6.39).
+    pub fn now() -> Option<Self> {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes into `now`, which is ours.
+        if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &raw mut now) } != 0 {
+            return None;
+        }
+        let seconds = u64::try_from(now.tv_sec).ok()?;
+        let nanos = u64::try_from(now.tv_nsec).ok()?;
+        Some(Self(
+            seconds.saturating_mul(1_000_000_000).saturating_add(nanos),
+        ))
+    }
+
+    /// This moment plus `after` (saturating).
+    #[must_use]
+    pub fn after(self, after: Duration) -> Self {
+        let nanos = u64::try_from(after.as_nanos()).unwrap_or(u64::MAX);
+        Self(self.0.saturating_add(nanos))
+    }
+
+    /// How long from this moment until `later` (zero if it is not later).
+    pub fn until(self, later: Self) -> Duration {
+        Duration::from_nanos(later.0.saturating_sub(self.0))
+    }
+
+    /// The nanoseconds, as the pipe carries them.
+    pub fn nanos(self) -> u64 {
+        self.0
+    }
+
+    /// From the pipe's nanoseconds.
+    pub fn from_nanos(nanos: u64) -> Self {
+        Self(nanos)
+    }
+}
+
+/// How far a `kill-at` may move before it is sent again: it moves a little on every look
+/// (the moment the lease's remaining time is read at drifts from the clock's), and
+/// writing each of those would be a write per look for nothing. A deadline moved earlier
+/// by less than this is covered by the watchdog's place in the kill margin (`held.rs`).
+const RESEND: Duration = Duration::from_millis(1);
+
+/// The `fencelock` side: tells the watchdog which group to guard, by when, and when it is
+/// done.
 #[derive(Debug)]
 pub struct Watchdog {
     child: Child,
+    /// Non-blocking: a watchdog that stopped reading (stopped itself) never blocks
+    /// `fencelock`.
     pipe: Option<ChildStdin>,
+    /// The last `kill-at` the watchdog was sent.
+    kill_at: Option<BootTime>,
 }
 
 impl Watchdog {
-    /// Starts the watchdog process. It ignores the signals in [`IGNORED`] from its first
-    /// instruction on: they are set to `SIG_IGN` between fork and exec (an ignored signal
-    /// stays ignored across exec), so no window exists between exec and the watchdog's own
-    /// start-up in which a SIGTERM to every process would end it. (Setting them only in
-    /// [`run`] left that window: the dynamic loader and the argument parser run first, and
-    /// on a loaded machine a SIGTERM sent right after `fencelock run` started its command
-    /// killed the watchdog.)
+    /// Starts the watchdog process. It ignores the signals in
+    /// `watchdog_process::IGNORED` from its first instruction on: they are set to
+    /// `SIG_IGN` between fork and exec (an ignored signal stays ignored across exec), so no
+    /// window exists between exec and the watchdog's own start-up in which a SIGTERM to
+    /// every process would end it. (Setting them only in the watchdog's `run` left that
+    /// window: the dynamic loader and the argument parser run first, and on a loaded
+    /// machine a SIGTERM sent right after `fencelock run` started its command killed the
+    /// watchdog.)
     pub fn start() -> io::Result<Self> {
         use std::os::unix::process::CommandExt;
         let mut command = Command::new("/proc/self/exe");
@@ -52,7 +127,14 @@ impl Watchdog {
         // `spawn` returns once the exec succeeded, so the watchdog ignores them by now.
         let mut child = command.spawn()?;
         let pipe = child.stdin.take();
-        Ok(Self { child, pipe })
+        if let Some(pipe) = &pipe {
+            set_nonblocking(pipe.as_raw_fd())?;
+        }
+        Ok(Self {
+            child,
+            pipe,
+            kill_at: None,
+        })
     }
 
     /// The watchdog's pid (a child of this process that is not part of the command).
@@ -66,109 +148,76 @@ impl Watchdog {
         self.pipe.as_ref().map(AsRawFd::as_raw_fd)
     }
 
-    /// `fencelock` is done with the group: the watchdog exits without killing; waits for
-    /// it.
-    pub fn finish(mut self) {
-        if self.send("done\n").is_ok() {
-            self.pipe = None;
-            let _ = self.child.wait();
+    /// The watchdog is to kill the group at `at` unless told a later time before. Sent
+    /// only when it moved ([`RESEND`]). A watchdog that is not reading (its pipe full)
+    /// misses it, and says nothing: it could not act on it anyway.
+    pub fn kill_at(&mut self, at: BootTime) {
+        let moved = self
+            .kill_at
+            .is_none_or(|sent| at > sent.after(RESEND) || at.after(RESEND) < sent);
+        if moved && self.send(&format!("kill-at {}\n", at.nanos())).is_ok() {
+            self.kill_at = Some(at);
         }
     }
 
+    /// `fencelock` killed the group itself: the watchdog forgets its `kill-at` (it still
+    /// kills the group should `fencelock` die).
+    pub fn stand_down(&mut self) {
+        if self.send("stand-down\n").is_ok() {
+            self.kill_at = None;
+        }
+    }
+
+    /// `fencelock` is done with the group: kills the watchdog (SIGKILL, before the pipe
+    /// closes: see the module's docs) and reaps it.
+    pub fn finish(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.pipe = None;
+    }
+
+    /// One line, in one write: every line is far shorter than `PIPE_BUF`, so the write is
+    /// atomic (never interleaved with the command's `group` line, never cut short) and,
+    /// the pipe being non-blocking, never waits.
     fn send(&mut self, line: &str) -> io::Result<()> {
         match self.pipe.as_mut() {
             Some(pipe) => {
-                pipe.write_all(line.as_bytes())?;
-                pipe.flush()
+                let written = pipe.write(line.as_bytes())?;
+                if written == line.len() {
+                    Ok(())
+                } else {
+                    Err(io::Error::other("watchdog pipe: short write"))
+                }
             }
             None => Err(io::Error::other("watchdog pipe closed")),
         }
     }
 }
 
-/// The signals the watchdog ignores: only fencelock's end may end it. Every catchable
-/// signal whose default action ends or stops a process: the ones fencelock forwards to
-/// the command (INT, HUP, TERM, QUIT, USR1, USR2: `systemctl kill -s USR1` sends one
-/// to every process of the unit, the watchdog among them, while fencelock lives on) and
-/// the rest (a watchdog ended by a stray signal would leave the command unguarded should
-/// fencelock die later), the real-time ones too ([`ignore_signals`]). It reads its pipe,
-/// writes one line to stderr, and sets no timer and no limit.
-const IGNORED: [libc::c_int; 20] = [
-    libc::SIGINT,
-    libc::SIGHUP,
-    libc::SIGTERM,
-    libc::SIGQUIT,
-    libc::SIGTSTP,
-    libc::SIGTTIN,
-    libc::SIGTTOU,
-    libc::SIGUSR1,
-    libc::SIGUSR2,
-    libc::SIGALRM,
-    libc::SIGVTALRM,
-    libc::SIGPROF,
-    libc::SIGIO,
-    libc::SIGPWR,
-    libc::SIGPIPE,
-    libc::SIGXCPU,
-    libc::SIGXFSZ,
-    libc::SIGSTKFLT,
-    libc::SIGTRAP,
-    libc::SIGSYS,
-];
-
-/// Sets every signal in [`IGNORED`] to `SIG_IGN`. Async-signal-safe (only signal(2)), so
-/// it may run between fork and exec.
-fn ignore_signals() {
-    // The real-time signals end a process by default too. `SIGRTMIN()` is the first one
-    // the C library leaves to programs (signal(2) refuses the ones it keeps); it reads a
-    // value the C library set at start, so it is as safe between fork and exec as the
-    // rest of this.
-    let real_time = libc::SIGRTMIN()..=libc::SIGRTMAX();
-    for signal in IGNORED.into_iter().chain(real_time) {
-        // SAFETY: setting a disposition to SIG_IGN installs no handler; called before
-        // any other thread exists (in the forked child, or at the watchdog's start).
-        unsafe {
-            libc::signal(signal, libc::SIG_IGN);
-        }
+/// Sets `O_NONBLOCK` on `fd`. (The command's `group` line goes through the same open
+/// pipe, non-blocking too: the pipe is empty then but for one `kill-at`.)
+fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own, with flags only.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
     }
+    Ok(())
 }
 
-/// The watchdog process itself (`fencelock run-watchdog`, started by `fencelock run`).
-pub fn run() -> ExitCode {
-    // Only fencelock's end (end of file on the pipe) may end the watchdog: a Ctrl-C, a
-    // hang-up, or a SIGTERM to every process of a session or a service (systemd's stop,
-    // `kill -- -<sid>`) must not leave the command's group unguarded while fencelock
-    // itself lives on.
-    // They are ignored before exec already (`Watchdog::start`); again here so that a
-    // watchdog started some other way is no weaker.
-    ignore_signals();
-    let mut group: Option<libc::pid_t> = None;
-    let stdin = io::stdin();
-    for line in stdin.lock().lines() {
-        let Ok(line) = line else { break };
-        if line == "done" {
-            return ExitCode::SUCCESS;
-        }
-        if let Some(pgid) = line
-            .strip_prefix("group ")
-            .and_then(|g| g.trim().parse::<libc::pid_t>().ok())
-            .filter(|pgid| *pgid > 1)
-        {
-            group = Some(pgid);
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boot_time_arithmetic_saturates() {
+        let at = BootTime::from_nanos(5);
+        assert_eq!(at.after(Duration::from_nanos(7)).nanos(), 12);
+        assert_eq!(at.until(BootTime::from_nanos(12)), Duration::from_nanos(7));
+        assert_eq!(at.until(BootTime::from_nanos(1)), Duration::ZERO);
+        assert_eq!(at.after(Duration::MAX).nanos(), u64::MAX);
+        let now = BootTime::now().expect("CLOCK_BOOTTIME");
+        assert!(BootTime::now().expect("CLOCK_BOOTTIME") >= now);
     }
-    // End of file without `done`: fencelock died.
-    if let Some(pgid) = group {
-        // SAFETY: kill(2) of the group fencelock started. A group id cannot be reused
-        // while any member of the group lives; with none left there is nothing to kill.
-        unsafe {
-            libc::kill(-pgid, libc::SIGKILL);
-        }
-        // After the kill, and never a panic: stderr may be a closed pipe by now.
-        let _ = writeln!(
-            io::stderr(),
-            "fencelock run: fencelock died; killed the command's process group {pgid}"
-        );
-    }
-    ExitCode::SUCCESS
 }
