@@ -11,7 +11,7 @@ use super::child::{Exit, Job, start_failure_status};
 use super::diag::diag;
 use super::signals::Forwarded;
 use super::watchdog::{BootTime, Watchdog};
-use super::{CHECK, EXIT_INTERNAL, GROUP_POLL};
+use super::{CHECK, EXIT_INTERNAL, EXIT_WAIT_TIMEOUT, GROUP_POLL};
 
 /// How the command's time under the lock ended.
 pub(super) enum Ending {
@@ -74,6 +74,17 @@ impl<G: LockGuard> Held<'_, G> {
         if let Some(at) = self.watchdog_deadline() {
             watchdog.kill_at(at);
         }
+        // The grant left time to start (`take_in_time`), but fencelock may have stalled
+        // since: a command started now would race the watchdog's kill beside the next
+        // holder.
+        if self.vouched_for_no_more() {
+            diag!(
+                "the lease ran out before the command could start (was fencelock stopped?); \
+                 not starting it"
+            );
+            watchdog.finish();
+            return Ending::NotStarted(EXIT_WAIT_TIMEOUT);
+        }
         let Some(pipe) = watchdog.pipe_fd() else {
             diag!("the watchdog's pipe is closed");
             return Ending::NotStarted(EXIT_INTERNAL);
@@ -97,13 +108,17 @@ impl<G: LockGuard> Held<'_, G> {
                 // The group first, the words after: nothing of the command may outlive
                 // what follows (the release of the lock).
                 job.signal_all(libc::SIGKILL);
+                watchdog.stand_down();
                 job.wait_all_gone().await;
                 diag!("supervising the command failed ({err}); killed its process group");
                 Ending::Failed
             }
         };
-        job.reap();
+        // The watchdog first: the group's id is the command's pid, which stays taken
+        // until the command is reaped, so the watchdog can never kill a group of that id
+        // that is someone else's.
         watchdog.finish();
+        job.reap();
         ending
     }
 
@@ -134,6 +149,15 @@ impl<G: LockGuard> Held<'_, G> {
         // stopped (SIGSTOP, a debugger, a suspended machine) while the command ended and
         // the lease ran out, and the next holder may have been granted the lock since.
         // Only a lease still vouched for now says the command ended under the lock.
+        if !enforcer.killed && enforcer.watchdog_deadline_passed() {
+            // A renewal confirmed since may vouch for the lease again, but the watchdog
+            // acted on the deadline it was last told, and may be what ended the command.
+            enforcer.killed_already();
+            diag!(
+                "the command ended after the deadline the watchdog was last told (was \
+                 fencelock stopped?); the watchdog kills the command's group then"
+            );
+        }
         if !enforcer.killed && self.vouched_for_no_more() {
             enforcer.kill(job);
             diag!(
@@ -236,9 +260,6 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
             job.signal_all(libc::SIGKILL);
             return GROUP_POLL;
         }
-        if let Some(at) = self.held.watchdog_deadline() {
-            self.watchdog.kill_at(at);
-        }
         let Held {
             guard,
             grace,
@@ -250,6 +271,11 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
             self.kill(job);
             diag!("no renewal confirmed before the lease deadline; killed the command");
             return GROUP_POLL;
+        }
+        // Only when not killing: a deadline already passed, sent first, would have the
+        // watchdog kill too and say fencelock did not.
+        if let Some(at) = self.held.watchdog_deadline() {
+            self.watchdog.kill_at(at);
         }
         if let Some(until) = self.leftovers_until {
             if tokio::time::Instant::now() >= until {
@@ -283,6 +309,14 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
     fn kill(&mut self, job: &Job) {
         job.signal_all(libc::SIGKILL);
         self.killed_already();
+    }
+
+    /// The last deadline the watchdog was told has passed: it has killed the group, or is
+    /// about to.
+    fn watchdog_deadline_passed(&self) -> bool {
+        self.watchdog
+            .last_kill_at()
+            .is_some_and(|at| BootTime::now().is_none_or(|now| now >= at))
     }
 
     /// The group is killed (or gone): the watchdog no longer needs a deadline of its own

@@ -20,21 +20,24 @@
 //! that deadline (if renewals resume in time, the command keeps running: the lock is still
 //! held). If the server reports the lease gone, SIGKILL goes out at once. If `fencelock`
 //! itself dies, a watchdog process kills the group at once; if `fencelock` is stopped
-//! (SIGSTOP, a debugger) or starved at the deadline, the watchdog kills the group by
-//! then too, from the last deadline `fencelock` told it. The lock is released only
+//! (SIGSTOP, a debugger) or its supervision blocked at the deadline, the watchdog kills
+//! the group by then too, from the last deadline `fencelock` told it. The lock is released only
 //! after all of them are gone: processes the command leaves behind get SIGTERM, then
 //! SIGKILL after `--grace`.
 //!
 //! Its limits: a machine that stops, or a suspended one, cannot signal anyone (the
-//! watchdog kills at the resumption); a process of another user (after `sudo`) cannot be
+//! watchdog kills at the resumption), nor can a frozen cgroup (`docker pause`), which
+//! freezes the watchdog too; a process of another user (after `sudo`) cannot be
 //! signalled (a warning says so, and the lock is held until it exits); and if
 //! `fencelock` itself dies or is stopped, the watchdog kills the command's process group
-//! only, not the descendants that left it. That is what `FENCELOCK_TOKEN` is for: storage that checks it refuses a
-//! holder that outlived its lock.
+//! only, not the descendants that left it. That is what `FENCELOCK_TOKEN` is for:
+//! storage that checks it refuses a holder that outlived its lock.
 //!
 //! Exit status: the command's own when it ran to completion with the lock held (128 +
-//! signal if a signal ended it); 75 when the lock could not be taken within `--wait`; 76
-//! when the lock was lost while the command ran (even if releasing it then failed); 143
+//! signal if a signal ended it); 75 when the lock could not be taken within `--wait` (or
+//! its lease ran out before the command could start); 76 when the lock was lost while the
+//! command ran, or the command ended after the watchdog's deadline (even if releasing the
+//! lock then failed); 143
 //! when the command exited 0 after fencelock had sent it SIGTERM (renewals were not being
 //! confirmed), since an interrupted job is no success; 126
 //! when the command cannot be run, 127 when it does not exist (the lock is released at

@@ -1,8 +1,9 @@
 //! The watchdog of `fencelock run`: a small process that kills the command's whole
 //! process group the moment `fencelock` itself dies, however it dies (SIGKILL, the OOM
 //! killer, a crash), or when the lease deadline passes while `fencelock` cannot act on
-//! it (stopped by SIGSTOP or a debugger, starved), so that the command never runs on
-//! while the lock expires and another host takes it.
+//! it (stopped by SIGSTOP or a debugger, its supervising thread blocked), so that the
+//! command never runs on while the lock expires and another host takes it. (It shares
+//! `fencelock`'s cgroup: a frozen cgroup, or one starved of CPU, holds it up as well.)
 //!
 //! It is this same binary (`/proc/self/exe run-watchdog`, so a binary replaced on disk
 //! meanwhile does not matter), in a process group of its own (a Ctrl-C, a hang-up or a
@@ -11,17 +12,18 @@
 //!
 //! - `group <pgid>`: the group to kill (written by the command itself between fork and
 //!   exec, so that it is never unguarded);
-//! - `kill-at <ns>`: SIGKILL the group at this `CLOCK_BOOTTIME` time, unless a later
-//!   `kill-at` comes first (written by `fencelock` before the command starts and each
-//!   time a confirmed renewal moves the lease deadline);
+//! - `kill-at <ns>`: SIGKILL the group at this `CLOCK_BOOTTIME` time; each one replaces
+//!   the one before (written by `fencelock` before the command starts and whenever the
+//!   lease deadline moved, at its looks);
 //! - `stand-down`: `fencelock` killed the group itself; forget the `kill-at`;
 //! - end of file: `fencelock` is gone; SIGKILL the group, then exit.
 //!
 //! When `fencelock` has finished with the group, it kills the watchdog itself (SIGKILL,
-//! which no signal disposition stops) before it closes the pipe: nothing of the watchdog
-//! is left to read an end of file then, nor to kill a group id that may be someone
-//! else's by then. (Telling it `done` and waiting for its exit left `fencelock` waiting
-//! forever on a stopped watchdog.)
+//! which no signal disposition stops), before it closes the pipe and before it reaps the
+//! command (whose pid is the group's id): nothing of the watchdog is left to read an end
+//! of file then, nor to kill a group id that may be someone else's by then. (Telling it
+//! `done` and waiting for its exit left `fencelock` waiting forever on a stopped
+//! watchdog.)
 //!
 //! The pipe's writing end is close-on-exec, so the command cannot hold it open; the
 //! process itself is in `watchdog_process.rs`.
@@ -87,8 +89,8 @@ impl BootTime {
 /// by less than this is covered by the watchdog's place in the kill margin (`held.rs`).
 const RESEND: Duration = Duration::from_millis(1);
 
-/// The `fencelock` side: tells the watchdog which group to guard, by when, and when it is
-/// done.
+/// The `fencelock` side: tells the watchdog by when to kill the group (which the
+/// command announces itself), and ends it when done.
 #[derive(Debug)]
 pub struct Watchdog {
     child: Child,
@@ -158,6 +160,11 @@ impl Watchdog {
         if moved && self.send(&format!("kill-at {}\n", at.nanos())).is_ok() {
             self.kill_at = Some(at);
         }
+    }
+
+    /// The last `kill-at` the watchdog was sent (and not stood down from).
+    pub fn last_kill_at(&self) -> Option<BootTime> {
+        self.kill_at
     }
 
     /// `fencelock` killed the group itself: the watchdog forgets its `kill-at` (it still

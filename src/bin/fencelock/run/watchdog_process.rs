@@ -8,13 +8,15 @@ use std::time::Duration;
 
 use super::watchdog::BootTime;
 
-/// The signals the watchdog ignores: only fencelock's end may end it. Every catchable
+/// The signals the watchdog ignores: only fencelock (its end, or its SIGKILL when done)
+/// may end it. Every catchable
 /// signal whose default action ends or stops a process: the ones fencelock forwards to
 /// the command (INT, HUP, TERM, QUIT, USR1, USR2: `systemctl kill -s USR1` sends one
 /// to every process of the unit, the watchdog among them, while fencelock lives on) and
 /// the rest (a watchdog ended by a stray signal would leave the command unguarded should
 /// fencelock die later), the real-time ones too ([`ignore_signals`]). It reads its pipe,
-/// writes one line to stderr, and sets no timer and no limit.
+/// waits in `poll` with a timeout, writes one line to stderr, and sets no alarm (SIGALRM
+/// is ignored anyway) and no limit.
 const IGNORED: [libc::c_int; 20] = [
     libc::SIGINT,
     libc::SIGHUP,
@@ -119,7 +121,7 @@ impl Guarding {
         let _ = writeln!(
             io::stderr(),
             "fencelock run: the lease deadline passed without word from fencelock (stopped?); \
-             killed the command's process group {pgid}"
+             sent SIGKILL to the command's process group {pgid}"
         );
         None
     }
@@ -137,7 +139,8 @@ fn kill_group(pgid: libc::pid_t) {
 }
 
 /// Waits until the pipe can be read (or has ended) or `timeout` passed; says which. An
-/// interrupted wait says "not readable": the caller simply looks again.
+/// interrupted wait says "not readable": the caller simply looks again. A wait that
+/// fails otherwise (no memory) is retried after [`LOOK`], not at once in a loop.
 fn wait_for_pipe(timeout: Option<Duration>) -> bool {
     let mut pipe = libc::pollfd {
         fd: libc::STDIN_FILENO,
@@ -149,7 +152,11 @@ fn wait_for_pipe(timeout: Option<Duration>) -> bool {
         libc::c_int::try_from(t.as_micros().div_ceil(1000)).unwrap_or(libc::c_int::MAX)
     });
     // SAFETY: poll(2) on one pollfd of ours.
-    unsafe { libc::poll(&raw mut pipe, 1, millis) > 0 }
+    let ready = unsafe { libc::poll(&raw mut pipe, 1, millis) };
+    if ready < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+        std::thread::sleep(LOOK);
+    }
+    ready > 0
 }
 
 /// The watchdog process itself (`fencelock run-watchdog`, started by `fencelock run`).
