@@ -251,6 +251,11 @@ async fn run_inner(args: RunArgs) -> Result<u8, Failure> {
             code: start_failure_status(&err),
         });
     }
+    // Before the lock too: without the kernel's lists of children, nothing the command
+    // leaves behind would ever be found, and the lock would be released under it.
+    if let Err(err) = tree::check_children_listed() {
+        return Err(Failure::internal(err));
+    }
     let command_name = std::path::Path::new(program).file_name().map_or_else(
         || program.clone(),
         |name| name.to_string_lossy().into_owned(),

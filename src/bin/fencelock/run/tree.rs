@@ -44,6 +44,28 @@ pub fn become_subreaper() -> io::Result<()> {
     Ok(())
 }
 
+/// Checks that the kernel lists a thread's children in `/proc`
+/// (`/proc/<pid>/task/<tid>/children`, `CONFIG_PROC_CHILDREN`): every look for the
+/// command's processes walks those lists, and without them it would find none, ever, and
+/// report the command's leftovers gone while they run (the lock released under them).
+/// Some kernels leave it out (it is an option since Linux 4.2), as do some sandboxes'
+/// emulated `/proc`.
+pub fn check_children_listed() -> io::Result<()> {
+    // SAFETY: gettid has no preconditions.
+    let thread = unsafe { libc::gettid() };
+    let list = format!("/proc/self/task/{thread}/children");
+    std::fs::metadata(&list).map(|_| ()).map_err(|err| {
+        io::Error::new(
+            err.kind(),
+            format!(
+                "cannot read {list} ({err}): this kernel does not list a process's children \
+                 (CONFIG_PROC_CHILDREN), so fencelock run could not find the processes a \
+                 command leaves behind; not taking the lock"
+            ),
+        )
+    })
+}
+
 /// Every descendant of this process except the pids in `skip` (and their descendants).
 pub fn descendants(skip: &[libc::pid_t]) -> Vec<Process> {
     // SAFETY: getpid has no preconditions.
@@ -347,6 +369,21 @@ impl Stat {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn this_kernel_lists_children_and_a_child_is_found_in_the_list() {
+        check_children_listed().expect("CONFIG_PROC_CHILDREN");
+        let mut child = std::process::Command::new("sleep")
+            .arg("10")
+            .spawn()
+            .expect("spawn");
+        let pid = libc::pid_t::try_from(child.id()).expect("pid");
+        // SAFETY: getpid has no preconditions.
+        let listed = children(unsafe { libc::getpid() });
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(listed.contains(&pid), "{pid} not in {listed:?}");
+    }
 
     #[test]
     fn stat_is_read_after_a_name_with_spaces_and_parentheses() {
