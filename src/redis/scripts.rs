@@ -172,16 +172,25 @@ return granted
 /// (`INFO commandstats`, the minimum of five rounds of 30,000 calls: 2.55 us a call
 /// against 2.24 us written out). One `TYPE` serves both the unregistering and the wake
 /// decision (an id removed from a set of one deletes the set: the count after the
-/// cleanup says so); the clock is read only when a set exists. `replicate_commands` comes
-/// first, before any write: on Redis 3.2 to 4 a script may write after `TIME` only with
-/// effects replication, switched on before its first write (a no-op since Redis 5).
+/// cleanup says so), asked only when a key stands under the set's name: a `PTTL` (-2: no
+/// key) answers an integer, where `TYPE`'s status reply becomes a Lua table, and on the
+/// uncontended cycle (no set) the release then costs the server about 2,400 fewer
+/// instructions of its 49,000 per cycle (callgrind on redis-server 7.0, 5,000 cycles;
+/// `PTTL` rather than `EXISTS`: the ACLs of `docs/security.md` already allow it). The
+/// clock is read only when a set exists, and `replicate_commands` is called then, before
+/// any write: on Redis 3.2 to 4 a script may write after `TIME` only with effects
+/// replication, switched on before its first write (a no-op since Redis 5); without a set
+/// the script reads no clock and needs none.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r"
-if redis.replicate_commands then
-  redis.replicate_commands()
+local kind = 'none'
+if redis.call('PTTL', KEYS[2]) ~= -2 then
+  kind = redis.call('TYPE', KEYS[2]).ok
+  if kind == 'zset' and redis.replicate_commands then
+    redis.replicate_commands()
+  end
 end
-local kind = redis.call('TYPE', KEYS[2]).ok
 local id = ARGV[3]
 if kind == 'zset' and id and id ~= '' then
   redis.call('ZREM', KEYS[2], id)
