@@ -69,12 +69,13 @@ async fn busy_locks_the_waiter_cannot_take_yet_neither_publish_nor_wake_it() {
             .expect("cycler");
     }
 
-    // The waiter's attempts each read the 16 keys (PTTL in the script); the only other
-    // PTTL here is each release's one look at its waiters' set, a release that deletes
-    // (each cycler has its lock to itself and is never refused).
+    // The waiter's attempts each read the 16 keys and the set it registers in (17 PTTLs
+    // in the script); the only other PTTL here is each release's one look at its
+    // waiters' set, a release that deletes (each cycler has its lock to itself and is
+    // never refused). The cyclers are done: nothing else changes the counts meanwhile.
     let looks = server.command_calls("pttl").await.expect("stats");
     let releases = server.command_calls("del").await.expect("stats");
-    let attempts = looks.saturating_sub(releases) / 16;
+    let attempts = looks.saturating_sub(releases) / 17;
     let publishes = server.command_calls("publish").await.expect("stats");
     eprintln!(
         "{} cycles: {attempts} waiter attempts, {publishes} publishes",

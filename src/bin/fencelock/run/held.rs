@@ -62,6 +62,16 @@ impl<G: LockGuard> Held<'_, G> {
                 return Ending::NotStarted(EXIT_INTERNAL);
             }
         };
+        // The watchdog is a child of ours: if the kernel's lists of children do not show
+        // it, they would not show what the command leaves behind either.
+        if !super::tree::lists_child(watchdog.pid()) {
+            diag!(
+                "this process's children are not listed in /proc/<pid>/task/<tid>/children \
+                 (the watchdog is missing there): the command's processes could not be \
+                 found; not starting it"
+            );
+            return Ending::NotStarted(EXIT_INTERNAL);
+        }
         let mut command = std::process::Command::new(program);
         command
             .args(rest)
@@ -89,7 +99,7 @@ impl<G: LockGuard> Held<'_, G> {
             diag!("the watchdog's pipe is closed");
             return Ending::NotStarted(EXIT_INTERNAL);
         };
-        let mut job = match Job::start(command, pipe, watchdog.pid()) {
+        let job = match Job::start(command, pipe, watchdog.pid()) {
             Ok(job) => job,
             Err(err) => {
                 let status = start_failure_status(&err);
@@ -102,7 +112,10 @@ impl<G: LockGuard> Held<'_, G> {
                 return Ending::NotStarted(status);
             }
         };
-        let ending = match self.supervise(&mut job, &mut signals, &mut watchdog).await {
+        // From here on the two drop together, the watchdog first, whatever happens.
+        let mut watched = Watched { watchdog, job };
+        let (job, watchdog) = (&mut watched.job, &mut watched.watchdog);
+        let ending = match self.supervise(job, &mut signals, watchdog).await {
             Ok(ending) => ending,
             Err(err) => {
                 // The group first, the words after: nothing of the command may outlive
@@ -114,9 +127,7 @@ impl<G: LockGuard> Held<'_, G> {
                 Ending::Failed
             }
         };
-        // The watchdog first: the group's id is the command's pid, which stays taken
-        // until the command is reaped, so the watchdog can never kill a group of that id
-        // that is someone else's.
+        let Watched { watchdog, mut job } = watched;
         watchdog.finish();
         job.reap();
         ending
@@ -152,10 +163,10 @@ impl<G: LockGuard> Held<'_, G> {
         if !enforcer.killed && enforcer.watchdog_deadline_passed() {
             // A renewal confirmed since may vouch for the lease again, but the watchdog
             // acted on the deadline it was last told, and may be what ended the command.
-            enforcer.killed_already();
+            enforcer.kill(job);
             diag!(
                 "the command ended after the deadline the watchdog was last told (was \
-                 fencelock stopped?); the watchdog kills the command's group then"
+                 fencelock stopped?); it may have been killed there, and its group is now"
             );
         }
         if !enforcer.killed && self.vouched_for_no_more() {
@@ -189,7 +200,10 @@ impl<G: LockGuard> Held<'_, G> {
         }
         // As for the command's end: the last of what it left may have ended while
         // fencelock was stopped, after the lease ran out.
-        if !enforcer.killed && !left.is_empty() && self.vouched_for_no_more() {
+        if !enforcer.killed
+            && !left.is_empty()
+            && (self.vouched_for_no_more() || enforcer.watchdog_deadline_passed())
+        {
             enforcer.killed_already();
             diag!(
                 "what the command left behind was seen gone only after the lease deadline \
@@ -214,15 +228,24 @@ impl<G: LockGuard> Held<'_, G> {
 
     /// When the watchdog is to kill the group by itself: the lease deadline less half the
     /// kill margin. fencelock's own kill comes at the margin, so the watchdog's comes
-    /// only when fencelock's did not (stopped, starved), still before the deadline. The
-    /// clock is read before the lease's remaining time, so the moment is never later
-    /// than the deadline. `None` when either cannot be read: the watchdog then guards
-    /// against fencelock's death only.
+    /// only when fencelock's did not (stopped, its supervision blocked), still before the
+    /// deadline. The clock is read before the lease's remaining time, so the moment is
+    /// never later than the deadline. `None` when either cannot be read: the watchdog
+    /// then guards against fencelock's death only.
     fn watchdog_deadline(&self) -> Option<BootTime> {
         let now = BootTime::now()?;
         let remaining = self.guard.lease_remaining()?;
         Some(now.after(remaining.saturating_sub(self.margin / 2)))
     }
+}
+
+/// The watchdog and the command it guards, in the order they must end: the watchdog
+/// first (fields drop in order), then the command is reaped. The group's id is the
+/// command's pid, which stays taken until the command is reaped, so the watchdog can
+/// never kill a group of that id that is someone else's.
+struct Watched {
+    watchdog: Watchdog,
+    job: Job,
 }
 
 /// The lease deadline, enforced on the command's group, by fencelock and, should
@@ -258,6 +281,16 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
         if self.killed {
             // Keep at it: a process may have been forking when the signal went out.
             job.signal_all(libc::SIGKILL);
+            return GROUP_POLL;
+        }
+        if self.watchdog_deadline_passed() {
+            // Before the deadline moves on: a renewal confirmed since fencelock's last
+            // look would hide that the watchdog has acted (or is about to) on the old one.
+            self.kill(job);
+            diag!(
+                "fencelock did not run at the deadline it last told the watchdog (was it \
+                 stopped?); the command is killed"
+            );
             return GROUP_POLL;
         }
         let Held {

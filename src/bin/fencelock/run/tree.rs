@@ -54,7 +54,7 @@ pub fn check_children_listed() -> io::Result<()> {
     // SAFETY: gettid has no preconditions.
     let thread = unsafe { libc::gettid() };
     let list = format!("/proc/self/task/{thread}/children");
-    std::fs::metadata(&list).map(|_| ()).map_err(|err| {
+    std::fs::read_to_string(&list).map(|_| ()).map_err(|err| {
         io::Error::new(
             err.kind(),
             format!(
@@ -64,6 +64,14 @@ pub fn check_children_listed() -> io::Result<()> {
             ),
         )
     })
+}
+
+/// Whether `child`, a child of this process not reaped yet, is found in the kernel's lists
+/// of this process's children: [`check_children_listed`] proven on a real child (a list
+/// that can be read but is empty, an emulated `/proc`, would pass the first check).
+pub fn lists_child(child: libc::pid_t) -> bool {
+    // SAFETY: getpid has no preconditions.
+    children(unsafe { libc::getpid() }).contains(&child)
 }
 
 /// Every descendant of this process except the pids in `skip` (and their descendants).
@@ -378,11 +386,11 @@ mod tests {
             .spawn()
             .expect("spawn");
         let pid = libc::pid_t::try_from(child.id()).expect("pid");
-        // SAFETY: getpid has no preconditions.
-        let listed = children(unsafe { libc::getpid() });
+        let listed = lists_child(pid);
         let _ = child.kill();
         let _ = child.wait();
-        assert!(listed.contains(&pid), "{pid} not in {listed:?}");
+        assert!(listed, "{pid} not among this process's children");
+        assert!(!lists_child(1), "init is no child of ours");
     }
 
     #[test]

@@ -176,11 +176,9 @@ impl Watchdog {
     }
 
     /// `fencelock` is done with the group: kills the watchdog (SIGKILL, before the pipe
-    /// closes: see the module's docs) and reaps it.
-    pub fn finish(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        self.pipe = None;
+    /// closes: see the module's docs) and reaps it. Dropping it does the same.
+    pub fn finish(self) {
+        drop(self);
     }
 
     /// One line, in one write: every line is far shorter than `PIPE_BUF`, so the write is
@@ -198,6 +196,16 @@ impl Watchdog {
             }
             None => Err(io::Error::other("watchdog pipe closed")),
         }
+    }
+}
+
+impl Drop for Watchdog {
+    /// Kills and reaps the watchdog before its pipe closes (the fields drop after this),
+    /// whatever path fencelock leaves by: an unwinding panic too, which drops the command's
+    /// `Job` (and reaps the command) right after: see `held.rs`'s `Watched`.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -170,20 +170,28 @@ pub fn run() -> ExitCode {
     ignore_signals();
     let mut guarding = Guarding::default();
     let mut buffer = [0u8; 512];
-    loop {
+    'watch: loop {
         let timeout = guarding.enforce(BootTime::now());
         if !wait_for_pipe(timeout) {
             continue;
         }
-        // SAFETY: read(2) into our buffer, at most its length; poll said it will not
-        // block.
-        let read =
-            unsafe { libc::read(libc::STDIN_FILENO, buffer.as_mut_ptr().cast(), buffer.len()) };
-        match usize::try_from(read) {
-            Ok(0) => break,
-            Ok(read) => guarding.read(&buffer[..read]),
-            Err(_) if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => break,
+        // Everything queued, before the next look at the deadline: a watchdog that fell
+        // behind (stopped itself for a while) acts on fencelock's latest deadline, never
+        // on a stale one from the middle of the queue.
+        loop {
+            // SAFETY: read(2) into our buffer, at most its length; poll said it will not
+            // block.
+            let read =
+                unsafe { libc::read(libc::STDIN_FILENO, buffer.as_mut_ptr().cast(), buffer.len()) };
+            match usize::try_from(read) {
+                Ok(0) => break 'watch,
+                Ok(read) => guarding.read(&buffer[..read]),
+                Err(_) if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break 'watch,
+            }
+            if !wait_for_pipe(Some(Duration::ZERO)) {
+                break;
+            }
         }
     }
     // End of file: fencelock died (when it is done, it kills the watchdog instead).
