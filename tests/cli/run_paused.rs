@@ -13,7 +13,7 @@ use fencelock::testkit::{EtcdCluster, FaultProxy};
 use fencelock::{LockBackend, LockOptions};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-use crate::support::{address, bit, fencelock_run, is_running, next_line, signal};
+use crate::support::{address, bit, fencelock_run, is_running, next_line, signal, state};
 
 /// The lock `job`, granted to `next` once fencelock's lease ran out.
 async fn passed_on(next: &EtcdLocker) -> fencelock::etcd::EtcdGuard {
@@ -23,13 +23,6 @@ async fn passed_on(next: &EtcdLocker) -> fencelock::etcd::EtcdGuard {
     )
     .await
     .expect("the lock passes on")
-}
-
-/// The state letter of process `pid` (`/proc/<pid>/stat`), if it is still there.
-fn state(pid: i32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().next()?.chars().next()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

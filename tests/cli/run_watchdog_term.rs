@@ -11,10 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use fencelock::testkit::EtcdCluster;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use fencelock::testkit::{EtcdCluster, RedisServer};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-use crate::support::{fencelock_run, gone_within, kill_all, next_line};
+use crate::run_redis::fencelock_on;
+use crate::support::{fencelock_run, gone_within, kill_all, next_line, signal, state};
 
 /// The pid of the `run-watchdog` process among the children of `parent` (read from each
 /// of its threads' `children` list: much faster than a scan of `/proc`, so that the test
@@ -175,4 +176,57 @@ async fn stray_signals_to_the_watchdog_do_not_leave_the_group_unguarded() {
         "the command's background process outlived fencelock: the watchdog died of a stray \
          signal"
     );
+}
+
+/// The watchdog alone stopped (SIGSTOP cannot be ignored) while renewals go on: the
+/// deadlines fencelock sends it queue in its pipe, more of them than one read takes in
+/// (a lease of 1 s renewed some 3 times a second, for 10 s). Resumed, it must act on the
+/// latest deadline, not on a stale one from the middle of the queue: before, it killed the
+/// healthy command at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watchdog_resumed_after_a_stop_acts_on_the_latest_deadline() {
+    let redis = RedisServer::start().await.expect("redis");
+    let mut fencelock = fencelock_on("redis", &[redis.url()], "cli-watchdog-stopped")
+        .args(["--lock", "job", "--ttl", "1s", "--"])
+        .args(["sh", "-c", "echo running; read line; exit 0"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pid = fencelock.id().expect("pid");
+    let mut lines = BufReader::new(fencelock.stdout.take().expect("stdout")).lines();
+    assert_eq!(next_line(&mut lines).await, "running");
+    let watchdog = watchdog_of(i32::try_from(pid).expect("pid")).expect("the watchdog runs");
+    let watchdog = u32::try_from(watchdog).expect("pid");
+
+    signal(watchdog, libc::SIGSTOP);
+    // The fault's length, not a wait for an event: the deadlines pile up meanwhile.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    signal(watchdog, libc::SIGCONT);
+    // Asleep again (in its wait on the pipe) only once it has taken in what was queued
+    // and looked at the deadline; or gone, if it killed the command and fencelock, done
+    // with it, ended it.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while state(watchdog).is_some_and(|state| state != 'S') {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the watchdog waits again");
+
+    // (A command already killed has closed its end: the write may fail.)
+    let mut stdin = fencelock.stdin.take().expect("stdin");
+    let _ = stdin.write_all(b"go\n").await;
+    let output = tokio::time::timeout(Duration::from_secs(20), fencelock.wait_with_output())
+        .await
+        .expect("fencelock exits")
+        .expect("output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "the command ran to its end with the lock held: {stderr}"
+    );
+    assert!(!stderr.contains("without word from fencelock"), "{stderr}");
 }

@@ -200,3 +200,10 @@ pub fn mask(pid: u32, field: &str) -> u64 {
 pub fn bit(signal: i32) -> u64 {
     1 << (signal - 1)
 }
+
+/// The state letter of process `pid` (`/proc/<pid>/stat`), if it is still there.
+pub fn state(pid: impl std::fmt::Display) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().next()?.chars().next()
+}

@@ -347,9 +347,7 @@ impl<'a, G: LockGuard> Enforcer<'a, G> {
     /// The last deadline the watchdog was told has passed: it has killed the group, or is
     /// about to.
     fn watchdog_deadline_passed(&self) -> bool {
-        self.watchdog
-            .last_kill_at()
-            .is_some_and(|at| BootTime::now().is_none_or(|now| now >= at))
+        self.watchdog.deadline_passed()
     }
 
     /// The group is killed (or gone): the watchdog no longer needs a deadline of its own

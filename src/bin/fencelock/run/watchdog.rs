@@ -99,6 +99,9 @@ pub struct Watchdog {
     pipe: Option<ChildStdin>,
     /// The last `kill-at` the watchdog was sent.
     kill_at: Option<BootTime>,
+    /// A `kill-at` was replaced only after it had passed: the watchdog may have acted on
+    /// it before it read the next one.
+    overtaken: bool,
 }
 
 impl Watchdog {
@@ -136,6 +139,7 @@ impl Watchdog {
             child,
             pipe,
             kill_at: None,
+            overtaken: false,
         })
     }
 
@@ -158,13 +162,19 @@ impl Watchdog {
             .kill_at
             .is_none_or(|sent| at > sent.after(RESEND) || at.after(RESEND) < sent);
         if moved && self.send(&format!("kill-at {}\n", at.nanos())).is_ok() {
-            self.kill_at = Some(at);
+            // Read after the write: a deadline that passed before the new one was in the
+            // pipe may have been acted on (fencelock's look came just in time, its write
+            // late).
+            if let Some(old) = self.kill_at.replace(at) {
+                self.overtaken |= passed(old);
+            }
         }
     }
 
-    /// The last `kill-at` the watchdog was sent (and not stood down from).
-    pub fn last_kill_at(&self) -> Option<BootTime> {
-        self.kill_at
+    /// A deadline the watchdog was told (and not stood down from) has passed: it has
+    /// killed the group, or is about to.
+    pub fn deadline_passed(&self) -> bool {
+        self.overtaken || self.kill_at.is_some_and(passed)
     }
 
     /// `fencelock` killed the group itself: the watchdog forgets its `kill-at` (it still
@@ -207,6 +217,11 @@ impl Drop for Watchdog {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Whether `at` has passed (or the clock cannot be read: then assume it has).
+fn passed(at: BootTime) -> bool {
+    BootTime::now().is_none_or(|now| now >= at)
 }
 
 /// Sets `O_NONBLOCK` on `fd`. (The command's `group` line goes through the same open
