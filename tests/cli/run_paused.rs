@@ -5,15 +5,16 @@
 //! status as a run under the lock. Before, it did whenever the release then failed too
 //! (the lock service unreachable): exit 0, "finished with the lock held".
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use fencelock::etcd::EtcdLocker;
 use fencelock::testkit::{EtcdCluster, FaultProxy};
 use fencelock::{LockBackend, LockOptions};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 
-use crate::support::{address, bit, fencelock_run, is_running, next_line, signal, state};
+use crate::support::{
+    address, bit, fencelock_run, is_running, next_line, signal, spawn_piped, state,
+};
 
 /// The lock `job`, granted to `next` once fencelock's lease ran out.
 async fn passed_on(next: &EtcdLocker) -> fencelock::etcd::EtcdGuard {
@@ -33,17 +34,12 @@ async fn a_command_whose_end_is_seen_after_the_lease_ran_out_is_reported_lost() 
         .await
         .expect("proxy");
     let next = EtcdLocker::connect(etcd.config(ns)).await.expect("connect");
-    let mut fencelock = fencelock_run(&[proxy.http_url()], ns)
-        .args(["--lock", "job", "--ttl", "2s", "--"])
-        // Runs until the test writes a line, then succeeds.
-        .args(["sh", "-c", "echo running; read line; exit 0"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let pid = fencelock.id().expect("pid");
-    let mut lines = BufReader::new(fencelock.stdout.take().expect("stdout")).lines();
+    let (mut fencelock, pid, mut lines) = spawn_piped(
+        fencelock_run(&[proxy.http_url()], ns)
+            .args(["--lock", "job", "--ttl", "2s", "--"])
+            // Runs until the test writes a line, then succeeds.
+            .args(["sh", "-c", "echo running; read line; exit 0"]),
+    );
     assert_eq!(next_line(&mut lines).await, "running");
 
     // fencelock stops; the command finishes while it is stopped.
@@ -158,15 +154,11 @@ async fn a_command_of_a_stopped_fencelock_is_killed_at_the_lease_deadline() {
     let etcd = EtcdCluster::single().await.expect("etcd");
     let ns = "cli-paused-watchdog";
     let next = EtcdLocker::connect(etcd.config(ns)).await.expect("connect");
-    let mut fencelock = fencelock_run(&[etcd.endpoint(0)], ns)
-        .args(["--lock", "job", "--ttl", "2s", "--"])
-        .args(["sh", "-c", "echo $$; exec sleep 60"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let pid = fencelock.id().expect("pid");
-    let mut lines = BufReader::new(fencelock.stdout.take().expect("stdout")).lines();
+    let (fencelock, pid, mut lines) = spawn_piped(
+        fencelock_run(&[etcd.endpoint(0)], ns)
+            .args(["--lock", "job", "--ttl", "2s", "--"])
+            .args(["sh", "-c", "echo $$; exec sleep 60"]),
+    );
     let command: u32 = next_line(&mut lines)
         .await
         .parse()

@@ -15,7 +15,7 @@ use fencelock::testkit::{EtcdCluster, RedisServer};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use crate::run_redis::fencelock_on;
-use crate::support::{fencelock_run, gone_within, kill_all, next_line, signal, state};
+use crate::support::{fencelock_run, gone_within, kill_all, next_line, signal, spawn_piped, state};
 
 /// The pid of the `run-watchdog` process among the children of `parent` (read from each
 /// of its threads' `children` list: much faster than a scan of `/proc`, so that the test
@@ -186,16 +186,11 @@ async fn stray_signals_to_the_watchdog_do_not_leave_the_group_unguarded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watchdog_resumed_after_a_stop_acts_on_the_latest_deadline() {
     let redis = RedisServer::start().await.expect("redis");
-    let mut fencelock = fencelock_on("redis", &[redis.url()], "cli-watchdog-stopped")
-        .args(["--lock", "job", "--ttl", "1s", "--"])
-        .args(["sh", "-c", "echo running; read line; exit 0"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let pid = fencelock.id().expect("pid");
-    let mut lines = BufReader::new(fencelock.stdout.take().expect("stdout")).lines();
+    let (mut fencelock, pid, mut lines) = spawn_piped(
+        fencelock_on("redis", &[redis.url()], "cli-watchdog-stopped")
+            .args(["--lock", "job", "--ttl", "1s", "--"])
+            .args(["sh", "-c", "echo running; read line; exit 0"]),
+    );
     assert_eq!(next_line(&mut lines).await, "running");
     let watchdog = watchdog_of(i32::try_from(pid).expect("pid")).expect("the watchdog runs");
     let watchdog = u32::try_from(watchdog).expect("pid");

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tokio::io::{AsyncWriteExt, BufReader, Lines};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
 /// `fencelock run --etcd <endpoints> --namespace <ns>`, killed if the test drops it. Its
@@ -61,6 +61,20 @@ pub async fn gone_within(pids: &[i32], limit: Duration) -> Option<Duration> {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Spawns `command` with its standard input, output and error piped: the child, its pid
+/// and the lines of its output.
+pub fn spawn_piped(command: &mut Command) -> (Child, u32, Lines<BufReader<ChildStdout>>) {
+    let mut child = command
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pid = child.id().expect("pid");
+    let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    (child, pid, lines)
 }
 
 /// The next line the command printed, within 10 s.
