@@ -15,6 +15,7 @@ mod run_late_grant;
 mod run_leftovers;
 mod run_member_down;
 mod run_metrics;
+mod run_no_children_lists;
 mod run_paused;
 mod run_redis;
 mod run_redis_blips;
