@@ -16,6 +16,7 @@ mod run_leftovers;
 mod run_member_down;
 mod run_metrics;
 mod run_no_children_lists;
+mod run_out_of_fds;
 mod run_paused;
 mod run_redis;
 mod run_redis_blips;

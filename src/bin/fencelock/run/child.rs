@@ -24,11 +24,12 @@ use std::io;
 use std::os::fd::RawFd;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::oneshot;
 
-use super::tree::{self, Process};
+use super::tree::{self, Descendants, Process};
 
 /// A running command: the leader of its own process group.
 #[derive(Debug)]
@@ -40,6 +41,8 @@ pub struct Job {
     reaped: bool,
     /// Processes a signal could not reach (another user's, after `sudo`): warned of once.
     unreachable: Mutex<HashSet<Process>>,
+    /// Whether a list of children that could not be read was warned of (once per run).
+    unlisted_warned: AtomicBool,
 }
 
 /// How the command's main process ended.
@@ -121,6 +124,7 @@ impl Job {
             exited: Some(exited),
             reaped: false,
             unreachable: Mutex::default(),
+            unlisted_warned: AtomicBool::new(false),
         })
     }
 
@@ -155,7 +159,18 @@ impl Job {
                 super::diag::diag!("cannot signal the command's process group: {err}");
             }
         }
-        for process in self.running_members() {
+        let members = self.running_members();
+        if let Some(unlisted) = &members.unlisted {
+            if !self.unlisted_warned.swap(true, Ordering::Relaxed) {
+                super::diag::diag!(
+                    "warning: cannot list the children of process {} ({}): what runs below \
+                     it is unknown, so the lock is held until the list can be read",
+                    unlisted.pid,
+                    unlisted.error
+                );
+            }
+        }
+        for process in members.processes {
             // Members of the group got it above: only asked whether they could (signal 0).
             let sending = if process.group == self.pid { 0 } else { signal };
             if let Err(err) = tree::signal(&process, sending) {
@@ -176,11 +191,13 @@ impl Job {
 
     /// The command's processes that are still running: its descendants (and theirs),
     /// whatever group they moved to, a process whose main thread exited counted while
-    /// another thread runs. Orphans handed to us that have exited are reaped first.
-    pub fn running_members(&self) -> Vec<Process> {
+    /// another thread runs; and whether a list of children could not be read (then
+    /// something may run that was not found: not empty). Orphans handed to us that have
+    /// exited are reaped first.
+    pub fn running_members(&self) -> Descendants {
         self.reap_orphans();
         let mut running = tree::descendants(&[self.watchdog]);
-        running.retain(|p| p.running);
+        running.processes.retain(|p| p.running);
         running
     }
 

@@ -180,9 +180,14 @@ impl<G: LockGuard> Held<'_, G> {
         if !left.is_empty() && !enforcer.killed {
             job.signal_all(libc::SIGTERM);
             diag!(
-                "the command left {} process(es) running; terminating them before the lock \
-                 is released",
-                left.len()
+                "the command left {} process(es) running{}; terminating them before the \
+                 lock is released",
+                left.processes.len(),
+                if left.unlisted.is_some() {
+                    ", and some whose children cannot be listed"
+                } else {
+                    ""
+                }
             );
             enforcer.leftovers_until = Some(tokio::time::Instant::now() + self.grace);
         }

@@ -71,11 +71,37 @@ pub fn check_children_listed() -> io::Result<()> {
 /// that can be read but is empty, an emulated `/proc`, would pass the first check).
 pub fn lists_child(child: libc::pid_t) -> bool {
     // SAFETY: getpid has no preconditions.
-    children(unsafe { libc::getpid() }).contains(&child)
+    children(unsafe { libc::getpid() }).is_ok_and(|listed| listed.contains(&child))
+}
+
+/// What a walk of the tree found: the processes, and whether every list of children on
+/// the way could be read.
+#[derive(Debug, Default)]
+pub struct Descendants {
+    pub processes: Vec<Process>,
+    /// A process (the first met) whose children could not be listed, though it exists,
+    /// and why (out of file descriptors, `EMFILE`; out of memory): what runs below it is
+    /// unknown, and may be anything. Counted as something running, never as nothing.
+    pub unlisted: Option<Unlisted>,
+}
+
+/// A process of the tree whose children could not be listed.
+#[derive(Debug)]
+pub struct Unlisted {
+    pub pid: libc::pid_t,
+    pub error: io::Error,
+}
+
+impl Descendants {
+    /// Nothing is known to run, and every list could be read: the only state in which
+    /// the tree may be taken for empty.
+    pub fn is_empty(&self) -> bool {
+        self.processes.is_empty() && self.unlisted.is_none()
+    }
 }
 
 /// Every descendant of this process except the pids in `skip` (and their descendants).
-pub fn descendants(skip: &[libc::pid_t]) -> Vec<Process> {
+pub fn descendants(skip: &[libc::pid_t]) -> Descendants {
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() };
     walk(me, skip, children, look)
@@ -127,16 +153,27 @@ const PASSES: usize = 4;
 /// exits meanwhile still counts as running: the walk errs towards "something runs". For
 /// the same reason, a walk still finding new processes after its last pass counts them
 /// as running unread, and a listed process whose state cannot be read but that exists
-/// counts as running (see [`Process::readable`]).
+/// counts as running (see [`Process::readable`]), and a process whose children cannot be
+/// listed though it exists makes the walk [`Descendants::unlisted`]: a failed read of a
+/// list is never taken for an empty one (which released the lock under a command's
+/// leftovers when fencelock ran out of file descriptors).
 fn walk(
     root: libc::pid_t,
     skip: &[libc::pid_t],
-    mut read: impl FnMut(libc::pid_t) -> Vec<libc::pid_t>,
+    mut read: impl FnMut(libc::pid_t) -> io::Result<Vec<libc::pid_t>>,
     mut look: impl FnMut(libc::pid_t) -> Look,
-) -> Vec<Process> {
+) -> Descendants {
     let mut found = Vec::new();
     let mut seen = HashSet::new();
-    let mut next = read(root);
+    let mut unlisted = None;
+    let mut list = |pid: libc::pid_t, into: &mut Vec<libc::pid_t>| match read(pid) {
+        Ok(children) => into.extend(children),
+        Err(error) => {
+            unlisted.get_or_insert(Unlisted { pid, error });
+        }
+    };
+    let mut next = Vec::new();
+    list(root, &mut next);
     for _ in 0..PASSES {
         while let Some(pid) = next.pop() {
             if skip.contains(&pid) || !seen.insert(pid) {
@@ -153,15 +190,18 @@ fn walk(
                 Look::Gone => continue,
                 Look::Hidden => found.push(Process::unread(pid)),
             }
-            next.extend(read(pid));
+            list(pid, &mut next);
         }
-        next = read(root);
+        list(root, &mut next);
         for process in found.iter().filter(|p| p.running) {
-            next.extend(read(process.pid));
+            list(process.pid, &mut next);
         }
         next.retain(|pid| !skip.contains(pid) && !seen.contains(pid));
         if next.is_empty() {
-            return found;
+            return Descendants {
+                processes: found,
+                unlisted,
+            };
         }
     }
     // Not settled: what keeps turning up is real (listed by a process of the tree). It
@@ -181,7 +221,10 @@ fn walk(
             Look::Hidden => found.push(Process::unread(pid)),
         }
     }
-    found
+    Descendants {
+        processes: found,
+        unlisted,
+    }
 }
 
 impl Process {
@@ -204,7 +247,8 @@ impl Process {
 pub fn reap_orphans(keep: &[libc::pid_t]) {
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() };
-    for pid in children(me) {
+    // Unlisted, nothing is reaped this time; the next look tries again.
+    for pid in children(me).unwrap_or_default() {
         // A child whose state cannot be read (hidepid, another user's) is tried too: a
         // zombie of another user left unreaped would count as running for ever, and
         // WNOHANG on a running child does nothing.
@@ -308,38 +352,59 @@ impl Drop for PidFd {
 }
 
 /// The children of `pid`, over all its threads (a child belongs to the thread that forked
-/// it, and an orphan handed to a subreaper to one of its threads).
-fn children(pid: libc::pid_t) -> Vec<libc::pid_t> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
+/// it, and an orphan handed to a subreaper to one of its threads). A process or thread
+/// gone meanwhile lists none; any other failure (`EMFILE`, `ENOMEM`) is an error: its
+/// children are unknown, not absent.
+fn children(pid: libc::pid_t) -> io::Result<Vec<libc::pid_t>> {
+    let tasks = match std::fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(tasks) => tasks,
+        Err(err) if gone(&err) => return Ok(Vec::new()),
+        Err(err) => return Err(err),
     };
     let mut all = Vec::new();
-    for task in tasks.filter_map(Result::ok) {
-        let mut path = task.path();
+    for task in tasks {
+        let mut path = match task {
+            Ok(task) => task.path(),
+            Err(err) if gone(&err) => continue,
+            Err(err) => return Err(err),
+        };
         path.push("children");
-        if let Ok(list) = std::fs::read_to_string(path) {
-            all.extend(
+        match std::fs::read_to_string(path) {
+            Ok(list) => all.extend(
                 list.split_whitespace()
                     .filter_map(|p| p.parse::<libc::pid_t>().ok()),
-            );
+            ),
+            Err(err) if gone(&err) => {}
+            Err(err) => return Err(err),
         }
     }
-    all
+    Ok(all)
+}
+
+/// Whether a failed read of a `/proc` entry says the process (or thread) is gone: no such
+/// file (reaped), or no such process (exited while its entry was read).
+fn gone(err: &io::Error) -> bool {
+    err.kind() == io::ErrorKind::NotFound || err.raw_os_error() == Some(libc::ESRCH)
 }
 
 /// Whether any thread of `pid` runs (its main thread may have exited, leaving it a
-/// zombie to `stat` while the others work on).
+/// zombie to `stat` while the others work on). A thread list or a thread's state that
+/// cannot be read though it is there (`EMFILE`) counts as running, as in [`children`].
 fn any_thread_running(pid: libc::pid_t) -> bool {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return false;
+    let tasks = match std::fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(tasks) => tasks,
+        Err(err) => return !gone(&err),
     };
-    tasks.filter_map(Result::ok).any(|task| {
-        let mut path = task.path();
+    tasks.into_iter().any(|task| {
+        let mut path = match task {
+            Ok(task) => task.path(),
+            Err(err) => return !gone(&err),
+        };
         path.push("stat");
-        std::fs::read_to_string(path)
-            .ok()
-            .and_then(|text| Stat::parse(&text))
-            .is_some_and(|stat| stat.running())
+        match std::fs::read_to_string(path) {
+            Ok(text) => Stat::parse(&text).is_some_and(|stat| stat.running()),
+            Err(err) => !gone(&err),
+        }
     })
 }
 
@@ -425,7 +490,7 @@ mod tests {
         let middle = libc::pid_t::try_from(sh.id()).expect("pid");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let grandchild = loop {
-            if let Some(&pid) = children(middle).first() {
+            if let Some(&pid) = children(middle).unwrap_or_default().first() {
                 break pid;
             }
             assert!(std::time::Instant::now() < deadline, "sh never forked");
@@ -452,7 +517,11 @@ mod tests {
         // walk never read the root.
         let _ = sh.kill();
         let _ = sh.wait();
-        let grand = found.iter().find(|p| p.pid == grandchild).copied();
+        let grand = found
+            .processes
+            .iter()
+            .find(|p| p.pid == grandchild)
+            .copied();
         // SAFETY: the grandchild is ours now: kill and reap it.
         unsafe {
             libc::kill(grandchild, libc::SIGKILL);
@@ -482,7 +551,7 @@ mod tests {
                 look(listed)
             }
         });
-        let hidden = found.iter().find(|p| p.pid == pid).copied();
+        let hidden = found.processes.iter().find(|p| p.pid == pid).copied();
         assert!(
             signal(&hidden.unwrap_or(Process::unread(pid)), 0).is_err(),
             "an unread process is reported unreachable"
@@ -507,9 +576,9 @@ mod tests {
             |pid| {
                 if pid == root {
                     root_reads += 1;
-                    (1..=root_reads).map(|i| root + i).collect()
+                    Ok((1..=root_reads).map(|i| root + i).collect())
                 } else {
-                    Vec::new()
+                    Ok(Vec::new())
                 }
             },
             |_| {
@@ -523,6 +592,7 @@ mod tests {
         );
         let newest = root + libc::pid_t::try_from(PASSES + 1).expect("small");
         let last = found
+            .processes
             .iter()
             .find(|p| p.pid == newest)
             .expect("the newest found");
@@ -530,7 +600,8 @@ mod tests {
             last.running && last.readable,
             "read like any other: {last:?}"
         );
-        assert_eq!(found.len(), PASSES + 1);
+        assert_eq!(found.processes.len(), PASSES + 1);
+        assert!(found.unlisted.is_none());
     }
 
     #[test]
@@ -543,11 +614,54 @@ mod tests {
         let found = descendants(&[]);
         let _ = child.kill();
         let _ = child.wait();
-        let sleep = found.iter().find(|p| p.pid == pid).expect("the child");
+        let sleep = found
+            .processes
+            .iter()
+            .find(|p| p.pid == pid)
+            .expect("the child");
         assert!(sleep.running);
+        assert!(found.unlisted.is_none(), "{:?}", found.unlisted);
         // SAFETY: getppid has no preconditions.
         let parent = unsafe { libc::getppid() };
-        assert!(found.iter().all(|p| p.pid != parent));
-        assert!(descendants(&[pid]).iter().all(|p| p.pid != pid));
+        assert!(found.processes.iter().all(|p| p.pid != parent));
+        assert!(descendants(&[pid]).processes.iter().all(|p| p.pid != pid));
+    }
+
+    /// A list of children that cannot be read (out of file descriptors: `EMFILE`) is no
+    /// empty list: the walk says so, whether it is the root's or a descendant's, and what
+    /// it did find is kept.
+    #[test]
+    fn a_list_that_cannot_be_read_leaves_the_walk_unlisted_not_empty() {
+        let root = 1_000_000;
+        let stat = || Stat {
+            state: 'S',
+            group: 1,
+            started: 1,
+        };
+        let emfile = || io::Error::from_raw_os_error(libc::EMFILE);
+        let at_root = walk(root, &[], |_| Err(emfile()), |_| Look::Found(stat(), true));
+        assert!(at_root.processes.is_empty());
+        assert!(!at_root.is_empty(), "an unread root is not an empty tree");
+        assert_eq!(at_root.unlisted.as_ref().map(|u| u.pid), Some(root));
+
+        let below = walk(
+            root,
+            &[],
+            |pid| {
+                if pid == root {
+                    Ok(vec![root + 1])
+                } else {
+                    Err(emfile())
+                }
+            },
+            |_| Look::Found(stat(), true),
+        );
+        assert_eq!(below.processes.len(), 1);
+        let unlisted = below.unlisted.expect("the child's list failed");
+        assert_eq!(unlisted.pid, root + 1);
+        assert_eq!(unlisted.error.raw_os_error(), Some(libc::EMFILE));
+
+        // A process gone meanwhile lists no children, and that is no error.
+        assert!(children(libc::pid_t::MAX).is_ok_and(|listed| listed.is_empty()));
     }
 }
