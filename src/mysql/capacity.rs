@@ -11,7 +11,7 @@ use mysql_async::prelude::Queryable;
 
 use super::FenceError;
 use super::ident::Ident;
-use super::rows::first_row4;
+use super::rows::first_row5;
 
 /// What a token column can hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,16 +61,21 @@ impl Capacity {
     }
 }
 
+/// `DATA_TYPE`, `COLUMN_TYPE`, `NUMERIC_PRECISION`, `NUMERIC_SCALE`, `DATABASE()`.
+type ColumnRow = (String, String, Option<u64>, Option<u64>, Option<Vec<u8>>);
+
 /// The capacity of `column` of `table` (its database: the connection's current one if
-/// the name has none), or `None` if there is no such column (the write that follows then
-/// fails with the server's own error).
+/// the name has none), and the connection's current database when it was read
+/// (`DATABASE()`'s bytes, `None` for none); `None` if there is no such column (the write
+/// that follows then fails with the server's own error).
 pub(crate) async fn read(
     conn: &mut impl Queryable,
     table: &Ident,
     column: &Ident,
-) -> Result<Option<Capacity>, FenceError> {
+) -> Result<Option<(Option<Vec<u8>>, Capacity)>, FenceError> {
     let (database, name) = table.parts();
-    let sql = "SELECT DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE \
+    let sql = "SELECT DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE, \
+                 CAST(DATABASE() AS BINARY) \
                FROM information_schema.COLUMNS \
                WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
                  AND COLUMN_NAME = ?";
@@ -79,11 +84,15 @@ pub(crate) async fn read(
         Value::from(name),
         Value::from(column.parts().1),
     ];
-    let row: Option<(String, String, Option<u64>, Option<u64>)> =
-        first_row4(conn, sql, params).await?;
-    Ok(row.map(|(data_type, column_type, precision, scale)| {
-        Capacity::of(&data_type, &column_type, precision, scale)
-    }))
+    let row: Option<ColumnRow> = first_row5(conn, sql, params).await?;
+    Ok(
+        row.map(|(data_type, column_type, precision, scale, current)| {
+            (
+                current,
+                Capacity::of(&data_type, &column_type, precision, scale),
+            )
+        }),
+    )
 }
 
 #[cfg(test)]

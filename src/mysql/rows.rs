@@ -36,19 +36,20 @@ pub(crate) async fn done(
     Ok(done)
 }
 
-/// The first row `sql` returns (`None`: no row), its first four columns converted to
-/// `A`, `B`, `C`, `D`; a value of another type is an error, not a panic (mysql_async's
-/// tuple conversion panics).
-pub(crate) async fn first_row4<A, B, C, D>(
+/// The first row `sql` returns (`None`: no row), its first five columns converted to
+/// `A` to `E`; a value of another type is an error, not a panic (mysql_async's tuple
+/// conversion panics).
+pub(crate) async fn first_row5<A, B, C, D, E>(
     q: &mut impl Queryable,
     sql: &str,
     params: Vec<Value>,
-) -> Result<Option<(A, B, C, D)>, mysql_async::Error>
+) -> Result<Option<(A, B, C, D, E)>, mysql_async::Error>
 where
     A: FromValue,
     B: FromValue,
     C: FromValue,
     D: FromValue,
+    E: FromValue,
 {
     let row: Option<Row> = q.exec_first(sql, params).await?;
     let Some(mut row) = row else {
@@ -59,6 +60,7 @@ where
         take(&mut row, 1)?,
         take(&mut row, 2)?,
         take(&mut row, 3)?,
+        take(&mut row, 4)?,
     )))
 }
 

@@ -15,7 +15,7 @@
 //! `? + 0 * LAST_INSERT_ID(<nonce>)`, so that its answer proves it is its own (see
 //! `abandoned.rs`).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use mysql_async::Value;
 use mysql_async::prelude::Queryable;
@@ -24,7 +24,7 @@ use super::FenceError;
 use super::abandoned::{condemn_queryable, nonce, proven_error};
 use super::capacity::{self, Capacity};
 use super::ident::Ident;
-use super::rows::{describe, done, proven_pair};
+use super::rows::{describe, done, proven_first, proven_pair};
 use crate::FencingToken;
 
 /// A table whose rows carry the token of their last writer in a column.
@@ -47,8 +47,18 @@ pub struct TokenColumn {
     table: Ident,
     key: Ident,
     token: Ident,
-    /// What the token column holds, read once (shared by clones).
-    capacity: Arc<OnceLock<Capacity>>,
+    /// What the token column holds, and in which database it was read (shared by
+    /// clones): read again when a write finds itself in another one.
+    capacity: Arc<Mutex<Option<Arc<Known>>>>,
+}
+
+/// A token column's capacity, and the connection's current database when it was read
+/// (`DATABASE()`'s bytes: compared with what the same function answers later, whatever
+/// the server does with the names' case).
+#[derive(Debug)]
+struct Known {
+    database: Option<Vec<u8>>,
+    capacity: Capacity,
 }
 
 impl TokenColumn {
@@ -63,17 +73,36 @@ impl TokenColumn {
         })
     }
 
-    /// The largest token the token column holds exactly, read from `information_schema`
-    /// on first use (the connection's database, for a table named without one); `None`
-    /// if the column does not exist (the write then fails with the server's error).
-    async fn capacity(&self, conn: &mut impl Queryable) -> Result<Option<&Capacity>, FenceError> {
-        if self.capacity.get().is_none() {
-            let Some(found) = capacity::read(conn, &self.table, &self.token).await? else {
-                return Ok(None);
-            };
-            let _ = self.capacity.set(found);
+    /// The largest token the token column holds exactly, and the database it was read in:
+    /// read from `information_schema` on first use (the connection's database, for a
+    /// table named without one); `None` if the column does not exist (the write then
+    /// fails with the server's error).
+    async fn capacity(&self, conn: &mut impl Queryable) -> Result<Option<Arc<Known>>, FenceError> {
+        if let Some(known) = self.cached() {
+            return Ok(Some(known));
         }
-        Ok(self.capacity.get())
+        let Some((database, capacity)) = capacity::read(conn, &self.table, &self.token).await?
+        else {
+            return Ok(None);
+        };
+        let known = Arc::new(Known { database, capacity });
+        *self.capacity.lock().unwrap_or_else(PoisonError::into_inner) = Some(known.clone());
+        Ok(Some(known))
+    }
+
+    fn cached(&self) -> Option<Arc<Known>> {
+        self.capacity
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Drops `known` from the cache (unless another write replaced it already).
+    fn forget(&self, known: &Arc<Known>) {
+        let mut cached = self.capacity.lock().unwrap_or_else(PoisonError::into_inner);
+        if cached.as_ref().is_some_and(|c| Arc::ptr_eq(c, known)) {
+            *cached = None;
+        }
     }
 
     /// `UPDATE <table> SET <set>, <token> = ? WHERE <key> = ? AND (<token> IS NULL OR
@@ -88,7 +117,10 @@ impl TokenColumn {
     /// anything is sent ([`FenceError::TokenOutOfRange`]): outside strict SQL mode the
     /// server would store it cut to fit, and let every later token through. The column's
     /// type is read from `information_schema` at the first update through this value (or
-    /// a clone of it).
+    /// a clone of it), in the connection's database for a table named without one; the
+    /// statement then applies only in that database, and an update on a connection to
+    /// another (or after a `USE`) reads the column there before it writes (one more round
+    /// trip, and one more whenever the database changes).
     ///
     /// # Cancel safety
     ///
@@ -109,14 +141,58 @@ impl TokenColumn {
         token: FencingToken,
         params: Vec<Value>,
     ) -> Result<u64, FenceError> {
-        let (table, key_col, token_col) = (self.table.sql(), self.key.sql(), self.token.sql());
         let key: Value = key.into();
-        if let Some(capacity) = self.capacity(conn).await? {
-            if token.get() > capacity.max {
+        let mut read_again = false;
+        loop {
+            let known = self.capacity(conn).await?;
+            match self
+                .try_update(conn, set, &key, token, &params, known.as_ref())
+                .await?
+            {
+                Tried::Updated(rows) => return Ok(rows),
+                Tried::Refused => return self.refusal(conn, key, token).await,
+                // Another database than the capacity was read in: nothing was written
+                // (the statement's guard); read it again, once. (Read again, it is
+                // this connection's database, and `USE` cannot come in between: a
+                // second miss means answers that are not this statement's.)
+                Tried::ElsewhereThan(known) if !read_again => {
+                    self.forget(&known);
+                    read_again = true;
+                }
+                Tried::ElsewhereThan(_) => return Err(condemn_queryable(conn)),
+            }
+        }
+    }
+
+    /// One guarded `UPDATE`, after checking the token against `known`. For a table named
+    /// without its database, the statement applies only in the database `known` was read
+    /// in (`DATABASE()`, compared byte for byte): a `TokenColumn` used on connections to
+    /// several databases (or after a `USE`) never writes a token into a column whose
+    /// capacity was never checked. Outside strict SQL mode a narrower column there
+    /// would store it cut to fit, and let every later token through.
+    async fn try_update(
+        &self,
+        conn: &mut impl Queryable,
+        set: &str,
+        key: &Value,
+        token: FencingToken,
+        params: &[Value],
+        known: Option<&Arc<Known>>,
+    ) -> Result<Tried, FenceError> {
+        let (table, key_col, token_col) = (self.table.sql(), self.key.sql(), self.token.sql());
+        let database = known.filter(|_| self.table.parts().0.is_none());
+        if let Some(known) = known {
+            if token.get() > known.capacity.max {
+                // Refused only on the capacity of this connection's database.
+                if let Some(known) = database {
+                    if !Self::still_in(conn, known).await? {
+                        return Ok(Tried::ElsewhereThan(known.clone()));
+                    }
+                }
                 return Err(FenceError::TokenOutOfRange {
-                    resource: describe(&key),
+                    resource: describe(key),
                     token,
-                    column: format!("{table}.{token_col} ({})", capacity.column_type),
+                    column: format!("{table}.{token_col} ({})", known.capacity.column_type),
                 });
             }
         }
@@ -125,21 +201,63 @@ impl TokenColumn {
         // abandoned.rs and Fence's guarded UPDATE).
         let sql = format!(
             "UPDATE {table} SET {set}, {token_col} = ? + 0 * LAST_INSERT_ID(?) \
-             WHERE {key_col} = ? AND ({token_col} IS NULL OR {token_col} < ?)"
+             WHERE {key_col} = ? AND ({token_col} IS NULL OR {token_col} < ?){}",
+            if database.is_some() {
+                " AND CAST(DATABASE() AS BINARY) <=> CAST(? AS BINARY)"
+            } else {
+                ""
+            }
         );
         let value = Value::UInt(token.get());
         let proof = nonce();
-        let mut all = params;
+        let mut all = params.to_vec();
         all.extend([value.clone(), Value::UInt(proof), key.clone(), value]);
+        if let Some(known) = database {
+            all.push(known.database.clone().map_or(Value::NULL, Value::Bytes));
+        }
         let updated = match done(conn, &sql, all).await {
             Ok(updated) => updated,
             Err(err) => return Err(proven_error(conn, err).await),
         };
         match (updated.affected, updated.insert_id) {
-            (rows, id) if rows > 0 && id == proof => return Ok(rows),
+            (rows, id) if rows > 0 && id == proof => return Ok(Tried::Updated(rows)),
             (0, 0) => {}
             _ => return Err(condemn_queryable(conn)),
         }
+        // Nothing matched: refused, or guarded out in another database.
+        match database {
+            Some(known) if !Self::still_in(conn, known).await? => {
+                Ok(Tried::ElsewhereThan(known.clone()))
+            }
+            _ => Ok(Tried::Refused),
+        }
+    }
+
+    /// Whether the connection's database is still the one `known` was read in (one round
+    /// trip; only on the rare paths: a refusal, a token above the column's capacity).
+    async fn still_in(conn: &mut impl Queryable, known: &Known) -> Result<bool, FenceError> {
+        let proof = nonce();
+        let current: Option<Option<Vec<u8>>> = proven_first(
+            conn,
+            "SELECT CAST(DATABASE() AS BINARY), ?",
+            vec![Value::UInt(proof)],
+            proof,
+        )
+        .await?;
+        match current {
+            None => Err(condemn_queryable(conn)),
+            Some(current) => Ok(current == known.database),
+        }
+    }
+
+    /// Why a guarded `UPDATE` that matched nothing did: a stale token, or no such row.
+    async fn refusal(
+        &self,
+        conn: &mut impl Queryable,
+        key: Value,
+        token: FencingToken,
+    ) -> Result<u64, FenceError> {
+        let (table, key_col, token_col) = (self.table.sql(), self.key.sql(), self.token.sql());
         // A locking read: inside a REPEATABLE READ transaction a plain one could answer
         // from the transaction's older snapshot. An aggregate: one row (carrying the
         // nonce) whether the key exists or not.
@@ -163,4 +281,14 @@ impl TokenColumn {
             }),
         }
     }
+}
+
+/// What one guarded `UPDATE` did.
+enum Tried {
+    /// It wrote this many rows.
+    Updated(u64),
+    /// It matched nothing in the database the capacity was read in.
+    Refused,
+    /// It ran in another database than `Known`'s, and wrote nothing.
+    ElsewhereThan(Arc<Known>),
 }

@@ -18,5 +18,6 @@ mod single_statement;
 mod stale_holder;
 mod stale_token;
 mod tls;
+mod token_column_databases;
 mod transaction_ended;
 mod version_cas;

@@ -1,0 +1,110 @@
+//! One `TokenColumn` (a table named without its database) used on connections to two
+//! databases whose token columns differ: a `BIGINT UNSIGNED` in one, an `INT UNSIGNED` in
+//! the other.
+//! The column's capacity was read once, in the first database, and trusted everywhere
+//! after: in the second, outside strict SQL mode, a token of 6,000,000,000 was stored as
+//! 4,294,967,295 and the update reported success, and from then on every token above
+//! that passed the guard, stale or not. Now the statement applies only in the database
+//! the capacity was read in; in another it writes nothing, the column is read there, and
+//! a token it cannot hold is refused.
+
+use fencelock::FencingToken;
+use fencelock::mysql::{FenceError, TokenColumn};
+use mysql_async::Conn;
+use mysql_async::prelude::Queryable;
+
+use crate::support::Db;
+
+const NEWER: u64 = 6_000_000_000;
+const STALE: u64 = 5_500_000_000;
+
+async fn update(column: &TokenColumn, conn: &mut Conn, token: u64) -> Result<u64, FenceError> {
+    column
+        .update(
+            conn,
+            "available = available - 1",
+            "SKU-1",
+            FencingToken::new(token),
+            vec![],
+        )
+        .await
+}
+
+async fn row(conn: &mut Conn, database: &str) -> Option<(i32, Option<u64>)> {
+    conn.query_first(format!(
+        "SELECT available, last_token FROM `{database}`.inventory WHERE sku = 'SKU-1'"
+    ))
+    .await
+    .expect("read")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_column_read_in_one_database_is_read_again_in_another() {
+    let mut wide = Db::start().await;
+    wide.inventory().await;
+    let mut narrow = Db::start().await;
+    narrow
+        .conn
+        .query_drop(
+            "CREATE TABLE inventory (sku VARCHAR(64) PRIMARY KEY, available INT NOT NULL, \
+               last_token INT UNSIGNED NULL) ENGINE=InnoDB; \
+             INSERT INTO inventory (sku, available) VALUES ('SKU-1', 100)",
+        )
+        .await
+        .expect("a narrow inventory");
+    let inventory = TokenColumn::new("inventory", "sku", "last_token").expect("names");
+
+    // A connection to each (one pool per tenant, say), both outside strict SQL mode.
+    let mut wide_conn = wide.connect().await;
+    let mut narrow_conn = narrow.connect().await;
+    for conn in [&mut wide_conn, &mut narrow_conn] {
+        conn.query_drop("SET SESSION sql_mode = ''")
+            .await
+            .expect("non-strict");
+    }
+    assert_eq!(
+        update(&inventory, &mut wide_conn, 5).await.expect("wide"),
+        1
+    );
+
+    let newer = update(&inventory, &mut narrow_conn, NEWER).await;
+    let stale = update(&inventory, &mut narrow_conn, STALE).await;
+    let left = row(&mut narrow_conn, &narrow.name).await;
+    assert_eq!(left, Some((100, None)), "written in the narrow database");
+    let err = newer.expect_err("a token the narrow column cannot hold is refused");
+    assert!(
+        matches!(&err, FenceError::TokenOutOfRange { column, .. } if column.contains("int")),
+        "{err}"
+    );
+    assert!(stale.is_err(), "the stale token {STALE} was accepted");
+
+    // Small tokens still go through there, and the wide database still takes large
+    // ones (its column read again).
+    assert_eq!(
+        update(&inventory, &mut narrow_conn, 7)
+            .await
+            .expect("narrow"),
+        1
+    );
+    assert_eq!(
+        row(&mut narrow_conn, &narrow.name).await,
+        Some((99, Some(7)))
+    );
+    assert_eq!(
+        update(&inventory, &mut wide_conn, NEWER)
+            .await
+            .expect("wide"),
+        1
+    );
+    assert_eq!(
+        row(&mut wide_conn, &wide.name).await,
+        Some((98, Some(NEWER)))
+    );
+    let err = update(&inventory, &mut wide_conn, STALE)
+        .await
+        .expect_err("stale in the wide database");
+    assert!(
+        matches!(&err, FenceError::Stale { current, .. } if current.get() == NEWER),
+        "{err}"
+    );
+}
