@@ -15,6 +15,8 @@
 //! `? + 0 * LAST_INSERT_ID(<nonce>)`, so that its answer proves it is its own (see
 //! `abandoned.rs`).
 
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use mysql_async::Value;
@@ -47,9 +49,18 @@ pub struct TokenColumn {
     table: Ident,
     key: Ident,
     token: Ident,
-    /// What the token column holds, and in which database it was read (shared by
-    /// clones): read again when a write finds itself in another one.
-    capacity: Arc<Mutex<Option<Arc<Known>>>>,
+    /// What the token column holds, per database it was read in (shared by clones).
+    capacity: Arc<Mutex<Capacities>>,
+}
+
+/// The token column's capacities read so far.
+#[derive(Debug, Default)]
+struct Capacities {
+    /// By the database they were read in (`DATABASE()`'s bytes).
+    by_database: HashMap<Option<Vec<u8>>, Arc<Known>>,
+    /// The last one used: the first guess for the next update (a connection's database
+    /// is not known before a statement asks).
+    last: Option<Arc<Known>>,
 }
 
 /// A token column's capacity, and the connection's current database when it was read
@@ -74,34 +85,57 @@ impl TokenColumn {
     }
 
     /// The largest token the token column holds exactly, and the database it was read in:
-    /// read from `information_schema` on first use (the connection's database, for a
-    /// table named without one); `None` if the column does not exist (the write then
-    /// fails with the server's error).
-    async fn capacity(&self, conn: &mut impl Queryable) -> Result<Option<Arc<Known>>, FenceError> {
-        if let Some(known) = self.cached() {
-            return Ok(Some(known));
+    /// the capacity last used if there is one and `database` is `None` (a first guess),
+    /// else the one known for `database` (`Some`: the database a statement found the
+    /// connection in), else read from `information_schema` (the connection's database,
+    /// for a table named without one) and kept. `None` if the column does not exist (the
+    /// write then fails with the server's error).
+    async fn capacity(
+        &self,
+        conn: &mut impl Queryable,
+        database: Option<&Option<Vec<u8>>>,
+    ) -> Result<Option<Arc<Known>>, FenceError> {
+        {
+            let mut cache = self.capacity.lock().unwrap_or_else(PoisonError::into_inner);
+            let found = match database {
+                None => cache.last.clone(),
+                Some(database) => cache.by_database.get(database).cloned(),
+            };
+            if let Some(known) = found {
+                cache.last = Some(known.clone());
+                return Ok(Some(known));
+            }
         }
         let Some((database, capacity)) = capacity::read(conn, &self.table, &self.token).await?
         else {
             return Ok(None);
         };
         let known = Arc::new(Known { database, capacity });
-        *self.capacity.lock().unwrap_or_else(PoisonError::into_inner) = Some(known.clone());
+        let mut cache = self.capacity.lock().unwrap_or_else(PoisonError::into_inner);
+        cache
+            .by_database
+            .insert(known.database.clone(), known.clone());
+        cache.last = Some(known.clone());
         Ok(Some(known))
     }
 
-    fn cached(&self) -> Option<Arc<Known>> {
-        self.capacity
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Drops `known` from the cache (unless another write replaced it already).
-    fn forget(&self, known: &Arc<Known>) {
-        let mut cached = self.capacity.lock().unwrap_or_else(PoisonError::into_inner);
-        if cached.as_ref().is_some_and(|c| Arc::ptr_eq(c, known)) {
-            *cached = None;
+    /// The table as the statements name it: with the database its capacity was read in,
+    /// when named without one, so that the table written is always the one whose column
+    /// was checked, whatever database the server resolves an unqualified name in (a
+    /// statement mysql_async prepared before a `USE` keeps the database it was prepared
+    /// in).
+    fn table_in<'a>(&'a self, known: Option<&Known>) -> Cow<'a, str> {
+        let database = known
+            .filter(|_| self.table.parts().0.is_none())
+            .and_then(|known| known.database.as_deref())
+            .and_then(|database| std::str::from_utf8(database).ok());
+        match database {
+            Some(database) => Cow::Owned(format!(
+                "`{}`.{}",
+                database.replace('`', "``"),
+                self.table.sql()
+            )),
+            None => Cow::Borrowed(self.table.sql()),
         }
     }
 
@@ -142,24 +176,24 @@ impl TokenColumn {
         params: Vec<Value>,
     ) -> Result<u64, FenceError> {
         let key: Value = key.into();
-        let mut read_again = false;
+        let mut found_in = None;
         loop {
-            let known = self.capacity(conn).await?;
+            let known = self.capacity(conn, found_in.as_ref()).await?;
             match self
-                .try_update(conn, set, &key, token, &params, known.as_ref())
+                .try_update(conn, set, &key, token, &params, known.as_deref())
                 .await?
             {
                 Tried::Updated(rows) => return Ok(rows),
-                Tried::Refused => return self.refusal(conn, key, token).await,
-                // Another database than the capacity was read in: nothing was written
-                // (the statement's guard); read it again, once. (Read again, it is
-                // this connection's database, and `USE` cannot come in between: a
-                // second miss means answers that are not this statement's.)
-                Tried::ElsewhereThan(known) if !read_again => {
-                    self.forget(&known);
-                    read_again = true;
+                Tried::Refused => return self.refusal(conn, key, token, known.as_deref()).await,
+                // The connection is in another database than the capacity was read in:
+                // nothing was written (the statement's guard). Once more, with that
+                // database's capacity.
+                Tried::ElsewhereIn(database) if found_in.is_none() => {
+                    found_in = Some(database);
                 }
-                Tried::ElsewhereThan(_) => return Err(condemn_queryable(conn)),
+                // Its statements disagree on its database (some were prepared before a
+                // `USE`, some after): drop it.
+                Tried::ElsewhereIn(_) => return Err(condemn_queryable(conn)),
             }
         }
     }
@@ -177,16 +211,16 @@ impl TokenColumn {
         key: &Value,
         token: FencingToken,
         params: &[Value],
-        known: Option<&Arc<Known>>,
+        known: Option<&Known>,
     ) -> Result<Tried, FenceError> {
-        let (table, key_col, token_col) = (self.table.sql(), self.key.sql(), self.token.sql());
+        let (table, key_col, token_col) = (self.table_in(known), self.key.sql(), self.token.sql());
         let database = known.filter(|_| self.table.parts().0.is_none());
         if let Some(known) = known {
             if token.get() > known.capacity.max {
                 // Refused only on the capacity of this connection's database.
                 if let Some(known) = database {
-                    if !Self::still_in(conn, known).await? {
-                        return Ok(Tried::ElsewhereThan(known.clone()));
+                    if let Some(elsewhere) = Self::elsewhere(conn, known).await? {
+                        return Ok(Tried::ElsewhereIn(elsewhere));
                     }
                 }
                 return Err(FenceError::TokenOutOfRange {
@@ -226,27 +260,36 @@ impl TokenColumn {
         }
         // Nothing matched: refused, or guarded out in another database.
         match database {
-            Some(known) if !Self::still_in(conn, known).await? => {
-                Ok(Tried::ElsewhereThan(known.clone()))
-            }
-            _ => Ok(Tried::Refused),
+            Some(known) => Ok(match Self::elsewhere(conn, known).await? {
+                Some(elsewhere) => Tried::ElsewhereIn(elsewhere),
+                None => Tried::Refused,
+            }),
+            None => Ok(Tried::Refused),
         }
     }
 
-    /// Whether the connection's database is still the one `known` was read in (one round
+    /// The connection's database, if it is not the one `known` was read in (one round
     /// trip; only on the rare paths: a refusal, a token above the column's capacity).
-    async fn still_in(conn: &mut impl Queryable, known: &Known) -> Result<bool, FenceError> {
+    async fn elsewhere(
+        conn: &mut impl Queryable,
+        known: &Known,
+    ) -> Result<Option<Option<Vec<u8>>>, FenceError> {
         let proof = nonce();
-        let current: Option<Option<Vec<u8>>> = proven_first(
+        let current: Option<Option<Vec<u8>>> = match proven_first(
             conn,
             "SELECT CAST(DATABASE() AS BINARY), ?",
             vec![Value::UInt(proof)],
             proof,
         )
-        .await?;
+        .await
+        {
+            Ok(current) => current,
+            Err(err) => return Err(proven_error(conn, err).await),
+        };
         match current {
             None => Err(condemn_queryable(conn)),
-            Some(current) => Ok(current == known.database),
+            Some(current) if current == known.database => Ok(None),
+            Some(current) => Ok(Some(current)),
         }
     }
 
@@ -256,8 +299,9 @@ impl TokenColumn {
         conn: &mut impl Queryable,
         key: Value,
         token: FencingToken,
+        known: Option<&Known>,
     ) -> Result<u64, FenceError> {
-        let (table, key_col, token_col) = (self.table.sql(), self.key.sql(), self.token.sql());
+        let (table, key_col, token_col) = (self.table_in(known), self.key.sql(), self.token.sql());
         // A locking read: inside a REPEATABLE READ transaction a plain one could answer
         // from the transaction's older snapshot. An aggregate: one row (carrying the
         // nonce) whether the key exists or not.
@@ -289,6 +333,7 @@ enum Tried {
     Updated(u64),
     /// It matched nothing in the database the capacity was read in.
     Refused,
-    /// It ran in another database than `Known`'s, and wrote nothing.
-    ElsewhereThan(Arc<Known>),
+    /// The connection is in this other database than the capacity was read in; nothing
+    /// was written.
+    ElsewhereIn(Option<Vec<u8>>),
 }

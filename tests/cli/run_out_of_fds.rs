@@ -43,16 +43,20 @@ fn set_open_files(pid: u32, limit: Option<libc::rlimit>) -> Option<libc::rlimit>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tree_that_cannot_be_listed_keeps_the_lock_until_it_can() {
     let etcd = EtcdCluster::single().await.expect("etcd");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let terminated = dir.path().join("terminated");
     let mut command = fencelock_run(&etcd.endpoints(), "cli-out-of-fds");
     command
         .args(["--lock", "job", "--ttl", "3s", "--grace", "300ms", "--"])
-        // A process in a session of its own (no group signal reaches it), then the shell
-        // waits for its input to end.
+        // A process in a session of its own (no group signal reaches it) that notes a
+        // SIGTERM, then the shell waits for its input to end.
         .args([
             "sh",
             "-c",
-            "setsid sh -c 'echo $$; exec sleep 300 >/dev/null 2>&1' & read line || :",
-        ]);
+            "setsid sh -c 'echo $$; trap \"echo > $0; exit 0\" TERM; \
+             sleep 300 >/dev/null 2>&1 & wait' \"$0\" & read line || :",
+        ])
+        .arg(&terminated);
     let (mut fencelock, pid, mut lines) = spawn_piped(&mut command);
     let leftover: i32 = next_line(&mut lines).await.parse().expect("pid");
     let mut stderr = BufReader::new(fencelock.stderr.take().expect("stderr")).lines();
@@ -85,6 +89,12 @@ async fn a_tree_that_cannot_be_listed_keeps_the_lock_until_it_can() {
     .expect("fencelock warns or exits within 10 s");
     let held_while_running = fencelock.try_wait().expect("try_wait").is_none();
     let leftover_ran = is_running(leftover);
+    // Held indeed: another client is refused (75: not granted within --wait).
+    let other = fencelock_run(&etcd.endpoints(), "cli-out-of-fds")
+        .args(["--lock", "job", "--wait", "200ms", "--", "true"])
+        .status()
+        .await
+        .expect("another fencelock");
     set_open_files(pid, Some(limit));
     if let Err(stderr) = warning {
         kill_all(&[leftover]);
@@ -101,6 +111,7 @@ async fn a_tree_that_cannot_be_listed_keeps_the_lock_until_it_can() {
         held_while_running,
         "fencelock ended while the tree was unknown"
     );
+    assert_eq!(other.code(), Some(75), "another client took the lock");
 
     // Listable again: the leftover is found, ended after the grace, and only then is the
     // lock released.
@@ -112,4 +123,8 @@ async fn a_tree_that_cannot_be_listed_keeps_the_lock_until_it_can() {
     kill_all(&[leftover]);
     assert!(!outlived, "the leftover outlived the lock");
     assert_eq!(status.code(), Some(0), "the command's own status");
+    assert!(
+        terminated.exists(),
+        "the leftover found once the lists could be read got SIGKILL without a SIGTERM"
+    );
 }

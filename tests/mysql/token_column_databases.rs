@@ -30,6 +30,28 @@ async fn update(column: &TokenColumn, conn: &mut Conn, token: u64) -> Result<u64
         .await
 }
 
+/// A connection to `db` outside strict SQL mode (where a number too large for its column
+/// is cut to fit, with a warning only).
+async fn non_strict(db: &Db) -> Conn {
+    let mut conn = db.connect().await;
+    conn.query_drop("SET SESSION sql_mode = ''")
+        .await
+        .expect("non-strict");
+    conn
+}
+
+/// `inventory` with an `INT UNSIGNED` token column, and its row `SKU-1`.
+async fn narrow_inventory(db: &mut Db) {
+    db.conn
+        .query_drop(
+            "CREATE TABLE inventory (sku VARCHAR(64) PRIMARY KEY, available INT NOT NULL, \
+               last_token INT UNSIGNED NULL) ENGINE=InnoDB; \
+             INSERT INTO inventory (sku, available) VALUES ('SKU-1', 100)",
+        )
+        .await
+        .expect("a narrow inventory");
+}
+
 async fn row(conn: &mut Conn, database: &str) -> Option<(i32, Option<u64>)> {
     conn.query_first(format!(
         "SELECT available, last_token FROM `{database}`.inventory WHERE sku = 'SKU-1'"
@@ -43,25 +65,12 @@ async fn a_token_column_read_in_one_database_is_read_again_in_another() {
     let mut wide = Db::start().await;
     wide.inventory().await;
     let mut narrow = Db::start().await;
-    narrow
-        .conn
-        .query_drop(
-            "CREATE TABLE inventory (sku VARCHAR(64) PRIMARY KEY, available INT NOT NULL, \
-               last_token INT UNSIGNED NULL) ENGINE=InnoDB; \
-             INSERT INTO inventory (sku, available) VALUES ('SKU-1', 100)",
-        )
-        .await
-        .expect("a narrow inventory");
+    narrow_inventory(&mut narrow).await;
     let inventory = TokenColumn::new("inventory", "sku", "last_token").expect("names");
 
     // A connection to each (one pool per tenant, say), both outside strict SQL mode.
-    let mut wide_conn = wide.connect().await;
-    let mut narrow_conn = narrow.connect().await;
-    for conn in [&mut wide_conn, &mut narrow_conn] {
-        conn.query_drop("SET SESSION sql_mode = ''")
-            .await
-            .expect("non-strict");
-    }
+    let mut wide_conn = non_strict(&wide).await;
+    let mut narrow_conn = non_strict(&narrow).await;
     assert_eq!(
         update(&inventory, &mut wide_conn, 5).await.expect("wide"),
         1
@@ -106,5 +115,69 @@ async fn a_token_column_read_in_one_database_is_read_again_in_another() {
     assert!(
         matches!(&err, FenceError::Stale { current, .. } if current.get() == NEWER),
         "{err}"
+    );
+}
+
+/// Clones of one `TokenColumn` alternating between the two databases: each update uses
+/// the capacity of its own connection's database (kept per database), and none is taken
+/// for a connection whose answers lag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clones_alternating_between_databases_each_use_their_own_column() {
+    let (mut wide, mut narrow) = (Db::start().await, Db::start().await);
+    wide.inventory().await;
+    narrow_inventory(&mut narrow).await;
+    let inventory = TokenColumn::new("inventory", "sku", "last_token").expect("names");
+    let mut wide_conn = non_strict(&wide).await;
+    let mut narrow_conn = non_strict(&narrow).await;
+    for round in 0..3u64 {
+        let (a, b) = (inventory.clone(), inventory.clone());
+        let token = NEWER + round;
+        assert_eq!(update(&a, &mut wide_conn, token).await.expect("wide"), 1);
+        let err = update(&b, &mut narrow_conn, token)
+            .await
+            .expect_err("too large for the narrow column");
+        assert!(matches!(err, FenceError::TokenOutOfRange { .. }), "{err}");
+        assert_eq!(
+            update(&b, &mut narrow_conn, round + 1)
+                .await
+                .expect("narrow"),
+            1
+        );
+    }
+    assert_eq!(
+        row(&mut narrow_conn, &narrow.name).await,
+        Some((97, Some(3)))
+    );
+    assert_eq!(
+        row(&mut wide_conn, &wide.name).await,
+        Some((97, Some(NEWER + 2)))
+    );
+}
+
+/// A `USE` on a connection whose statements mysql_async prepared before it (they keep the
+/// database they were prepared in): whatever the update answers, no token lands in a
+/// column whose capacity was not checked: the narrow row is not cut to 4,294,967,295.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_use_after_the_statements_were_prepared_writes_no_unchecked_column() {
+    let (mut wide, mut narrow) = (Db::start().await, Db::start().await);
+    wide.inventory().await;
+    narrow_inventory(&mut narrow).await;
+    let inventory = TokenColumn::new("inventory", "sku", "last_token").expect("names");
+    let mut conn = non_strict(&narrow).await;
+    assert_eq!(update(&inventory, &mut conn, 7).await.expect("narrow"), 1);
+    conn.query_drop(format!("USE `{}`", wide.name))
+        .await
+        .expect("USE");
+    let answer = update(&inventory, &mut conn, NEWER).await;
+    let mut check = narrow.connect().await;
+    assert_eq!(
+        row(&mut check, &narrow.name).await,
+        Some((99, Some(7))),
+        "the narrow row after {answer:?}"
+    );
+    let wide_row = row(&mut check, &wide.name).await;
+    assert!(
+        matches!(wide_row, Some((100, None)) | Some((99, Some(NEWER)))),
+        "the wide row after {answer:?}: {wide_row:?}"
     );
 }

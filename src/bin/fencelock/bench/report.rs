@@ -359,8 +359,10 @@ impl Outcome {
                     format!("redis lock / bare SET NX PX+CAD cycles/s, c={c}"),
                     r,
                 ));
-                // The script's extra work weighs most when the server is saturated.
-                let goal = if c >= 64 { 0.8 } else { 0.9 };
+                // Issue 38's targets: 0.95x where the round trip dominates, 0.8x at 64
+                // tasks, where the server saturates and the lock's extra work (the
+                // token's INCR, the holder record, the waiters' check) weighs most.
+                let goal = if c >= 64 { 0.8 } else { 0.95 };
                 bars.push(Bar {
                     bar: format!("redis lock cycles/s >= {goal}x bare SET NX PX + CAD (c={c})"),
                     measured: format!(

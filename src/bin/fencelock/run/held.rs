@@ -177,6 +177,9 @@ impl<G: LockGuard> Held<'_, G> {
             );
         }
         let left = job.running_members();
+        // Whether the leftovers found got their SIGTERM (processes first found later,
+        // after lists that could not be read, get theirs then, and the grace with it).
+        let mut terminated_found = !left.processes.is_empty();
         if !left.is_empty() && !enforcer.killed {
             job.signal_all(libc::SIGTERM);
             diag!(
@@ -191,7 +194,21 @@ impl<G: LockGuard> Held<'_, G> {
             );
             enforcer.leftovers_until = Some(tokio::time::Instant::now() + self.grace);
         }
-        while !job.running_members().is_empty() {
+        loop {
+            let members = job.running_members();
+            if members.is_empty() {
+                break;
+            }
+            if !terminated_found && !members.processes.is_empty() && !enforcer.killed {
+                terminated_found = true;
+                job.signal_all(libc::SIGTERM);
+                diag!(
+                    "found {} process(es) the command left running; terminating them before \
+                     the lock is released",
+                    members.processes.len()
+                );
+                enforcer.leftovers_until = Some(tokio::time::Instant::now() + self.grace);
+            }
             let next = enforcer.enforce(job).min(GROUP_POLL);
             tokio::select! {
                 biased;

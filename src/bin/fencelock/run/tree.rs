@@ -104,7 +104,20 @@ impl Descendants {
 pub fn descendants(skip: &[libc::pid_t]) -> Descendants {
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() };
-    walk(me, skip, children, look)
+    walk(me, skip, |pid| listed(pid, me), look)
+}
+
+/// [`children`] of `pid`, where the root, this process, is never gone: its entry not
+/// found means a `/proc` of another pid namespace, whose lists say nothing of ours.
+fn listed(pid: libc::pid_t, me: libc::pid_t) -> io::Result<Vec<libc::pid_t>> {
+    match children_unless_gone(pid)? {
+        Some(listed) => Ok(listed),
+        None if pid == me => Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            "this process's own /proc entry is missing (a /proc of another pid namespace?)",
+        )),
+        None => Ok(Vec::new()),
+    }
 }
 
 /// What a look at one listed pid finds.
@@ -356,9 +369,14 @@ impl Drop for PidFd {
 /// gone meanwhile lists none; any other failure (`EMFILE`, `ENOMEM`) is an error: its
 /// children are unknown, not absent.
 fn children(pid: libc::pid_t) -> io::Result<Vec<libc::pid_t>> {
+    Ok(children_unless_gone(pid)?.unwrap_or_default())
+}
+
+/// [`children`], `None` if the process is gone.
+fn children_unless_gone(pid: libc::pid_t) -> io::Result<Option<Vec<libc::pid_t>>> {
     let tasks = match std::fs::read_dir(format!("/proc/{pid}/task")) {
         Ok(tasks) => tasks,
-        Err(err) if gone(&err) => return Ok(Vec::new()),
+        Err(err) if gone(&err) => return Ok(None),
         Err(err) => return Err(err),
     };
     let mut all = Vec::new();
@@ -378,7 +396,7 @@ fn children(pid: libc::pid_t) -> io::Result<Vec<libc::pid_t>> {
             Err(err) => return Err(err),
         }
     }
-    Ok(all)
+    Ok(Some(all))
 }
 
 /// Whether a failed read of a `/proc` entry says the process (or thread) is gone: no such
@@ -661,7 +679,11 @@ mod tests {
         assert_eq!(unlisted.pid, root + 1);
         assert_eq!(unlisted.error.raw_os_error(), Some(libc::EMFILE));
 
-        // A process gone meanwhile lists no children, and that is no error.
+        // A process gone meanwhile lists no children, and that is no error; but the root
+        // (this process) is never gone: its entry missing is a /proc of another pid
+        // namespace.
         assert!(children(libc::pid_t::MAX).is_ok_and(|listed| listed.is_empty()));
+        assert!(listed(libc::pid_t::MAX, 1).is_ok_and(|listed| listed.is_empty()));
+        assert!(listed(libc::pid_t::MAX, libc::pid_t::MAX).is_err());
     }
 }
