@@ -170,12 +170,10 @@ impl Fence {
             // A signed BIGINT holds every token below 2^63, more than any backend hands
             // out; a token beyond it is refused by the write itself (the server's range
             // error in strict mode, the warning check outside it).
-            Some((_, found)) if found.max < SIGNED_BIGINT_MAX => {
-                Err(FenceError::NarrowTokenColumn {
-                    column: format!("{}.{}", self.table.sql(), column.sql()),
-                    column_type: found.column_type,
-                })
-            }
+            Some(found) if found.max < SIGNED_BIGINT_MAX => Err(FenceError::NarrowTokenColumn {
+                column: format!("{}.{}", self.table.sql(), column.sql()),
+                column_type: found.column_type,
+            }),
             _ => Ok(()),
         }
     }

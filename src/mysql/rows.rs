@@ -36,13 +36,15 @@ pub(crate) async fn done(
     Ok(done)
 }
 
-/// The first row `sql` returns (`None`: no row), its first five columns converted to
-/// `A` to `E`; a value of another type is an error, not a panic (mysql_async's tuple
-/// conversion panics).
-pub(crate) async fn first_row5<A, B, C, D, E>(
+/// The first row `sql` returns, if its last column (the sixth) is `nonce` (the
+/// statement's own answer: see `abandoned.rs`): its first five columns converted to `A`
+/// to `E`. `None`: no row, or another statement's. A value of another type is an error,
+/// not a panic (mysql_async's tuple conversion panics).
+pub(crate) async fn proven_row5<A, B, C, D, E>(
     q: &mut impl Queryable,
     sql: &str,
     params: Vec<Value>,
+    nonce: u64,
 ) -> Result<Option<(A, B, C, D, E)>, mysql_async::Error>
 where
     A: FromValue,
@@ -55,6 +57,13 @@ where
     let Some(mut row) = row else {
         return Ok(None);
     };
+    let carried = row
+        .as_ref(5)
+        .cloned()
+        .and_then(|v| mysql_async::from_value_opt::<u64>(v).ok());
+    if row.len() != 6 || carried != Some(nonce) {
+        return Ok(None);
+    }
     Ok(Some((
         take(&mut row, 0)?,
         take(&mut row, 1)?,

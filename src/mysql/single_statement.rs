@@ -15,8 +15,6 @@
 //! `? + 0 * LAST_INSERT_ID(<nonce>)`, so that its answer proves it is its own (see
 //! `abandoned.rs`).
 
-use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use mysql_async::Value;
@@ -24,9 +22,9 @@ use mysql_async::prelude::Queryable;
 
 use super::FenceError;
 use super::abandoned::{condemn_queryable, nonce, proven_error};
-use super::capacity::{self, Capacity};
+use super::capacity::{self, Capacity, PLACE, database_param};
 use super::ident::Ident;
-use super::rows::{describe, done, proven_first, proven_pair};
+use super::rows::{describe, done, proven_pair};
 use crate::FencingToken;
 
 /// A table whose rows carry the token of their last writer in a column.
@@ -49,27 +47,17 @@ pub struct TokenColumn {
     table: Ident,
     key: Ident,
     token: Ident,
-    /// What the token column holds, per database it was read in (shared by clones).
-    capacity: Arc<Mutex<Capacities>>,
+    /// What the token column held when last read, and where (shared by clones): a guess,
+    /// checked by every statement that writes (`capacity::PLACE`).
+    capacity: Arc<Mutex<Option<Arc<Known>>>>,
 }
 
-/// The token column's capacities read so far.
-#[derive(Debug, Default)]
-struct Capacities {
-    /// By the database they were read in (`DATABASE()`'s bytes).
-    by_database: HashMap<Option<Vec<u8>>, Arc<Known>>,
-    /// The last one used: the first guess for the next update (a connection's database
-    /// is not known before a statement asks).
-    last: Option<Arc<Known>>,
-}
-
-/// A token column's capacity, and the connection's current database when it was read
-/// (`DATABASE()`'s bytes: compared with what the same function answers later, whatever
-/// the server does with the names' case).
-#[derive(Debug)]
+/// The token column's capacity (`None`: no such column), and the place it was read at
+/// (`capacity::PLACE`: server and database).
+#[derive(Debug, PartialEq, Eq)]
 struct Known {
-    database: Option<Vec<u8>>,
-    capacity: Capacity,
+    place: Vec<u8>,
+    capacity: Option<Capacity>,
 }
 
 impl TokenColumn {
@@ -84,59 +72,21 @@ impl TokenColumn {
         })
     }
 
-    /// The largest token the token column holds exactly, and the database it was read in:
-    /// the capacity last used if there is one and `database` is `None` (a first guess),
-    /// else the one known for `database` (`Some`: the database a statement found the
-    /// connection in), else read from `information_schema` (the connection's database,
-    /// for a table named without one) and kept. `None` if the column does not exist (the
-    /// write then fails with the server's error).
-    async fn capacity(
-        &self,
-        conn: &mut impl Queryable,
-        database: Option<&Option<Vec<u8>>>,
-    ) -> Result<Option<Arc<Known>>, FenceError> {
-        {
-            let mut cache = self.capacity.lock().unwrap_or_else(PoisonError::into_inner);
-            let found = match database {
-                None => cache.last.clone(),
-                Some(database) => cache.by_database.get(database).cloned(),
-            };
-            if let Some(known) = found {
-                cache.last = Some(known.clone());
-                return Ok(Some(known));
-            }
-        }
-        let Some((database, capacity)) = capacity::read(conn, &self.table, &self.token).await?
-        else {
-            return Ok(None);
-        };
-        let known = Arc::new(Known { database, capacity });
-        let mut cache = self.capacity.lock().unwrap_or_else(PoisonError::into_inner);
-        cache
-            .by_database
-            .insert(known.database.clone(), known.clone());
-        cache.last = Some(known.clone());
-        Ok(Some(known))
+    /// The token column's capacity as last read, if any.
+    fn cached(&self) -> Option<Arc<Known>> {
+        self.capacity
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
-    /// The table as the statements name it: with the database its capacity was read in,
-    /// when named without one, so that the table written is always the one whose column
-    /// was checked, whatever database the server resolves an unqualified name in (a
-    /// statement mysql_async prepared before a `USE` keeps the database it was prepared
-    /// in).
-    fn table_in<'a>(&'a self, known: Option<&Known>) -> Cow<'a, str> {
-        let database = known
-            .filter(|_| self.table.parts().0.is_none())
-            .and_then(|known| known.database.as_deref())
-            .and_then(|database| std::str::from_utf8(database).ok());
-        match database {
-            Some(database) => Cow::Owned(format!(
-                "`{}`.{}",
-                database.replace('`', "``"),
-                self.table.sql()
-            )),
-            None => Cow::Borrowed(self.table.sql()),
-        }
+    /// Reads the token column's capacity from `information_schema` (the connection's
+    /// database, for a table named without one), and where, and keeps it.
+    async fn read_capacity(&self, conn: &mut impl Queryable) -> Result<Arc<Known>, FenceError> {
+        let (place, capacity) = capacity::read_at(conn, &self.table, &self.token).await?;
+        let read = Arc::new(Known { place, capacity });
+        *self.capacity.lock().unwrap_or_else(PoisonError::into_inner) = Some(read.clone());
+        Ok(read)
     }
 
     /// `UPDATE <table> SET <set>, <token> = ? WHERE <key> = ? AND (<token> IS NULL OR
@@ -151,10 +101,12 @@ impl TokenColumn {
     /// anything is sent ([`FenceError::TokenOutOfRange`]): outside strict SQL mode the
     /// server would store it cut to fit, and let every later token through. The column's
     /// type is read from `information_schema` at the first update through this value (or
-    /// a clone of it), in the connection's database for a table named without one; the
-    /// statement then applies only in that database, and an update on a connection to
-    /// another (or after a `USE`) reads the column there before it writes (one more round
-    /// trip, and one more whenever the database changes).
+    /// a clone of it) and kept with where it was read (server and database), and every
+    /// statement that writes applies only where it was read: one `TokenColumn` used on
+    /// connections to several databases or servers (a table named without its database)
+    /// writes nothing into a column it did not check. Such an update reads the column
+    /// again (one round trip) and tries once more. An `ALTER` of the column while a
+    /// `TokenColumn` is in use is not seen: make a new one after it.
     ///
     /// # Cancel safety
     ///
@@ -176,34 +128,49 @@ impl TokenColumn {
         params: Vec<Value>,
     ) -> Result<u64, FenceError> {
         let key: Value = key.into();
-        let mut found_in = None;
+        // Whether `known` was read for this update (else it is a guess, from before).
+        let (mut known, mut fresh) = match self.cached() {
+            Some(known) => (known, false),
+            None => (self.read_capacity(conn).await?, true),
+        };
         loop {
-            let known = self.capacity(conn, found_in.as_ref()).await?;
-            match self
-                .try_update(conn, set, &key, token, &params, known.as_deref())
-                .await?
-            {
+            let tried = self
+                .try_update(conn, set, &key, token, &params, &known)
+                .await?;
+            match tried {
                 Tried::Updated(rows) => return Ok(rows),
-                Tried::Refused => return self.refusal(conn, key, token, known.as_deref()).await,
-                // The connection is in another database than the capacity was read in:
-                // nothing was written (the statement's guard). Once more, with that
-                // database's capacity.
-                Tried::ElsewhereIn(database) if found_in.is_none() => {
-                    found_in = Some(database);
+                // The guess may be another place's (server, database): the column is read
+                // again, and the update tried once more if that changed anything.
+                Tried::OutOfRange | Tried::NoMatch if !fresh => {
+                    let read = self.read_capacity(conn).await?;
+                    fresh = true;
+                    if read != known {
+                        known = read;
+                        continue;
+                    }
                 }
-                // Its statements disagree on its database (some were prepared before a
-                // `USE`, some after): drop it.
-                Tried::ElsewhereIn(_) => return Err(condemn_queryable(conn)),
+                Tried::OutOfRange | Tried::NoMatch => {}
             }
+            return match (tried, &known.capacity) {
+                (Tried::OutOfRange, Some(capacity)) => Err(FenceError::TokenOutOfRange {
+                    resource: describe(&key),
+                    token,
+                    column: format!(
+                        "{}.{} ({})",
+                        self.table.sql(),
+                        self.token.sql(),
+                        capacity.column_type
+                    ),
+                }),
+                _ => self.refusal(conn, key, token).await,
+            };
         }
     }
 
-    /// One guarded `UPDATE`, after checking the token against `known`. For a table named
-    /// without its database, the statement applies only in the database `known` was read
-    /// in (`DATABASE()`, compared byte for byte): a `TokenColumn` used on connections to
-    /// several databases (or after a `USE`) never writes a token into a column whose
-    /// capacity was never checked. Outside strict SQL mode a narrower column there
-    /// would store it cut to fit, and let every later token through.
+    /// One guarded `UPDATE`, after checking the token against `known` (the capacity of
+    /// the token column as last read). The statement applies only at the place `known`
+    /// was read at (`capacity::PLACE`, evaluated by the statement itself): never into a
+    /// column whose capacity was not checked (with none there, the server's own error).
     async fn try_update(
         &self,
         conn: &mut impl Queryable,
@@ -211,85 +178,40 @@ impl TokenColumn {
         key: &Value,
         token: FencingToken,
         params: &[Value],
-        known: Option<&Known>,
+        known: &Known,
     ) -> Result<Tried, FenceError> {
-        let (table, key_col, token_col) = (self.table_in(known), self.key.sql(), self.token.sql());
-        let database = known.filter(|_| self.table.parts().0.is_none());
-        if let Some(known) = known {
-            if token.get() > known.capacity.max {
-                // Refused only on the capacity of this connection's database.
-                if let Some(known) = database {
-                    if let Some(elsewhere) = Self::elsewhere(conn, known).await? {
-                        return Ok(Tried::ElsewhereIn(elsewhere));
-                    }
-                }
-                return Err(FenceError::TokenOutOfRange {
-                    resource: describe(key),
-                    token,
-                    column: format!("{table}.{token_col} ({})", known.capacity.column_type),
-                });
-            }
+        if known
+            .capacity
+            .as_ref()
+            .is_some_and(|capacity| token.get() > capacity.max)
+        {
+            return Ok(Tried::OutOfRange);
         }
+        let (table, key_col, token_col) = (self.table.sql(), self.key.sql(), self.token.sql());
         // `+ 0 * LAST_INSERT_ID(<nonce>)`: the answer proves it is this statement's (the
         // server reports the value in the OK packet of an UPDATE that matched a row; see
         // abandoned.rs and Fence's guarded UPDATE).
         let sql = format!(
             "UPDATE {table} SET {set}, {token_col} = ? + 0 * LAST_INSERT_ID(?) \
-             WHERE {key_col} = ? AND ({token_col} IS NULL OR {token_col} < ?){}",
-            if database.is_some() {
-                " AND CAST(DATABASE() AS BINARY) <=> CAST(? AS BINARY)"
-            } else {
-                ""
-            }
+             WHERE {key_col} = ? AND ({token_col} IS NULL OR {token_col} < ?) \
+             AND {PLACE} <=> CAST(? AS BINARY)"
         );
         let value = Value::UInt(token.get());
         let proof = nonce();
         let mut all = params.to_vec();
         all.extend([value.clone(), Value::UInt(proof), key.clone(), value]);
-        if let Some(known) = database {
-            all.push(known.database.clone().map_or(Value::NULL, Value::Bytes));
-        }
+        all.extend([
+            database_param(&self.table),
+            Value::Bytes(known.place.clone()),
+        ]);
         let updated = match done(conn, &sql, all).await {
             Ok(updated) => updated,
             Err(err) => return Err(proven_error(conn, err).await),
         };
         match (updated.affected, updated.insert_id) {
-            (rows, id) if rows > 0 && id == proof => return Ok(Tried::Updated(rows)),
-            (0, 0) => {}
-            _ => return Err(condemn_queryable(conn)),
-        }
-        // Nothing matched: refused, or guarded out in another database.
-        match database {
-            Some(known) => Ok(match Self::elsewhere(conn, known).await? {
-                Some(elsewhere) => Tried::ElsewhereIn(elsewhere),
-                None => Tried::Refused,
-            }),
-            None => Ok(Tried::Refused),
-        }
-    }
-
-    /// The connection's database, if it is not the one `known` was read in (one round
-    /// trip; only on the rare paths: a refusal, a token above the column's capacity).
-    async fn elsewhere(
-        conn: &mut impl Queryable,
-        known: &Known,
-    ) -> Result<Option<Option<Vec<u8>>>, FenceError> {
-        let proof = nonce();
-        let current: Option<Option<Vec<u8>>> = match proven_first(
-            conn,
-            "SELECT CAST(DATABASE() AS BINARY), ?",
-            vec![Value::UInt(proof)],
-            proof,
-        )
-        .await
-        {
-            Ok(current) => current,
-            Err(err) => return Err(proven_error(conn, err).await),
-        };
-        match current {
-            None => Err(condemn_queryable(conn)),
-            Some(current) if current == known.database => Ok(None),
-            Some(current) => Ok(Some(current)),
+            (rows, id) if rows > 0 && id == proof => Ok(Tried::Updated(rows)),
+            (0, 0) => Ok(Tried::NoMatch),
+            _ => Err(condemn_queryable(conn)),
         }
     }
 
@@ -299,9 +221,8 @@ impl TokenColumn {
         conn: &mut impl Queryable,
         key: Value,
         token: FencingToken,
-        known: Option<&Known>,
     ) -> Result<u64, FenceError> {
-        let (table, key_col, token_col) = (self.table_in(known), self.key.sql(), self.token.sql());
+        let (table, key_col, token_col) = (self.table.sql(), self.key.sql(), self.token.sql());
         // A locking read: inside a REPEATABLE READ transaction a plain one could answer
         // from the transaction's older snapshot. An aggregate: one row (carrying the
         // nonce) whether the key exists or not.
@@ -317,6 +238,11 @@ impl TokenColumn {
         match read {
             None => Err(condemn_queryable(conn)),
             Some((0, _)) => Err(FenceError::NotFound { resource }),
+            // Not stale, yet not matched: the statement's column was not the one read (its
+            // statements, prepared on either side of a `USE`, disagree on the database).
+            Some((_, stored)) if stored.is_none_or(|stored| stored < token.get()) => {
+                Err(condemn_queryable(conn))
+            }
             Some((_, stored)) => Err(FenceError::Stale {
                 resource,
                 presented: token,
@@ -331,9 +257,9 @@ impl TokenColumn {
 enum Tried {
     /// It wrote this many rows.
     Updated(u64),
-    /// It matched nothing in the database the capacity was read in.
-    Refused,
-    /// The connection is in this other database than the capacity was read in; nothing
-    /// was written.
-    ElsewhereIn(Option<Vec<u8>>),
+    /// It was not sent: the token is above the capacity it was checked against.
+    OutOfRange,
+    /// It matched nothing: a stale token, no such row, or another place than the capacity
+    /// was read at.
+    NoMatch,
 }

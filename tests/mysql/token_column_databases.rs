@@ -181,3 +181,25 @@ async fn a_use_after_the_statements_were_prepared_writes_no_unchecked_column() {
         "the wide row after {answer:?}: {wide_row:?}"
     );
 }
+
+/// The same, the connection first in a database without the table (so the column was
+/// never found): the update after the `USE` writes nothing unchecked either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_use_after_a_database_without_the_table_writes_no_unchecked_column() {
+    let (empty, mut narrow) = (Db::start().await, Db::start().await);
+    narrow_inventory(&mut narrow).await;
+    let inventory = TokenColumn::new("inventory", "sku", "last_token").expect("names");
+    let mut conn = non_strict(&empty).await;
+    let missing = update(&inventory, &mut conn, 5).await;
+    assert!(missing.is_err(), "no table there: {missing:?}");
+    conn.query_drop(format!("USE `{}`", narrow.name))
+        .await
+        .expect("USE");
+    let answer = update(&inventory, &mut conn, NEWER).await;
+    let mut check = narrow.connect().await;
+    assert_eq!(
+        row(&mut check, &narrow.name).await,
+        Some((100, None)),
+        "the narrow row after {answer:?}"
+    );
+}

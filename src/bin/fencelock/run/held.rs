@@ -192,7 +192,11 @@ impl<G: LockGuard> Held<'_, G> {
                     ""
                 }
             );
-            enforcer.leftovers_until = Some(tokio::time::Instant::now() + self.grace);
+            // The grace starts with a SIGTERM that reached a leftover: while none is
+            // listed, no SIGKILL sweep runs (it could find one before its SIGTERM).
+            if terminated_found {
+                enforcer.leftovers_until = Some(tokio::time::Instant::now() + self.grace);
+            }
         }
         loop {
             let members = job.running_members();
