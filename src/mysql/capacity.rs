@@ -10,9 +10,8 @@ use mysql_async::Value;
 use mysql_async::prelude::Queryable;
 
 use super::FenceError;
-use super::abandoned::{condemn_queryable, nonce, proven_error};
 use super::ident::Ident;
-use super::rows::proven_row5;
+use super::rows::first_row4;
 
 /// What a token column can hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,68 +69,32 @@ pub(crate) async fn read(
     table: &Ident,
     column: &Ident,
 ) -> Result<Option<Capacity>, FenceError> {
-    Ok(read_at(conn, table, column).await?.1)
+    read_in(conn, table.parts().0, table, column).await
 }
 
-/// Where a statement resolves a table: the server (`@@hostname`, `@@port`) and the
-/// database (the table's own, else `DATABASE()`), as bytes. An expression with one `?`:
-/// the table's database, or NULL ([`database_param`]). Evaluated inside a statement, it
-/// names the place that statement reads or writes: `DATABASE()` and an unqualified table
-/// name are resolved in the same context (a statement mysql_async prepared before a `USE`
-/// keeps the database it was prepared in, for both), and behind a proxy it is the server
-/// that runs the statement.
-pub(crate) const PLACE: &str =
-    "CAST(CONCAT_WS(':', @@hostname, @@port, COALESCE(?, DATABASE())) AS BINARY)";
-
-/// [`PLACE`]'s parameter for `table`.
-pub(crate) fn database_param(table: &Ident) -> Value {
-    table.parts().0.map_or(Value::NULL, Value::from)
-}
-
-/// `DATA_TYPE`, `COLUMN_TYPE`, `NUMERIC_PRECISION`, `NUMERIC_SCALE` of the column (NULL
-/// if there is none) and [`PLACE`] (the nonce after them is checked, not returned).
-type ColumnRow = (
-    Option<String>,
-    Option<String>,
-    Option<u64>,
-    Option<u64>,
-    Vec<u8>,
-);
-
-/// [`read`], and the [`PLACE`] it was read at (always: a row comes whether the column
-/// exists or not).
-pub(crate) async fn read_at(
+/// [`read`] in `database` when it is given (else the table's own, else the connection's
+/// current one).
+pub(crate) async fn read_in(
     conn: &mut impl Queryable,
+    database: Option<&str>,
     table: &Ident,
     column: &Ident,
-) -> Result<(Vec<u8>, Option<Capacity>), FenceError> {
-    let sql = format!(
-        "SELECT c.DATA_TYPE, c.COLUMN_TYPE, c.NUMERIC_PRECISION, c.NUMERIC_SCALE, {PLACE}, ? \
-         FROM (SELECT 1) AS one LEFT JOIN information_schema.COLUMNS AS c \
-           ON c.TABLE_SCHEMA = COALESCE(?, DATABASE()) AND c.TABLE_NAME = ? \
-           AND c.COLUMN_NAME = ?"
-    );
-    let proof = nonce();
+) -> Result<Option<Capacity>, FenceError> {
+    let (named, name) = table.parts();
+    let sql = "SELECT DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE \
+               FROM information_schema.COLUMNS \
+               WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
+                 AND COLUMN_NAME = ?";
     let params = vec![
-        database_param(table),
-        Value::UInt(proof),
-        database_param(table),
-        Value::from(table.parts().1),
+        database.or(named).map_or(Value::NULL, Value::from),
+        Value::from(name),
         Value::from(column.parts().1),
     ];
-    let row: Option<ColumnRow> = match proven_row5(conn, &sql, params, proof).await {
-        Ok(row) => row,
-        Err(err) => return Err(proven_error(conn, err).await),
-    };
-    // A LEFT JOIN from one row always answers one: none, or one without the nonce, is
-    // another statement's answer (the connection lags).
-    let Some((data_type, column_type, precision, scale, place)) = row else {
-        return Err(condemn_queryable(conn));
-    };
-    let capacity = data_type
-        .zip(column_type)
-        .map(|(data_type, column_type)| Capacity::of(&data_type, &column_type, precision, scale));
-    Ok((place, capacity))
+    let row: Option<(String, String, Option<u64>, Option<u64>)> =
+        first_row4(conn, sql, params).await?;
+    Ok(row.map(|(data_type, column_type, precision, scale)| {
+        Capacity::of(&data_type, &column_type, precision, scale)
+    }))
 }
 
 #[cfg(test)]

@@ -36,40 +36,29 @@ pub(crate) async fn done(
     Ok(done)
 }
 
-/// The first row `sql` returns, if its last column (the sixth) is `nonce` (the
-/// statement's own answer: see `abandoned.rs`): its first five columns converted to `A`
-/// to `E`. `None`: no row, or another statement's. A value of another type is an error,
-/// not a panic (mysql_async's tuple conversion panics).
-pub(crate) async fn proven_row5<A, B, C, D, E>(
+/// The first row `sql` returns (`None`: no row), its first four columns converted to
+/// `A`, `B`, `C`, `D`; a value of another type is an error, not a panic (mysql_async's
+/// tuple conversion panics).
+pub(crate) async fn first_row4<A, B, C, D>(
     q: &mut impl Queryable,
     sql: &str,
     params: Vec<Value>,
-    nonce: u64,
-) -> Result<Option<(A, B, C, D, E)>, mysql_async::Error>
+) -> Result<Option<(A, B, C, D)>, mysql_async::Error>
 where
     A: FromValue,
     B: FromValue,
     C: FromValue,
     D: FromValue,
-    E: FromValue,
 {
     let row: Option<Row> = q.exec_first(sql, params).await?;
     let Some(mut row) = row else {
         return Ok(None);
     };
-    let carried = row
-        .as_ref(5)
-        .cloned()
-        .and_then(|v| mysql_async::from_value_opt::<u64>(v).ok());
-    if row.len() != 6 || carried != Some(nonce) {
-        return Ok(None);
-    }
     Ok(Some((
         take(&mut row, 0)?,
         take(&mut row, 1)?,
         take(&mut row, 2)?,
         take(&mut row, 3)?,
-        take(&mut row, 4)?,
     )))
 }
 
@@ -114,6 +103,25 @@ pub(crate) async fn proven_pair<A: FromValue, B: FromValue>(
     nonce: u64,
 ) -> Result<Option<(A, B)>, mysql_async::Error> {
     let row: Option<Row> = q.exec_first(sql, params).await?;
+    pair_carrying(row, nonce)
+}
+
+/// [`proven_pair`] over the text protocol (`sql` carries the nonce as a literal): a
+/// statement of its own, never one mysql_async prepared and cached earlier.
+pub(crate) async fn proven_text_pair<A: FromValue, B: FromValue>(
+    q: &mut impl Queryable,
+    sql: &str,
+    nonce: u64,
+) -> Result<Option<(A, B)>, mysql_async::Error> {
+    let row: Option<Row> = q.query_first(sql).await?;
+    pair_carrying(row, nonce)
+}
+
+/// The first two columns of `row`, if its third and last is `nonce`.
+fn pair_carrying<A: FromValue, B: FromValue>(
+    row: Option<Row>,
+    nonce: u64,
+) -> Result<Option<(A, B)>, mysql_async::Error> {
     let Some(mut row) = row else {
         return Ok(None);
     };

@@ -15,6 +15,8 @@
 //! `? + 0 * LAST_INSERT_ID(<nonce>)`, so that its answer proves it is its own (see
 //! `abandoned.rs`).
 
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use mysql_async::Value;
@@ -22,9 +24,9 @@ use mysql_async::prelude::Queryable;
 
 use super::FenceError;
 use super::abandoned::{condemn_queryable, nonce, proven_error};
-use super::capacity::{self, Capacity, PLACE, database_param};
+use super::capacity::{self, Capacity};
 use super::ident::Ident;
-use super::rows::{describe, done, proven_pair};
+use super::rows::{describe, done, proven_pair, proven_text_pair};
 use crate::FencingToken;
 
 /// A table whose rows carry the token of their last writer in a column.
@@ -47,17 +49,15 @@ pub struct TokenColumn {
     table: Ident,
     key: Ident,
     token: Ident,
-    /// What the token column held when last read, and where (shared by clones): a guess,
-    /// checked by every statement that writes (`capacity::PLACE`).
-    capacity: Arc<Mutex<Option<Arc<Known>>>>,
+    /// What the token column holds, per place it was read at (shared by clones).
+    capacity: Arc<Mutex<HashMap<Place, Arc<Capacity>>>>,
 }
 
-/// The token column's capacity (`None`: no such column), and the place it was read at
-/// (`capacity::PLACE`: server and database).
-#[derive(Debug, PartialEq, Eq)]
-struct Known {
-    place: Vec<u8>,
-    capacity: Option<Capacity>,
+/// Where an update writes: the server (`@@hostname:@@port`) and the table's database.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Place {
+    server: Vec<u8>,
+    database: String,
 }
 
 impl TokenColumn {
@@ -72,21 +72,89 @@ impl TokenColumn {
         })
     }
 
-    /// The token column's capacity as last read, if any.
-    fn cached(&self) -> Option<Arc<Known>> {
+    /// Where an update on `conn` writes now: its server, and the table's database (the
+    /// one in its name, else the connection's current one). Asked over the text protocol,
+    /// which answers the connection's current database: a statement mysql_async prepared
+    /// and cached before a `USE` keeps the database it was prepared in (its unqualified
+    /// tables and its `DATABASE()` alike, MariaDB 10.11). A `SELECT` of the session's
+    /// state, never a write: nothing of it reaches a replica.
+    async fn place(&self, conn: &mut impl Queryable) -> Result<Place, FenceError> {
+        let proof = nonce();
+        let sql = format!(
+            "SELECT CAST(CONCAT_WS(':', @@hostname, @@port) AS BINARY), \
+             CAST(DATABASE() AS BINARY), {proof}"
+        );
+        let read: Option<(Vec<u8>, Option<Vec<u8>>)> =
+            match proven_text_pair(conn, &sql, proof).await {
+                Ok(read) => read,
+                Err(err) => return Err(proven_error(conn, err).await),
+            };
+        let Some((server, current)) = read else {
+            return Err(condemn_queryable(conn));
+        };
+        let database = match (self.table.parts().0, current) {
+            (Some(named), _) => named.to_owned(),
+            (None, Some(current)) => String::from_utf8(current).map_err(|_| {
+                FenceError::Database(mysql_async::Error::Other(
+                    "the connection's database name is not UTF-8".into(),
+                ))
+            })?,
+            (None, None) => {
+                return Err(FenceError::Database(mysql_async::Error::Other(
+                    format!(
+                        "no database selected for the table {} (name it with its database, \
+                         or connect to one)",
+                        self.table.sql()
+                    )
+                    .into(),
+                )));
+            }
+        };
+        Ok(Place { server, database })
+    }
+
+    /// The largest token the token column holds exactly at `place`, read from
+    /// `information_schema` the first time it is asked for there and kept; `None` if the
+    /// column does not exist (not kept: the write then fails with the server's error, and
+    /// a column added later is read then).
+    async fn capacity(
+        &self,
+        conn: &mut impl Queryable,
+        place: &Place,
+    ) -> Result<Option<Arc<Capacity>>, FenceError> {
+        if let Some(known) = self
+            .capacity
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(place)
+        {
+            return Ok(Some(known.clone()));
+        }
+        let Some(found) =
+            capacity::read_in(conn, Some(&place.database), &self.table, &self.token).await?
+        else {
+            return Ok(None);
+        };
+        let found = Arc::new(found);
         self.capacity
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+            .insert(place.clone(), found.clone());
+        Ok(Some(found))
     }
 
-    /// Reads the token column's capacity from `information_schema` (the connection's
-    /// database, for a table named without one), and where, and keeps it.
-    async fn read_capacity(&self, conn: &mut impl Queryable) -> Result<Arc<Known>, FenceError> {
-        let (place, capacity) = capacity::read_at(conn, &self.table, &self.token).await?;
-        let read = Arc::new(Known { place, capacity });
-        *self.capacity.lock().unwrap_or_else(PoisonError::into_inner) = Some(read.clone());
-        Ok(read)
+    /// The table as the statements name it: with the database of `place` (the table's
+    /// own, or the connection's current one), so that the statement writes the very table
+    /// whose column was checked, whichever database a cached prepared statement keeps.
+    fn table_at<'a>(&'a self, place: &Place) -> Cow<'a, str> {
+        match self.table.parts().0 {
+            Some(_) => Cow::Borrowed(self.table.sql()),
+            None => Cow::Owned(format!(
+                "`{}`.{}",
+                place.database.replace('`', "``"),
+                self.table.sql()
+            )),
+        }
     }
 
     /// `UPDATE <table> SET <set>, <token> = ? WHERE <key> = ? AND (<token> IS NULL OR
@@ -100,13 +168,14 @@ impl TokenColumn {
     /// ([`FenceError::NotFound`]). A token the column cannot hold is refused before
     /// anything is sent ([`FenceError::TokenOutOfRange`]): outside strict SQL mode the
     /// server would store it cut to fit, and let every later token through. The column's
-    /// type is read from `information_schema` at the first update through this value (or
-    /// a clone of it) and kept with where it was read (server and database), and every
-    /// statement that writes applies only where it was read: one `TokenColumn` used on
-    /// connections to several databases or servers (a table named without its database)
-    /// writes nothing into a column it did not check. Such an update reads the column
-    /// again (one round trip) and tries once more. An `ALTER` of the column while a
-    /// `TokenColumn` is in use is not seen: make a new one after it.
+    /// type is read from `information_schema` at the first update at each place (server
+    /// and database) through this value or a clone of it, and kept for that place; every
+    /// update first asks the connection where it is (one light round trip, a `SELECT` of
+    /// the session's state) and names the table with that database, so that one
+    /// `TokenColumn` used on connections to several databases or servers never writes a
+    /// token into a column it did not check there. Two servers answering the same
+    /// `@@hostname` and `@@port` are one place to it: use a `TokenColumn` per server
+    /// where that can happen. An `ALTER` of the column while it is in use is not seen.
     ///
     /// # Cancel safety
     ///
@@ -127,102 +196,38 @@ impl TokenColumn {
         token: FencingToken,
         params: Vec<Value>,
     ) -> Result<u64, FenceError> {
+        let place = self.place(conn).await?;
+        let (table, key_col, token_col) = (self.table_at(&place), self.key.sql(), self.token.sql());
         let key: Value = key.into();
-        // Whether `known` was read for this update (else it is a guess, from before).
-        let (mut known, mut fresh) = match self.cached() {
-            Some(known) => (known, false),
-            None => (self.read_capacity(conn).await?, true),
-        };
-        loop {
-            let tried = self
-                .try_update(conn, set, &key, token, &params, &known)
-                .await?;
-            match tried {
-                Tried::Updated(rows) => return Ok(rows),
-                // The guess may be another place's (server, database): the column is read
-                // again, and the update tried once more if that changed anything.
-                Tried::OutOfRange | Tried::NoMatch if !fresh => {
-                    let read = self.read_capacity(conn).await?;
-                    fresh = true;
-                    if read != known {
-                        known = read;
-                        continue;
-                    }
-                }
-                Tried::OutOfRange | Tried::NoMatch => {}
-            }
-            return match (tried, &known.capacity) {
-                (Tried::OutOfRange, Some(capacity)) => Err(FenceError::TokenOutOfRange {
+        if let Some(capacity) = self.capacity(conn, &place).await? {
+            if token.get() > capacity.max {
+                return Err(FenceError::TokenOutOfRange {
                     resource: describe(&key),
                     token,
-                    column: format!(
-                        "{}.{} ({})",
-                        self.table.sql(),
-                        self.token.sql(),
-                        capacity.column_type
-                    ),
-                }),
-                _ => self.refusal(conn, key, token).await,
-            };
+                    column: format!("{table}.{token_col} ({})", capacity.column_type),
+                });
+            }
         }
-    }
-
-    /// One guarded `UPDATE`, after checking the token against `known` (the capacity of
-    /// the token column as last read). The statement applies only at the place `known`
-    /// was read at (`capacity::PLACE`, evaluated by the statement itself): never into a
-    /// column whose capacity was not checked (with none there, the server's own error).
-    async fn try_update(
-        &self,
-        conn: &mut impl Queryable,
-        set: &str,
-        key: &Value,
-        token: FencingToken,
-        params: &[Value],
-        known: &Known,
-    ) -> Result<Tried, FenceError> {
-        if known
-            .capacity
-            .as_ref()
-            .is_some_and(|capacity| token.get() > capacity.max)
-        {
-            return Ok(Tried::OutOfRange);
-        }
-        let (table, key_col, token_col) = (self.table.sql(), self.key.sql(), self.token.sql());
         // `+ 0 * LAST_INSERT_ID(<nonce>)`: the answer proves it is this statement's (the
         // server reports the value in the OK packet of an UPDATE that matched a row; see
         // abandoned.rs and Fence's guarded UPDATE).
         let sql = format!(
             "UPDATE {table} SET {set}, {token_col} = ? + 0 * LAST_INSERT_ID(?) \
-             WHERE {key_col} = ? AND ({token_col} IS NULL OR {token_col} < ?) \
-             AND {PLACE} <=> CAST(? AS BINARY)"
+             WHERE {key_col} = ? AND ({token_col} IS NULL OR {token_col} < ?)"
         );
         let value = Value::UInt(token.get());
         let proof = nonce();
-        let mut all = params.to_vec();
+        let mut all = params;
         all.extend([value.clone(), Value::UInt(proof), key.clone(), value]);
-        all.extend([
-            database_param(&self.table),
-            Value::Bytes(known.place.clone()),
-        ]);
         let updated = match done(conn, &sql, all).await {
             Ok(updated) => updated,
             Err(err) => return Err(proven_error(conn, err).await),
         };
         match (updated.affected, updated.insert_id) {
-            (rows, id) if rows > 0 && id == proof => Ok(Tried::Updated(rows)),
-            (0, 0) => Ok(Tried::NoMatch),
-            _ => Err(condemn_queryable(conn)),
+            (rows, id) if rows > 0 && id == proof => return Ok(rows),
+            (0, 0) => {}
+            _ => return Err(condemn_queryable(conn)),
         }
-    }
-
-    /// Why a guarded `UPDATE` that matched nothing did: a stale token, or no such row.
-    async fn refusal(
-        &self,
-        conn: &mut impl Queryable,
-        key: Value,
-        token: FencingToken,
-    ) -> Result<u64, FenceError> {
-        let (table, key_col, token_col) = (self.table.sql(), self.key.sql(), self.token.sql());
         // A locking read: inside a REPEATABLE READ transaction a plain one could answer
         // from the transaction's older snapshot. An aggregate: one row (carrying the
         // nonce) whether the key exists or not.
@@ -233,16 +238,15 @@ impl TokenColumn {
         );
         let resource = describe(&key);
         let read =
-            proven_pair::<u64, Option<u64>>(conn, &sql, vec![Value::UInt(proof), key], proof)
-                .await?;
+            match proven_pair::<u64, Option<u64>>(conn, &sql, vec![Value::UInt(proof), key], proof)
+                .await
+            {
+                Ok(read) => read,
+                Err(err) => return Err(proven_error(conn, err).await),
+            };
         match read {
             None => Err(condemn_queryable(conn)),
             Some((0, _)) => Err(FenceError::NotFound { resource }),
-            // Not stale, yet not matched: the statement's column was not the one read (its
-            // statements, prepared on either side of a `USE`, disagree on the database).
-            Some((_, stored)) if stored.is_none_or(|stored| stored < token.get()) => {
-                Err(condemn_queryable(conn))
-            }
             Some((_, stored)) => Err(FenceError::Stale {
                 resource,
                 presented: token,
@@ -251,15 +255,4 @@ impl TokenColumn {
             }),
         }
     }
-}
-
-/// What one guarded `UPDATE` did.
-enum Tried {
-    /// It wrote this many rows.
-    Updated(u64),
-    /// It was not sent: the token is above the capacity it was checked against.
-    OutOfRange,
-    /// It matched nothing: a stale token, no such row, or another place than the capacity
-    /// was read at.
-    NoMatch,
 }
