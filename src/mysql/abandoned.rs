@@ -102,8 +102,12 @@ pub(super) fn condemn_queryable(q: &mut impl Queryable) -> FenceError {
 /// and never the nonce. One round trip, on those paths only.
 pub(super) async fn in_step(q: &mut impl Queryable) -> bool {
     let proof = nonce();
-    let answered: Result<Option<u64>, _> = q.exec_first("SELECT ?", (proof,)).await;
-    matches!(answered, Ok(Some(carried)) if carried == proof)
+    // A `Row`, checked by hand: mysql_async's conversion to `u64` panics on a row of
+    // another width (an earlier statement's answer read as this one's).
+    let answered: Result<Option<mysql_async::Row>, _> = q.exec_first("SELECT ?", (proof,)).await;
+    matches!(answered, Ok(Some(row)) if row.len() == 1
+        && row.as_ref(0).cloned().and_then(|v| mysql_async::from_value_opt::<u64>(v).ok())
+            == Some(proof))
 }
 
 /// A server error answered to a helper's statement that carries no nonce: the error

@@ -56,6 +56,18 @@ pub enum FenceError {
         column: String,
     },
 
+    /// A token column that `information_schema` does not list where the write would go
+    /// (a `TEMPORARY` table, a table or column not created yet, or one the user may not
+    /// see): its capacity cannot be checked, so nothing was written.
+    #[error(
+        "the token column {column} is not in information_schema (a TEMPORARY table, or not \
+         created yet): its capacity cannot be checked, so nothing was written"
+    )]
+    UnknownTokenColumn {
+        /// The column, and the database looked in.
+        column: String,
+    },
+
     /// A token column (of an existing fence table) that cannot hold every token.
     #[error(
         "the token column {column} is {column_type}: it must hold any token below 2^63 (BIGINT, best BIGINT UNSIGNED)"

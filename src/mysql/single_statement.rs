@@ -15,8 +15,8 @@
 //! `? + 0 * LAST_INSERT_ID(<nonce>)`, so that its answer proves it is its own (see
 //! `abandoned.rs`).
 
-use std::borrow::Cow;
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use mysql_async::Value;
@@ -143,18 +143,23 @@ impl TokenColumn {
         Ok(Some(found))
     }
 
-    /// The table as the statements name it: with the database of `place` (the table's
-    /// own, or the connection's current one), so that the statement writes the very table
-    /// whose column was checked, whichever database a cached prepared statement keeps.
-    fn table_at<'a>(&'a self, place: &Place) -> Cow<'a, str> {
-        match self.table.parts().0 {
-            Some(_) => Cow::Borrowed(self.table.sql()),
-            None => Cow::Owned(format!(
-                "`{}`.{}",
-                place.database.replace('`', "``"),
-                self.table.sql()
-            )),
+    /// What ends the text of each statement an update sends for a table named without its
+    /// database: a comment naming the place's database (hex), so that mysql_async, which
+    /// caches prepared statements by their text per connection, prepares a statement for
+    /// each database apart, each one right after [`place`](Self::place) found the
+    /// connection in that database: its unqualified table is the one whose column was
+    /// checked. (A statement prepared before a `USE` keeps the database it was prepared
+    /// in.) The name itself stays unqualified, as the caller wrote it: statement-based
+    /// replication's `replicate-rewrite-db` rewrites only the default database.
+    fn prepared_for(&self, place: &Place) -> String {
+        if self.table.parts().0.is_some() {
+            return String::new();
         }
+        let mut hex = String::with_capacity(place.database.len() * 2);
+        for byte in place.database.bytes() {
+            let _ = write!(hex, "{byte:02x}");
+        }
+        format!(" /* fencelock-db {hex} */")
     }
 
     /// `UPDATE <table> SET <set>, <token> = ? WHERE <key> = ? AND (<token> IS NULL OR
@@ -171,9 +176,14 @@ impl TokenColumn {
     /// type is read from `information_schema` at the first update at each place (server
     /// and database) through this value or a clone of it, and kept for that place; every
     /// update first asks the connection where it is (one light round trip, a `SELECT` of
-    /// the session's state) and names the table with that database, so that one
+    /// the session's state) and sends a statement prepared for that database, so that one
     /// `TokenColumn` used on connections to several databases or servers never writes a
-    /// token into a column it did not check there. Two servers answering the same
+    /// token into a column it did not check there. A token column that information_schema
+    /// does not list (a `TEMPORARY` table) is refused
+    /// ([`FenceError::UnknownTokenColumn`]): nothing is written unchecked. Behind a proxy
+    /// that sends reads to replicas (ProxySQL, MaxScale readwritesplit), run it inside a
+    /// transaction or on a direct connection: the checks must reach the server that
+    /// writes. Two servers answering the same
     /// `@@hostname` and `@@port` are one place to it: use a `TokenColumn` per server
     /// where that can happen. An `ALTER` of the column while it is in use is not seen.
     ///
@@ -197,23 +207,29 @@ impl TokenColumn {
         params: Vec<Value>,
     ) -> Result<u64, FenceError> {
         let place = self.place(conn).await?;
-        let (table, key_col, token_col) = (self.table_at(&place), self.key.sql(), self.token.sql());
+        let (table, key_col, token_col) = (self.table.sql(), self.key.sql(), self.token.sql());
+        let at = self.prepared_for(&place);
         let key: Value = key.into();
-        if let Some(capacity) = self.capacity(conn, &place).await? {
-            if token.get() > capacity.max {
-                return Err(FenceError::TokenOutOfRange {
-                    resource: describe(&key),
-                    token,
-                    column: format!("{table}.{token_col} ({})", capacity.column_type),
-                });
-            }
+        let Some(capacity) = self.capacity(conn, &place).await? else {
+            // Nothing is sent to a column that could not be checked (a TEMPORARY table,
+            // which information_schema does not list; one not created yet).
+            return Err(FenceError::UnknownTokenColumn {
+                column: format!("{table}.{token_col} (database {:?})", place.database),
+            });
+        };
+        if token.get() > capacity.max {
+            return Err(FenceError::TokenOutOfRange {
+                resource: describe(&key),
+                token,
+                column: format!("{table}.{token_col} ({})", capacity.column_type),
+            });
         }
         // `+ 0 * LAST_INSERT_ID(<nonce>)`: the answer proves it is this statement's (the
         // server reports the value in the OK packet of an UPDATE that matched a row; see
         // abandoned.rs and Fence's guarded UPDATE).
         let sql = format!(
             "UPDATE {table} SET {set}, {token_col} = ? + 0 * LAST_INSERT_ID(?) \
-             WHERE {key_col} = ? AND ({token_col} IS NULL OR {token_col} < ?)"
+             WHERE {key_col} = ? AND ({token_col} IS NULL OR {token_col} < ?){at}"
         );
         let value = Value::UInt(token.get());
         let proof = nonce();
@@ -234,7 +250,7 @@ impl TokenColumn {
         let proof = nonce();
         let sql = format!(
             "SELECT COUNT(*), MAX({token_col}), ? FROM {table} WHERE {key_col} = ? \
-             LOCK IN SHARE MODE"
+             LOCK IN SHARE MODE{at}"
         );
         let resource = describe(&key);
         let read =

@@ -4,9 +4,9 @@
 //! The column's capacity was read once, in the first database, and trusted everywhere
 //! after: in the second, outside strict SQL mode, a token of 6,000,000,000 was stored as
 //! 4,294,967,295 and the update reported success, and from then on every token above
-//! that passed the guard, stale or not. Now the statement applies only in the database
-//! the capacity was read in; in another it writes nothing, the column is read there, and
-//! a token it cannot hold is refused.
+//! that passed the guard, stale or not. Now each update asks its connection where it is
+//! (server and database), reads the column there the first time, names the table with
+//! that database, and refuses a token the column cannot hold.
 
 use fencelock::FencingToken;
 use fencelock::mysql::{FenceError, TokenColumn};
@@ -119,8 +119,7 @@ async fn a_token_column_read_in_one_database_is_read_again_in_another() {
 }
 
 /// Clones of one `TokenColumn` alternating between the two databases: each update uses
-/// the capacity of its own connection's database (kept per database), and none is taken
-/// for a connection whose answers lag.
+/// the capacity of its own connection's database (kept per place).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clones_alternating_between_databases_each_use_their_own_column() {
     let (mut wide, mut narrow) = (Db::start().await, Db::start().await);
@@ -191,7 +190,31 @@ async fn a_use_after_a_database_without_the_table_writes_no_unchecked_column() {
     let inventory = TokenColumn::new("inventory", "sku", "last_token").expect("names");
     let mut conn = non_strict(&empty).await;
     let missing = update(&inventory, &mut conn, 5).await;
-    assert!(missing.is_err(), "no table there: {missing:?}");
+    assert!(
+        matches!(missing, Err(FenceError::UnknownTokenColumn { .. })),
+        "no table there: {missing:?}"
+    );
+    // A TEMPORARY table is not in information_schema: refused, nothing written.
+    conn.query_drop(
+        "CREATE TEMPORARY TABLE inventory (sku VARCHAR(64) PRIMARY KEY, \
+           available INT NOT NULL, last_token INT UNSIGNED NULL); \
+         INSERT INTO inventory (sku, available) VALUES ('SKU-1', 100)",
+    )
+    .await
+    .expect("a temporary inventory");
+    let temporary = update(&inventory, &mut conn, NEWER).await;
+    assert!(
+        matches!(temporary, Err(FenceError::UnknownTokenColumn { .. })),
+        "a temporary table: {temporary:?}"
+    );
+    let left: Option<(i32, Option<u64>)> = conn
+        .query_first("SELECT available, last_token FROM inventory")
+        .await
+        .expect("read");
+    assert_eq!(left, Some((100, None)), "the temporary row");
+    conn.query_drop("DROP TEMPORARY TABLE inventory")
+        .await
+        .expect("drop");
     conn.query_drop(format!("USE `{}`", narrow.name))
         .await
         .expect("USE");
