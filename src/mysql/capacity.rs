@@ -62,8 +62,8 @@ impl Capacity {
 }
 
 /// The capacity of `column` of `table` (its database: the connection's current one if
-/// the name has none), or `None` if there is no such column (the write that follows then
-/// fails with the server's own error).
+/// the name has none), or `None` if `information_schema` lists no such column (a fence
+/// table then fails the write with the server's own error; `TokenColumn` refuses it).
 pub(crate) async fn read(
     conn: &mut impl Queryable,
     table: &Ident,

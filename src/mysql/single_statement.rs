@@ -115,8 +115,8 @@ impl TokenColumn {
 
     /// The largest token the token column holds exactly at `place`, read from
     /// `information_schema` the first time it is asked for there and kept; `None` if the
-    /// column does not exist (not kept: the write then fails with the server's error, and
-    /// a column added later is read then).
+    /// column is not listed there (not kept: the update is refused, and a column added
+    /// later is read then).
     async fn capacity(
         &self,
         conn: &mut impl Queryable,

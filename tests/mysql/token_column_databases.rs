@@ -5,8 +5,8 @@
 //! after: in the second, outside strict SQL mode, a token of 6,000,000,000 was stored as
 //! 4,294,967,295 and the update reported success, and from then on every token above
 //! that passed the guard, stale or not. Now each update asks its connection where it is
-//! (server and database), reads the column there the first time, names the table with
-//! that database, and refuses a token the column cannot hold.
+//! (server and database), reads the column there the first time, sends statements
+//! prepared for that database, and refuses a token the column cannot hold.
 
 use fencelock::FencingToken;
 use fencelock::mysql::{FenceError, TokenColumn};
