@@ -77,7 +77,8 @@ impl TokenColumn {
     /// which answers the connection's current database: a statement mysql_async prepared
     /// and cached before a `USE` keeps the database it was prepared in (its unqualified
     /// tables and its `DATABASE()` alike, MariaDB 10.11). A `SELECT` of the session's
-    /// state, never a write: nothing of it reaches a replica.
+    /// state, never written to the binary log (but behind a proxy that sends reads to
+    /// replicas it may be answered by one: see [`update`](Self::update)).
     async fn place(&self, conn: &mut impl Queryable) -> Result<Place, FenceError> {
         let proof = nonce();
         let sql = format!(
