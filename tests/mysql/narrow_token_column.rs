@@ -15,14 +15,6 @@ use crate::support::{DECREMENT, Db};
 const NEWER: u64 = 6_000_000_000;
 const STALE: u64 = 5_500_000_000;
 
-async fn non_strict(db: &Db) -> Conn {
-    let mut conn = db.connect().await;
-    conn.query_drop("SET SESSION sql_mode = ''")
-        .await
-        .expect("non-strict");
-    conn
-}
-
 async fn fenced_write(fence: &Fence, conn: &mut Conn, token: u64) -> Result<(), FenceError> {
     let mut tx = fence.begin(conn, "SKU-1", FencingToken::new(token)).await?;
     tx.exec_drop(DECREMENT, (format!("holder-{token}"),))
@@ -43,7 +35,7 @@ async fn a_fence_table_with_a_narrow_token_column_lets_no_stale_write_through() 
         .await
         .expect("a table of the caller's");
     let fence = Fence::new().with_table("narrow_fences").expect("name");
-    let mut conn = non_strict(&db).await;
+    let mut conn = db.non_strict().await;
 
     let newer = fenced_write(&fence, &mut conn, NEWER).await;
     let stale = fenced_write(&fence, &mut conn, STALE).await;
@@ -71,16 +63,9 @@ async fn a_fence_table_with_a_narrow_token_column_lets_no_stale_write_through() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_narrow_token_column_in_the_data_row_lets_no_stale_write_through() {
     let mut db = Db::start().await;
-    db.conn
-        .query_drop(
-            "CREATE TABLE inventory (sku VARCHAR(64) PRIMARY KEY, available INT NOT NULL, \
-               last_token INT UNSIGNED NULL) ENGINE=InnoDB; \
-             INSERT INTO inventory (sku, available) VALUES ('SKU-1', 100)",
-        )
-        .await
-        .expect("inventory");
+    db.narrow_inventory().await;
     let inventory = TokenColumn::new("inventory", "sku", "last_token").expect("names");
-    let mut conn = non_strict(&db).await;
+    let mut conn = db.non_strict().await;
     let mut write = async |token: u64| {
         inventory
             .update(
@@ -132,7 +117,7 @@ async fn a_signed_bigint_token_column_is_accepted_and_a_token_beyond_it_refused(
         .await
         .expect("a signed BIGINT holds every token below 2^63");
 
-    let mut conn = non_strict(&db).await;
+    let mut conn = db.non_strict().await;
     fenced_write(&fence, &mut conn, NEWER)
         .await
         .expect("a token that fits");

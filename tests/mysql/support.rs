@@ -84,6 +84,29 @@ impl Db {
             .expect("insert SKU-1");
     }
 
+    /// `inventory` with an `INT UNSIGNED` token column (narrower than tokens can grow),
+    /// and its row `SKU-1`.
+    pub async fn narrow_inventory(&mut self) {
+        self.conn
+            .query_drop(
+                "CREATE TABLE inventory (sku VARCHAR(64) PRIMARY KEY, available INT NOT NULL, \
+                   last_token INT UNSIGNED NULL) ENGINE=InnoDB; \
+                 INSERT INTO inventory (sku, available) VALUES ('SKU-1', 100)",
+            )
+            .await
+            .expect("a narrow inventory");
+    }
+
+    /// Another connection, outside strict SQL mode (where a number too large for its
+    /// column is cut to fit, with a warning only).
+    pub async fn non_strict(&self) -> Conn {
+        let mut conn = self.connect().await;
+        conn.query_drop("SET SESSION sql_mode = ''")
+            .await
+            .expect("non-strict");
+        conn
+    }
+
     /// (available, written_by) of `SKU-1`.
     pub async fn sku(&mut self) -> (i32, Option<String>) {
         self.conn

@@ -30,28 +30,6 @@ async fn update(column: &TokenColumn, conn: &mut Conn, token: u64) -> Result<u64
         .await
 }
 
-/// A connection to `db` outside strict SQL mode (where a number too large for its column
-/// is cut to fit, with a warning only).
-async fn non_strict(db: &Db) -> Conn {
-    let mut conn = db.connect().await;
-    conn.query_drop("SET SESSION sql_mode = ''")
-        .await
-        .expect("non-strict");
-    conn
-}
-
-/// `inventory` with an `INT UNSIGNED` token column, and its row `SKU-1`.
-async fn narrow_inventory(db: &mut Db) {
-    db.conn
-        .query_drop(
-            "CREATE TABLE inventory (sku VARCHAR(64) PRIMARY KEY, available INT NOT NULL, \
-               last_token INT UNSIGNED NULL) ENGINE=InnoDB; \
-             INSERT INTO inventory (sku, available) VALUES ('SKU-1', 100)",
-        )
-        .await
-        .expect("a narrow inventory");
-}
-
 async fn row(conn: &mut Conn, database: &str) -> Option<(i32, Option<u64>)> {
     conn.query_first(format!(
         "SELECT available, last_token FROM `{database}`.inventory WHERE sku = 'SKU-1'"
@@ -65,12 +43,12 @@ async fn a_token_column_read_in_one_database_is_read_again_in_another() {
     let mut wide = Db::start().await;
     wide.inventory().await;
     let mut narrow = Db::start().await;
-    narrow_inventory(&mut narrow).await;
+    narrow.narrow_inventory().await;
     let inventory = TokenColumn::new("inventory", "sku", "last_token").expect("names");
 
     // A connection to each (one pool per tenant, say), both outside strict SQL mode.
-    let mut wide_conn = non_strict(&wide).await;
-    let mut narrow_conn = non_strict(&narrow).await;
+    let mut wide_conn = wide.non_strict().await;
+    let mut narrow_conn = narrow.non_strict().await;
     assert_eq!(
         update(&inventory, &mut wide_conn, 5).await.expect("wide"),
         1
@@ -124,10 +102,10 @@ async fn a_token_column_read_in_one_database_is_read_again_in_another() {
 async fn clones_alternating_between_databases_each_use_their_own_column() {
     let (mut wide, mut narrow) = (Db::start().await, Db::start().await);
     wide.inventory().await;
-    narrow_inventory(&mut narrow).await;
+    narrow.narrow_inventory().await;
     let inventory = TokenColumn::new("inventory", "sku", "last_token").expect("names");
-    let mut wide_conn = non_strict(&wide).await;
-    let mut narrow_conn = non_strict(&narrow).await;
+    let mut wide_conn = wide.non_strict().await;
+    let mut narrow_conn = narrow.non_strict().await;
     for round in 0..3u64 {
         let (a, b) = (inventory.clone(), inventory.clone());
         let token = NEWER + round;
@@ -160,9 +138,9 @@ async fn clones_alternating_between_databases_each_use_their_own_column() {
 async fn a_use_after_the_statements_were_prepared_writes_no_unchecked_column() {
     let (mut wide, mut narrow) = (Db::start().await, Db::start().await);
     wide.inventory().await;
-    narrow_inventory(&mut narrow).await;
+    narrow.narrow_inventory().await;
     let inventory = TokenColumn::new("inventory", "sku", "last_token").expect("names");
-    let mut conn = non_strict(&narrow).await;
+    let mut conn = narrow.non_strict().await;
     assert_eq!(update(&inventory, &mut conn, 7).await.expect("narrow"), 1);
     conn.query_drop(format!("USE `{}`", wide.name))
         .await
@@ -186,9 +164,9 @@ async fn a_use_after_the_statements_were_prepared_writes_no_unchecked_column() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_use_after_a_database_without_the_table_writes_no_unchecked_column() {
     let (empty, mut narrow) = (Db::start().await, Db::start().await);
-    narrow_inventory(&mut narrow).await;
+    narrow.narrow_inventory().await;
     let inventory = TokenColumn::new("inventory", "sku", "last_token").expect("names");
-    let mut conn = non_strict(&empty).await;
+    let mut conn = empty.non_strict().await;
     let missing = update(&inventory, &mut conn, 5).await;
     assert!(
         matches!(missing, Err(FenceError::UnknownTokenColumn { .. })),
